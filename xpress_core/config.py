@@ -1,0 +1,63 @@
+"""Frozen configuration of one decode request, validated up front so the loop never sees nonsense settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import XpressError
+
+# Choice strings shared by the CLI, the app and the benchmark.
+REFINE_MODES = ("parallel", "serial")
+VERIFY_MODES = ("tree", "batch")
+SCHEDULES = ("confidence", "left-to-right")
+DIVERSITY = ("branch-first", "branch-uncertain", "gumbel", "none")
+
+MAX_DRAFTS = 16
+MAX_BLOCK = 32
+# K x L bounds the tree (verify forward width) and the drafter batch, hence memory per round.
+MAX_TREE_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    drafts: int = 1  # K: drafts refined together
+    steps: int = 1  # T: denoise steps per round
+    block: int = 8  # L: tokens per draft
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int = 0
+    max_new_tokens: int = 128
+    refine: str = "parallel"
+    verify: str = "tree"
+    schedule: str = "confidence"
+    diversity: str = "branch-first"
+    stop: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate(self) -> "DecodeConfig":
+        checks = [
+            (1 <= self.drafts <= MAX_DRAFTS, f"drafts K must be in 1..{MAX_DRAFTS}, got {self.drafts}"),
+            (1 <= self.block <= MAX_BLOCK, f"block L must be in 1..{MAX_BLOCK}, got {self.block}"),
+            (1 <= self.steps <= self.block, f"denoise steps T must be in 1..L={self.block}, got {self.steps}"),
+            (
+                self.drafts * self.block <= MAX_TREE_TOKENS,
+                f"K x L = {self.drafts * self.block} exceeds the cap of {MAX_TREE_TOKENS} draft tokens per round",
+            ),
+            (self.temperature >= 0.0, f"temperature must be >= 0, got {self.temperature}"),
+            (0.0 < self.top_p <= 1.0, f"top-p must be in (0, 1], got {self.top_p}"),
+            (self.top_k >= 0, f"top-k must be >= 0 (0 = off), got {self.top_k}"),
+            (self.max_new_tokens >= 1, f"max new tokens must be >= 1, got {self.max_new_tokens}"),
+            (self.refine in REFINE_MODES, f"refine must be one of {REFINE_MODES}, got {self.refine!r}"),
+            (self.verify in VERIFY_MODES, f"verify must be one of {VERIFY_MODES}, got {self.verify!r}"),
+            (self.schedule in SCHEDULES, f"schedule must be one of {SCHEDULES}, got {self.schedule!r}"),
+            (self.diversity in DIVERSITY, f"diversity must be one of {DIVERSITY}, got {self.diversity!r}"),
+            (all(self.stop), "stop strings must not be empty"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise XpressError(message)
+        return self

@@ -1,0 +1,83 @@
+"""The classic baseline: a small causal LM with the target's tokenizer drafts left to right.
+
+K drafts branch on the drafter's top-K first tokens and continue greedily; that is L autoregressive steps, so the
+denoise-step setting T does not apply (each position is one step). Its cache holds the committed context; tokens
+committed by the target are fed lazily at the next draft call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import cache as kv
+from ..config import DecodeConfig
+from ..trace import MASKED, DenoiseStep
+from .base import Drafter, Drafts, banned_token_mask, refine_groups
+
+
+@dataclass
+class AutoregressiveState:
+    cache: object
+    length: int  # tokens in the drafter cache
+    pending: list[int] = field(default_factory=list)  # committed by the target, not yet in the drafter cache
+
+
+class AutoregressiveDrafter(Drafter):
+    name = "autoregressive"
+
+    def __init__(self, model, banned_ids: list[int]):
+        self.model = model
+        self.banned = banned_token_mask(model.config.vocab_size, banned_ids, model.device)
+
+    @torch.no_grad()
+    def start(self, prompt_ids, features):
+        cache = kv.new_cache(self.model)
+        self.model(input_ids=prompt_ids.to(self.model.device), cache=cache, use_cache=True)
+        return AutoregressiveState(cache=cache, length=prompt_ids.shape[1])
+
+    def commit(self, state: AutoregressiveState, tokens, features):
+        state.pending.extend(tokens)
+
+    def context_length(self, state: AutoregressiveState) -> int:
+        return state.length + len(state.pending)
+
+    def next_logits(self, ids: list[list[int]], cache) -> torch.Tensor:
+        out = self.model(input_ids=torch.tensor(ids, device=self.model.device), cache=cache, use_cache=True)
+        logits = out.logits[:, -1].float()[..., : self.banned.shape[0]]
+        return logits.masked_fill(self.banned, float("-inf"))
+
+    @torch.no_grad()
+    def draft(self, state: AutoregressiveState, root: int, cfg: DecodeConfig, generator: torch.Generator) -> Drafts:
+        first = self.next_logits([state.pending + [root]], state.cache).softmax(-1)[0]
+        state.length += len(state.pending)
+        state.pending = []
+        with_root = state.length + 1
+        top = first.topk(cfg.drafts)
+        tokens = [[int(t)] for t in top.indices]
+        conf = [[float(p)] for p in top.values]
+        for rows in refine_groups(cfg):
+            kv.repeat_rows(state.cache, len(rows))
+            for _ in range(cfg.block - 1):
+                probs = self.next_logits([[tokens[r][-1]] for r in rows], state.cache).softmax(-1)
+                best = probs.max(-1)
+                for i, r in enumerate(rows):
+                    tokens[r].append(int(best.indices[i]))
+                    conf[r].append(float(best.values[i]))
+            kv.select_row(state.cache, 0)
+            kv.truncate(state.cache, with_root)
+        kv.truncate(state.cache, state.length)  # the root comes back through commit with the accepted tokens
+        return Drafts(tokens=tuple(map(tuple, tokens)), steps=left_to_right_steps(tokens, conf))
+
+
+def left_to_right_steps(tokens: list[list[int]], conf: list[list[float]]) -> tuple[DenoiseStep, ...]:
+    """Autoregressive drafting seen as L steps that each commit one more position."""
+    length = len(tokens[0])
+    return tuple(
+        DenoiseStep(
+            tuple(tuple(t if j <= s else MASKED for j, t in enumerate(row)) for row in tokens),
+            tuple(tuple(c if j <= s else 0.0 for j, c in enumerate(row)) for row in conf),
+        )
+        for s in range(length)
+    )

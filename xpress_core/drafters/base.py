@@ -1,0 +1,76 @@
+"""The drafter interface every drafter implements, and helpers they share.
+
+A drafter object holds read-only models and may serve many requests at once; all per-request state (caches) lives in
+the state object that ``start`` returns.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from ..config import DecodeConfig
+from ..trace import DenoiseStep
+
+
+@dataclass(frozen=True)
+class Drafts:
+    tokens: tuple[tuple[int, ...], ...]  # (K, L) final drafts; empty for the "none" drafter
+    steps: tuple[DenoiseStep, ...]  # per denoise step, for the visualizer
+
+
+class Drafter(ABC):
+    name: str = "drafter"
+    # Target layers (0-based decoder layer outputs) whose hidden states ``commit`` needs; empty = none.
+    tapped_layers: tuple[int, ...] = ()
+
+    @abstractmethod
+    def start(self, prompt_ids: torch.Tensor, features: torch.Tensor | None) -> object:
+        """Per-request state for a prompt (1, n) whose tokens are all in the target cache; features (n, F) or None."""
+
+    @abstractmethod
+    def draft(self, state: object, root: int, cfg: DecodeConfig, generator: torch.Generator) -> Drafts:
+        """K drafts of L tokens continuing the committed tokens and ``root``."""
+
+    @abstractmethod
+    def commit(self, state: object, tokens: list[int], features: torch.Tensor | None) -> None:
+        """Tokens that just entered the target cache (the old root and the accepted ones), with their features."""
+
+    @abstractmethod
+    def context_length(self, state: object) -> int:
+        """Tokens the drafter's context holds (equals the target cache length between rounds)."""
+
+
+class NoDrafter(Drafter):
+    """Plain autoregressive decoding through the same engine: every round verifies only the root."""
+
+    name = "none"
+
+    def start(self, prompt_ids, features):
+        return {"length": prompt_ids.shape[1]}
+
+    def draft(self, state, root, cfg, generator):
+        return Drafts(tokens=(), steps=())
+
+    def commit(self, state, tokens, features):
+        state["length"] += len(tokens)
+
+    def context_length(self, state):
+        return state["length"]
+
+
+def refine_groups(cfg: DecodeConfig) -> list[list[int]]:
+    """Which draft rows share a drafter forward: all K at once (parallel refinement) or one by one (serial)."""
+    rows = list(range(cfg.drafts))
+    return [rows] if cfg.refine == "parallel" else [[k] for k in rows]
+
+
+def banned_token_mask(vocab_size: int, banned_ids: list[int], device) -> torch.Tensor:
+    """(V,) bool: tokens a draft may never contain (mask, pad, bos, ... but not the end-of-turn tokens)."""
+    mask = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+    ids = [i for i in banned_ids if 0 <= i < vocab_size]
+    if ids:
+        mask[ids] = True
+    return mask

@@ -1,0 +1,198 @@
+"""The target-conditioned masked block-diffusion drafter (DESIGN 3; the DFlash family, arXiv 2602.06036).
+
+- Hidden states of a few tapped target layers, for the context tokens, are fused by one linear layer and injected as
+  keys/values into every drafter layer (computed once per committed token and cached across rounds).
+- A block ``[root, MASK x L]`` attends bidirectionally to itself and to the whole context.
+- The token embedding and the LM head are the target's own, frozen and not saved with the drafter: the drafter
+  shares the tokenizer by construction, and ``bind(target)`` attaches them after loading.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AutoConfig, PreTrainedConfig, PreTrainedModel
+from transformers import initialization as init
+
+
+class XpressDrafterConfig(PreTrainedConfig):
+    model_type = "xpress_drafter"
+
+    def __init__(
+        self,
+        hidden_size: int = 256,
+        num_hidden_layers: int = 1,
+        num_attention_heads: int = 4,
+        num_key_value_heads: int = 2,
+        intermediate_size: int = 640,
+        rms_norm_eps: float = 1e-6,
+        rope_theta: float = 10000.0,
+        vocab_size: int = 4096,
+        tapped_layers: list[int] | None = None,
+        block_size: int = 16,
+        mask_token_id: int | None = None,
+        target_name_or_path: str = "",
+        target_num_layers: int = 0,
+        noise: str = "mask",
+        initializer_range: float = 0.02,
+        **kwargs,
+    ):
+        self.hidden_size = hidden_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_key_value_heads
+        self.intermediate_size = intermediate_size
+        self.rms_norm_eps = rms_norm_eps
+        self.rope_theta = rope_theta
+        self.vocab_size = vocab_size
+        self.tapped_layers = list(tapped_layers or [0])
+        self.block_size = block_size
+        self.mask_token_id = mask_token_id
+        self.target_name_or_path = target_name_or_path
+        self.target_num_layers = target_num_layers
+        self.noise = noise
+        self.initializer_range = initializer_range
+        super().__init__(**kwargs)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+# Lets AutoConfig/AutoTokenizer read a drafter directory's config.json (idempotent).
+AutoConfig.register(XpressDrafterConfig.model_type, XpressDrafterConfig, exist_ok=True)
+
+
+def default_tapped_layers(num_layers: int, count: int = 3) -> list[int]:
+    """Spread taps from an early to a late layer (DFlash taps shallow to deep): e.g. 6 layers -> [1, 3, 4]."""
+    if num_layers <= count:
+        return list(range(num_layers))
+    last = num_layers - 2  # the final layer's output is mostly next-token logits; the one before carries more context
+    return sorted({round(1 + i * (last - 1) / (count - 1)) for i in range(count)})
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding (x: (B, H, S, D), cos/sin: (B, 1, S, D))."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Rotary(nn.Module):
+    def __init__(self, head_dim: int, theta: float):
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / theta ** (torch.arange(0, head_dim, 2).float() / head_dim), persistent=False)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions[..., None].float() * self.inv_freq  # (B, S, D/2)
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # (B, 1, S, D)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+class DrafterAttention(nn.Module):
+    def __init__(self, cfg: XpressDrafterConfig):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
+
+    def project_kv(self, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+        b, s, _ = x.shape
+        k = self.k_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        return rotate(k, cos, sin), v
+
+    def forward(self, h, cos, sin, ctx_k, ctx_v, mask):
+        b, q_len, _ = h.shape
+        q = rotate(self.q_proj(h).view(b, q_len, self.heads, self.head_dim).transpose(1, 2), cos, sin)
+        k, v = self.project_kv(h, cos, sin)
+        k, v = torch.cat([ctx_k, k], dim=2), torch.cat([ctx_v, v], dim=2)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.kv_heads != self.heads)
+        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
+
+
+class DrafterLayer(nn.Module):
+    def __init__(self, cfg: XpressDrafterConfig):
+        super().__init__()
+        self.input_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.attn = DrafterAttention(cfg)
+        self.post_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, h, cos, sin, ctx_k, ctx_v, mask):
+        h = h + self.attn(self.input_norm(h), cos, sin, ctx_k, ctx_v, mask)
+        x = self.post_norm(h)
+        return h + self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+ContextKV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (B, kv_heads, S, head_dim) keys and values
+
+
+class XpressDrafter(PreTrainedModel):
+    config_class = XpressDrafterConfig
+    base_model_prefix = "drafter"
+    _no_split_modules = ["DrafterLayer"]
+
+    def __init__(self, config: XpressDrafterConfig):
+        super().__init__(config)
+        n_tapped = len(config.tapped_layers)
+        self.fc = nn.Linear(n_tapped * config.hidden_size, config.hidden_size, bias=False)
+        self.context_norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.mask_embedding = nn.Parameter(torch.zeros(config.hidden_size))
+        self.layers = nn.ModuleList(DrafterLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary = Rotary(config.head_dim, config.rope_theta)
+        self._shared: tuple[nn.Module, nn.Module] | None = None  # (target embedding, target LM head), not saved
+        self.post_init()
+
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if module is self:
+            init.normal_(self.mask_embedding, mean=0.0, std=self.config.initializer_range)
+
+    def bind(self, target: PreTrainedModel) -> "XpressDrafter":
+        """Attach the target's (frozen) embedding and LM head; a plain tuple keeps them out of the state dict."""
+        embed, head = target.get_input_embeddings(), target.get_output_embeddings()
+        if embed.weight.shape[0] < self.config.vocab_size or embed.weight.shape[1] != self.config.hidden_size:
+            raise ValueError(
+                f"drafter expects vocabulary {self.config.vocab_size} x hidden {self.config.hidden_size}, "
+                f"target embedding is {tuple(embed.weight.shape)}"
+            )
+        self._shared = (embed, head)
+        return self
+
+    @property
+    def shared(self) -> tuple[nn.Module, nn.Module]:
+        if self._shared is None:
+            raise RuntimeError("drafter is not bound to a target: call bind(target) first")
+        return self._shared
+
+    def context_kv(self, features: torch.Tensor, positions: torch.Tensor) -> ContextKV:
+        """Fuse tapped target features (B, S, n_tapped*H) into per-layer keys/values at ``positions`` (B, S)."""
+        x = self.context_norm(self.fc(features.to(self.fc.weight.dtype)))
+        cos, sin = self.rotary(positions, x.dtype)
+        return [layer.attn.project_kv(x, cos, sin) for layer in self.layers]
+
+    def embed_block(self, tokens: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+        """(B, Q) token ids and (B, Q) masked flags -> (B, Q, H) embeddings, masked positions get the mask vector."""
+        embeds = self.shared[0](tokens.clamp(min=0)).to(self.mask_embedding.dtype)
+        return torch.where(masked[..., None], self.mask_embedding.expand_as(embeds), embeds)
+
+    def forward(
+        self,
+        block_embeds: torch.Tensor,  # (B, Q, H)
+        positions: torch.Tensor,  # (B, Q)
+        context: ContextKV,
+        attention_mask: torch.Tensor | None = None,  # (B or 1, 1, Q, S + Q) additive; None = attend to everything
+    ) -> torch.Tensor:
+        """Logits (B, Q, V) for every block position (no shift: position j predicts token j)."""
+        cos, sin = self.rotary(positions, block_embeds.dtype)
+        h = block_embeds
+        for layer, (ctx_k, ctx_v) in zip(self.layers, context):
+            h = layer(h, cos, sin, ctx_k, ctx_v, attention_mask)
+        return self.shared[1](self.norm(h))

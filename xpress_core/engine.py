@@ -1,0 +1,288 @@
+"""The decoding loop: prefill -> (draft -> tree -> verify -> accept -> commit)*, yielding one event per round.
+
+State between rounds (DESIGN 2): the committed tokens are the prompt plus ``output``; the target cache holds all of
+them but the last one, the *root*, which enters the cache with the next verify forward. The drafter's context holds
+exactly what the target cache holds.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from . import cache as kv
+from .config import DecodeConfig
+from .drafters.base import Drafter
+from .errors import XpressError
+from .sampling import draw_token
+from .trace import DecodeResult, RoundTrace, peak_memory_mb
+from .tree import Acceptance, DraftTree, accept, build_tree, tree_attention_mask, tree_position_ids
+
+
+@dataclass(frozen=True)
+class Models:
+    """Read-only models shared by every request."""
+
+    target: torch.nn.Module
+    tokenizer: object
+    drafter: Drafter
+
+    @property
+    def device(self) -> torch.device:
+        return self.target.device
+
+
+@dataclass
+class DecodeState:
+    """Per-request mutable state: caches, RNGs and output. Never shared between requests."""
+
+    cache: object
+    draft_state: object
+    root: int
+    output: list[int]
+    target_rng: torch.Generator
+    drafter_rng: torch.Generator
+    prompt_len: int
+    traces: list[RoundTrace] = field(default_factory=list)
+
+
+
+@dataclass(frozen=True)
+class Verified:
+    node_logits: torch.Tensor  # (N+1, V): the target's logits after each tree node (root first)
+    node_features: torch.Tensor | None  # (N+1, F): tapped hidden states of each node, for the drafter
+    past: int  # target cache length before the forward
+    batch_rows: tuple[int, ...] | None  # batch layout: the row holding each node; None for the tree layout
+
+
+class Clock:
+    """Wall clock that waits for queued CUDA work first, so stage timings are real, and that stops while the
+    consumer holds a yielded event, so UI rendering never counts as decoding time."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.excluded = 0.0
+
+    def raw(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def now(self) -> float:
+        return self.raw() - self.excluded
+
+    @contextmanager
+    def paused(self):
+        t = self.raw()
+        yield
+        self.excluded += self.raw() - t
+
+
+def context_limit(target) -> int | None:
+    return getattr(target.config, "max_position_embeddings", None) or getattr(target.config, "n_positions", None)
+
+
+def stop_token_ids(models: Models) -> set[int]:
+    """End-of-sequence ids as the target's generation config states them (what HF ``generate`` stops on)."""
+    eos = getattr(models.target.generation_config, "eos_token_id", None)
+    if eos is None:
+        eos = models.tokenizer.eos_token_id
+    return set([eos] if isinstance(eos, int) else (eos or []))
+
+
+def target_forward(models: Models, ids, positions, mask, cache):
+    """One target forward -> (B, Q, V) logits and (B, Q, F) tapped features (or None)."""
+    tapped = models.drafter.tapped_layers
+    out = models.target(
+        input_ids=ids, position_ids=positions, attention_mask=mask, cache=cache, use_cache=True,
+        output_hidden_states=bool(tapped),
+    )
+    features = torch.cat([out.hidden_states[i + 1] for i in tapped], dim=-1) if tapped else None
+    return out.logits, features
+
+
+def prefill(models: Models, prompt_ids: torch.Tensor, cfg: DecodeConfig) -> tuple[DecodeState, int]:
+    """Run the prompt through the target; its last logits give the first new token (no drafting before it)."""
+    device = models.device
+    cache = kv.new_cache(models.target)
+    positions = torch.arange(prompt_ids.shape[1], device=device)[None]
+    logits, features = target_forward(models, prompt_ids, positions, None, cache)
+    kv.check_cache_supported(cache)
+    target_rng = torch.Generator(device=device).manual_seed(cfg.seed)
+    drafter_rng = torch.Generator(device=device).manual_seed(cfg.seed + 1)
+    first = draw_token(logits[0, -1], cfg, target_rng)
+    draft_state = models.drafter.start(prompt_ids, None if features is None else features[0])
+    state = DecodeState(cache, draft_state, first, [], target_rng, drafter_rng, prompt_ids.shape[1])
+    return state, first
+
+
+def draft(models: Models, state: DecodeState, cfg: DecodeConfig):
+    return models.drafter.draft(state.draft_state, state.root, cfg, state.drafter_rng)
+
+
+def verify_tree(models: Models, state: DecodeState, tree: DraftTree) -> Verified:
+    """All tree nodes in ONE forward: tree attention mask, positions ``past + depth``."""
+    past, device = kv.cache_length(state.cache), models.device
+    ids = torch.tensor([tree.tokens], device=device)
+    mask = tree_attention_mask(tree, past, models.target.dtype, device)
+    logits, features = target_forward(models, ids, tree_position_ids(tree, past, device), mask, state.cache)
+    return Verified(logits[0], None if features is None else features[0], past, None)
+
+
+def verify_batch(models: Models, state: DecodeState, tree: DraftTree) -> Verified:
+    """The simple alternative: K rows ``[root] + draft_k`` over K copies of the prefix cache (K x cache memory)."""
+    paths = tree.draft_paths or ((),)
+    past, device = kv.cache_length(state.cache), models.device
+    ids = torch.tensor([[tree.tokens[0]] + [tree.tokens[n] for n in p] for p in paths], device=device)
+    positions = torch.arange(past, past + ids.shape[1], device=device).expand(len(paths), -1)
+    kv.repeat_rows(state.cache, len(paths))
+    logits, features = target_forward(models, ids, positions, None, state.cache)
+    source = {0: (0, 0)}  # node -> (row, column) of its first occurrence
+    for row, path in enumerate(paths):
+        for col, node in enumerate(path, start=1):
+            source.setdefault(node, (row, col))
+    rows, cols = zip(*(source[n] for n in range(len(tree.tokens))))
+    node_features = None if features is None else features[list(rows), list(cols)]
+    return Verified(logits[list(rows), list(cols)], node_features, past, rows)
+
+
+def commit(models: Models, state: DecodeState, tree: DraftTree, verified: Verified, acceptance: Acceptance) -> None:
+    """Keep the root and the accepted nodes in the target cache, hand their features to the drafter."""
+    past, kept_nodes = verified.past, [0, *acceptance.path]
+    if verified.batch_rows is None:
+        kv.keep_positions(state.cache, torch.cat([torch.arange(past), past + torch.tensor(kept_nodes)]))
+    else:
+        kv.select_row(state.cache, verified.batch_rows[kept_nodes[-1]])
+        kv.truncate(state.cache, past + len(kept_nodes))
+    features = None if verified.node_features is None else verified.node_features[kept_nodes]
+    models.drafter.commit(state.draft_state, [tree.tokens[n] for n in kept_nodes], features)
+
+
+def finish(models: Models, state: DecodeState, emitted: list[int], cfg: DecodeConfig, eos: set[int]):
+    """Append this round's tokens up to the first stop condition -> (tokens kept, stop reason or None)."""
+    limit = cfg.max_new_tokens
+    room = context_limit(models.target)
+    if room is not None:
+        limit = min(limit, room - state.prompt_len)
+    kept = []
+    for token in emitted:
+        kept.append(token)
+        state.output.append(token)
+        if token in eos:
+            return kept, "eos"
+        if cfg.stop and stop_string_hit(models.tokenizer, state.output, cfg.stop):
+            return kept, "stop_string"
+        if len(state.output) >= limit:
+            return kept, "max_new_tokens" if limit == cfg.max_new_tokens else "context_full"
+    return kept, None
+
+
+def stop_string_hit(tokenizer, output: list[int], stops: tuple[str, ...]) -> bool:
+    tail = tokenizer.decode(output[-(max(map(len, stops)) + 4) :], skip_special_tokens=True)
+    return any(s in tail for s in stops)
+
+
+def cut_drafts(drafts: tuple[tuple[int, ...], ...], models: Models, state: DecodeState) -> list[list[int]]:
+    """Near the end of the target's context, shorten drafts so no position exceeds it."""
+    limit = context_limit(models.target)
+    room = None if limit is None else limit - (kv.cache_length(state.cache) + 1)
+    return [list(d[:room]) for d in drafts]
+
+
+def check_prompt(models: Models, prompt_ids: torch.Tensor) -> None:
+    n = prompt_ids.shape[1]
+    if n == 0:
+        raise XpressError("the prompt is empty")
+    limit = context_limit(models.target)
+    if limit is not None and n >= limit:
+        raise XpressError(f"the prompt has {n} tokens; the target's context holds {limit} (including the reply)")
+
+
+def decode(models: Models, prompt_ids: torch.Tensor, cfg: DecodeConfig) -> Iterator[RoundTrace | DecodeResult]:
+    """Yield one ``RoundTrace`` per round (round 0 is the prefill), then one ``DecodeResult``."""
+    cfg.validate()
+    check_prompt(models, prompt_ids)
+    clock, eos = Clock(models.device), stop_token_ids(models)
+    if models.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(models.device)
+    with torch.no_grad():
+        start = clock.now()
+        state, first = prefill(models, prompt_ids.to(models.device), cfg)
+        kept, reason = finish(models, state, [first], cfg, eos)
+        prefill_s = clock.now() - start
+        with clock.paused():
+            yield record(models, state, kept, Timings(0.0, prefill_s, 0.0, clock.now() - start))
+        while reason is None:
+            t0 = clock.now()
+            drafts = draft(models, state, cfg)
+            t1 = clock.now()
+            tree = build_tree(state.root, cut_drafts(drafts.tokens, models, state))
+            verified = (verify_batch if cfg.verify == "batch" and tree.size else verify_tree)(models, state, tree)
+            t2 = clock.now()
+            acceptance = accept(tree, verified.node_logits, cfg, state.target_rng)
+            commit(models, state, tree, verified, acceptance)
+            emitted = [tree.tokens[n] for n in acceptance.path] + [acceptance.bonus]
+            kept, reason = finish(models, state, emitted, cfg, eos)
+            state.root = acceptance.bonus
+            t3 = clock.now()
+            with clock.paused():
+                yield record(models, state, kept, Timings(t1 - t0, t2 - t1, t3 - t2, t3 - start), drafts, tree, acceptance)
+        yield result(models, state, cfg, prefill_s, reason, clock.now() - start)
+
+
+@dataclass(frozen=True)
+class Timings:
+    draft_s: float
+    verify_s: float
+    other_s: float
+    elapsed_s: float
+
+
+def record(models: Models, state: DecodeState, kept: list[int], timings: Timings, drafts=None, tree=None,
+           acceptance=None) -> RoundTrace:
+    """The round's event; the prefill round (index 0) has no drafts, tree or acceptance."""
+    trace = RoundTrace(
+        index=len(state.traces),
+        steps=drafts.steps if drafts else (),
+        drafts=drafts.tokens if drafts else (),
+        tree_tokens=tree.tokens if tree else (),
+        tree_parents=tree.parents if tree else (),
+        draft_accept_lens=acceptance.draft_accept_lens if acceptance else (),
+        accepted=tuple(tree.tokens[n] for n in acceptance.path) if acceptance else (),
+        emitted=tuple(kept),
+        draft_s=timings.draft_s,
+        verify_s=timings.verify_s,
+        other_s=timings.other_s,
+        new_tokens_total=len(state.output),
+        elapsed_s=timings.elapsed_s,
+        peak_mem_mb=peak_memory_mb(models.device),
+        cache_len=kv.cache_length(state.cache),
+        draft_context_len=models.drafter.context_length(state.draft_state),
+    )
+    state.traces.append(trace)
+    return trace
+
+
+def result(models: Models, state: DecodeState, cfg: DecodeConfig, prefill_s: float, reason: str, total_s: float):
+    rounds = state.traces[1:]
+    text = models.tokenizer.decode(state.output, skip_special_tokens=True)
+    if reason == "stop_string":
+        text = text[: min(text.find(s) for s in cfg.stop if s in text)]
+    return DecodeResult(
+        text=text,
+        token_ids=tuple(state.output),
+        rounds=len(rounds),
+        accept_lens=tuple(t.accept_len for t in rounds),
+        time_s=total_s,
+        draft_s=sum(t.draft_s for t in rounds),
+        verify_s=sum(t.verify_s for t in rounds),
+        other_s=sum(t.other_s for t in rounds),
+        prefill_s=prefill_s,
+        peak_mem_mb=peak_memory_mb(models.device),
+        stop_reason=reason,
+        target_forwards=len(state.traces),
+    )

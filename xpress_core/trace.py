@@ -1,0 +1,132 @@
+"""Typed events of the decoding loop, their metrics, and the per-round JSONL log.
+
+The engine yields one ``RoundTrace`` per round and ends with one ``DecodeResult``; the CLI, the benchmark and the app
+all read this stream, so what they show is what the loop did.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import torch
+
+MASKED = -1  # token id shown for a position the drafter has not committed yet
+
+
+@dataclass(frozen=True)
+class DenoiseStep:
+    tokens: tuple[tuple[int, ...], ...]  # (K, L) committed tokens after this step, MASKED where still masked
+    confidence: tuple[tuple[float, ...], ...]  # (K, L) drafter probability of each position's current best token
+
+
+@dataclass(frozen=True)
+class RoundTrace:
+    index: int  # 0 is the prefill (no drafting)
+    steps: tuple[DenoiseStep, ...]  # T denoise steps; empty for the prefill and the "none" drafter
+    drafts: tuple[tuple[int, ...], ...]  # (K, L) final drafts
+    tree_tokens: tuple[int, ...]  # trie nodes, root first
+    tree_parents: tuple[int, ...]
+    draft_accept_lens: tuple[int, ...]  # per draft: tokens on the accepted path
+    accepted: tuple[int, ...]  # accepted draft tokens (the chosen path)
+    emitted: tuple[int, ...]  # tokens this round adds to the output (accepted + the target's own), after trimming
+    draft_s: float
+    verify_s: float
+    other_s: float  # accept + commit + stop checks
+    new_tokens_total: int  # output length after this round
+    elapsed_s: float  # since the request started
+    peak_mem_mb: float
+    cache_len: int  # target KV cache length after the round (committed tokens - 1 while decoding goes on)
+    draft_context_len: int  # the drafter's context length after the round (kept equal to cache_len)
+
+    @property
+    def accept_len(self) -> int:
+        return len(self.accepted)
+
+    @property
+    def tree_size(self) -> int:
+        return len(self.tree_tokens) - 1
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    text: str
+    token_ids: tuple[int, ...]  # new tokens only
+    rounds: int  # drafting rounds (the prefill not counted)
+    accept_lens: tuple[int, ...]  # per drafting round
+    time_s: float
+    draft_s: float
+    verify_s: float
+    other_s: float
+    prefill_s: float
+    peak_mem_mb: float
+    stop_reason: str  # "eos", "stop_string", "max_new_tokens"
+    target_forwards: int
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def mean_accept_len(self) -> float:
+        """tau: tokens emitted per drafting round (accepted + the target's own token)."""
+        return (sum(self.accept_lens) + len(self.accept_lens)) / len(self.accept_lens) if self.accept_lens else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.time_s if self.time_s > 0 else 0.0
+
+    def to_json(self) -> dict:
+        return {
+            "text": self.text,
+            "token_ids": list(self.token_ids),
+            "new_tokens": self.new_tokens,
+            "rounds": self.rounds,
+            "mean_accept_len": round(self.mean_accept_len, 4),
+            "accept_lens": list(self.accept_lens),
+            "tokens_per_s": round(self.tokens_per_s, 3),
+            "time_s": round(self.time_s, 6),
+            "prefill_s": round(self.prefill_s, 6),
+            "draft_s": round(self.draft_s, 6),
+            "verify_s": round(self.verify_s, 6),
+            "other_s": round(self.other_s, 6),
+            "peak_mem_mb": round(self.peak_mem_mb, 1),
+            "target_forwards": self.target_forwards,
+            "stop_reason": self.stop_reason,
+        }
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """CUDA: peak allocated by torch; CPU: the process's peak resident set size."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # macOS reports bytes, Linux KiB
+
+
+def round_log_record(trace: RoundTrace) -> dict:
+    return {
+        "round": trace.index,
+        "draft_time": round(trace.draft_s, 6),
+        "verify_time": round(trace.verify_s, 6),
+        "other_time": round(trace.other_s, 6),
+        "accept_len": trace.accept_len,
+        "draft_accept_lens": list(trace.draft_accept_lens),
+        "accepted_tokens": list(trace.accepted),
+        "emitted_tokens": list(trace.emitted),
+        "tree_size": trace.tree_size,
+        "tokens_per_s": round(trace.new_tokens_total / trace.elapsed_s, 3) if trace.elapsed_s > 0 else 0.0,
+        "memory_mb": round(trace.peak_mem_mb, 1),
+    }
+
+
+def write_jsonl(traces: list[RoundTrace], out: Path | IO[str]) -> None:
+    lines = "".join(json.dumps(round_log_record(t)) + "\n" for t in traces)
+    if isinstance(out, Path):
+        out.write_text(lines)
+    else:
+        out.write(lines)

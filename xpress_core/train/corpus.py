@@ -1,0 +1,113 @@
+"""Step 2 of the training pipeline: turn ``shared/data`` into chats and token files.
+
+Mapping (also stated in the model cards):
+- SGD dialogues: ``User:`` -> user, ``Assistant:`` -> assistant. ``sgd_dev.txt`` is the validation split only.
+- Topical-Chat: speaker ``A`` -> user, ``B`` -> assistant (it has no assistant role of its own).
+- TinyStories part a: a "tell me a story" user turn answered by the story; part b: raw text between bos and eos, so
+  the target also continues plain text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from .tokenizer import SPECIAL
+
+Chat = list[dict[str, str]]
+
+STORY_REQUESTS = (
+    "Tell me a story.",
+    "Can you tell me a short story?",
+    "Please tell me a bedtime story.",
+    "I would like to hear a story for kids.",
+    "Tell me a little story, please.",
+)
+
+_TURN = re.compile(r"^(User|Assistant|A|B):\s?(.*)$")
+_ROLE = {"User": "user", "Assistant": "assistant", "A": "user", "B": "assistant"}
+
+
+def read_dialogues(path: Path) -> Iterator[Chat]:
+    """Blank-line separated dialogues, one ``Speaker: text`` turn a line."""
+    chat: Chat = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        match = _TURN.match(line.strip())
+        if match:
+            chat.append({"role": _ROLE[match.group(1)], "content": match.group(2).strip()})
+        elif not line.strip() and chat:
+            yield chat
+            chat = []
+    if chat:
+        yield chat
+
+
+def read_stories(path: Path) -> Iterator[str]:
+    """TinyStories files: stories separated by ``<|endoftext|>`` or blank lines (part b)."""
+    text = path.read_text(encoding="utf-8")
+    parts = text.split("<|endoftext|>") if "<|endoftext|>" in text else re.split(r"\n\s*\n", text)
+    for part in parts:
+        story = part.strip()
+        if len(story) > 40:
+            yield story
+
+
+def render_chat(chat: Chat) -> str:
+    """The chat template, as text (kept equal to ``tokenizer.CHAT_TEMPLATE``; a test checks it)."""
+    turns = "".join(f"<|{m['role']}|>{m['content']}{SPECIAL.end_of_turn}" for m in chat)
+    return SPECIAL.bos + turns
+
+
+def render_text(text: str) -> str:
+    return SPECIAL.bos + text + SPECIAL.eos
+
+
+def training_documents(data_dir: Path) -> Iterator[str]:
+    """Every training document as rendered text (never ``sgd_dev``)."""
+    for chat in read_dialogues(data_dir / "sgd" / "sgd_train.txt"):
+        yield render_chat(chat)
+    for chat in read_dialogues(data_dir / "topical_chat" / "topical_chat_AB.txt"):
+        yield render_chat(chat)
+    for i, story in enumerate(read_stories(data_dir / "tinystories" / "tinystories_a.txt")):
+        request = STORY_REQUESTS[i % len(STORY_REQUESTS)]
+        yield render_chat([{"role": "user", "content": request}, {"role": "assistant", "content": story}])
+    for story in read_stories(data_dir / "tinystories" / "tinystories_b.txt"):
+        yield render_text(story)
+
+
+def validation_chats(data_dir: Path) -> list[Chat]:
+    return list(read_dialogues(data_dir / "sgd" / "sgd_dev.txt"))
+
+
+def encode_documents(tokenizer, docs: list[str], batch: int = 2000) -> np.ndarray:
+    """Concatenate the token ids of all documents (each already starts with bos) into one uint16 array."""
+    ids: list[int] = []
+    for start in range(0, len(docs), batch):
+        for enc in tokenizer(docs[start : start + batch], add_special_tokens=False)["input_ids"]:
+            ids.extend(enc)
+    if max(ids) >= np.iinfo(np.uint16).max:
+        raise ValueError("vocabulary too large for uint16 token files")
+    return np.asarray(ids, dtype=np.uint16)
+
+
+def build_corpus(data_dir: Path, tokenizer, out_dir: Path, seed: int = 0) -> dict:
+    """Write ``train.bin`` / ``val.bin`` (shuffled documents, uint16 ids) and ``stats.json``."""
+    docs = list(training_documents(data_dir))
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(docs))
+    train = encode_documents(tokenizer, [docs[i] for i in order])
+    val = encode_documents(tokenizer, [render_chat(c) for c in validation_chats(data_dir)])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    train.tofile(out_dir / "train.bin")
+    val.tofile(out_dir / "val.bin")
+    stats = {"documents": len(docs), "train_tokens": int(train.size), "val_tokens": int(val.size)}
+    (out_dir / "stats.json").write_text(json.dumps(stats, indent=2))
+    return stats
+
+
+def load_tokens(path: Path) -> np.ndarray:
+    return np.fromfile(path, dtype=np.uint16)

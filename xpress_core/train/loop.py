@@ -1,0 +1,113 @@
+"""The one training loop every pipeline step uses: cosine schedule, bf16 autocast, resumable checkpoints, a log.
+
+A step's batch is drawn from a generator seeded by ``(seed, step)``, so a run resumed from a checkpoint sees exactly
+the batches the uninterrupted run would have seen.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int
+    batch_size: int = 32
+    seq_len: int = 256
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 100
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    checkpoint_minutes: float = 3.0
+    eval_every: int = 250
+    seed: int = 0
+    bf16: bool = True
+
+
+def cosine_lr(cfg: TrainConfig, step: int) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    progress = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def save_checkpoint(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, step: int, wall_s: float) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "wall_s": wall_s}, tmp)
+    os.replace(tmp, path)  # atomic: a kill mid-save never leaves a broken checkpoint
+
+
+def train(
+    model: torch.nn.Module,
+    loss_fn: Callable[[np.random.Generator], torch.Tensor],
+    cfg: TrainConfig,
+    workdir: Path,
+    eval_fn: Callable[[], float] | None = None,
+    desc: str = "train",
+) -> dict:
+    """Run (or resume) ``cfg.steps`` optimizer steps; ``loss_fn(rng)`` draws one batch and returns its loss."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    ckpt_path = workdir / "ckpt.pt"
+    log_path = workdir / "train_log.jsonl"
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+    )
+    step = 0
+    prior_wall = 0.0  # training seconds spent before a resume, so the model card reports the whole run
+    if ckpt_path.exists():
+        state = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        step = state["step"]
+        prior_wall = state.get("wall_s", 0.0)
+    (workdir / "train_config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    model.train()
+    last_save = time.time()
+    started = time.time()
+    start_step = step
+    bar = tqdm(total=cfg.steps, initial=step, desc=desc, mininterval=5)
+    with log_path.open("a") as log:
+        while step < cfg.steps:
+            for group in opt.param_groups:
+                group["lr"] = cosine_lr(cfg, step)
+            rng = np.random.default_rng([cfg.seed, step])
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+                loss = loss_fn(rng)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            step += 1
+            bar.update(1)
+            record = {"step": step, "loss": round(loss.item(), 4), "lr": opt.param_groups[0]["lr"]}
+            if eval_fn is not None and (step % cfg.eval_every == 0 or step == cfg.steps):
+                model.eval()
+                record["val_loss"] = round(eval_fn(), 4)
+                model.train()
+            if step % 10 == 0 or "val_loss" in record:
+                record["elapsed_s"] = round(prior_wall + time.time() - started, 1)
+                log.write(json.dumps(record) + "\n")
+                log.flush()
+                bar.set_postfix(loss=record["loss"])
+            if time.time() - last_save > cfg.checkpoint_minutes * 60 or step == cfg.steps:
+                save_checkpoint(ckpt_path, model, opt, step, prior_wall + time.time() - started)
+                last_save = time.time()
+    bar.close()
+    model.eval()
+    return {"steps": step, "resumed_from": start_step, "wall_s": round(prior_wall + time.time() - started, 1)}

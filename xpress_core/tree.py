@@ -1,0 +1,99 @@
+"""Stage 2 and 4 of a round: merge the K drafts into a trie, and walk it with the target's draws (exact acceptance).
+
+Node 0 is the root (the last committed token, not yet in the target cache); nodes 1..N are draft tokens, parents
+before children, so ``[root] + nodes`` is a valid input order for one target forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .config import DecodeConfig
+from .sampling import draw_token
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    tokens: tuple[int, ...]  # token of each node; tokens[0] is the root
+    parents: tuple[int, ...]  # parent node index; parents[0] = -1
+    depths: tuple[int, ...]  # root depth 0
+    draft_paths: tuple[tuple[int, ...], ...]  # per draft: node indices of its tokens, in order
+
+    @property
+    def size(self) -> int:
+        """Draft nodes, root excluded."""
+        return len(self.tokens) - 1
+
+    def children(self, node: int) -> dict[int, int]:
+        return {self.tokens[c]: c for c in range(1, len(self.tokens)) if self.parents[c] == node}
+
+
+def build_tree(root: int, drafts: list[list[int]]) -> DraftTree:
+    """Merge drafts into a trie: shared prefixes become one node."""
+    tokens, parents, depths = [root], [-1], [0]
+    index: dict[tuple[int, int], int] = {}  # (parent, token) -> node
+    paths = []
+    for draft in drafts:
+        node, path = 0, []
+        for token in draft:
+            key = (node, int(token))
+            if key not in index:
+                index[key] = len(tokens)
+                tokens.append(int(token))
+                parents.append(node)
+                depths.append(depths[node] + 1)
+            node = index[key]
+            path.append(node)
+        paths.append(tuple(path))
+    return DraftTree(tuple(tokens), tuple(parents), tuple(depths), tuple(paths))
+
+
+def tree_attention_mask(tree: DraftTree, past: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """(1, 1, N+1, past+N+1) additive float mask: every node sees the whole cache, its ancestors and itself.
+
+    A float mask (0 / finfo.min) rather than bool: bool masks are silently misread by some eager attention paths.
+    """
+    n = len(tree.tokens)
+    allowed = torch.zeros(n, n, dtype=torch.bool)
+    for node in range(n):
+        ancestor = node
+        while ancestor != -1:
+            allowed[node, ancestor] = True
+            ancestor = tree.parents[ancestor]
+    mask = torch.full((n, past + n), torch.finfo(dtype).min, dtype=dtype)
+    mask[:, :past] = 0
+    mask[:, past:].masked_fill_(allowed, 0)
+    return mask.to(device)[None, None]
+
+
+def tree_position_ids(tree: DraftTree, past: int, device) -> torch.Tensor:
+    """(1, N+1): the root sits at position ``past``; a node at depth d at ``past + d``."""
+    return torch.tensor([[past + d for d in tree.depths]], device=device)
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    path: tuple[int, ...]  # accepted draft nodes, root excluded
+    bonus: int  # the token the target drew after the last accepted node
+    draft_accept_lens: tuple[int, ...]  # per draft: how many of its tokens lie on the accepted path
+
+
+def accept(tree: DraftTree, node_logits: torch.Tensor, cfg: DecodeConfig, generator: torch.Generator) -> Acceptance:
+    """The exact acceptance walk (DESIGN 2.4) over (N+1, V) logits, one target draw per emitted token.
+
+    At node u draw y ~ p_u; if y is a child of u accept it and move there, else emit y and stop. Each emitted token is
+    a genuine draw from the target given the emitted prefix, so the output distribution is the target's.
+    """
+    node, path = 0, []
+    while True:
+        y = draw_token(node_logits[node], cfg, generator)
+        child = tree.children(node).get(y)
+        if child is None:
+            break
+        path.append(child)
+        node = child
+    accepted = set(path)
+    lens = tuple(next((i for i, n in enumerate(p) if n not in accepted), len(p)) for p in tree.draft_paths)
+    return Acceptance(tuple(path), y, lens)
