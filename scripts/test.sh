@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Installs what the tests need on a fresh Debian/Ubuntu-like machine and runs them.
+# The CPU build of torch is installed first: a bare `torch` requirement would pull a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python -m pip install --quiet torch==2.13.0
+python -m pip install --quiet -r requirements.txt -r requirements-test.txt
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "chromium could not be installed: browser tests will be skipped"
+fi
+export GRADIO_ANALYTICS_ENABLED=False HF_HUB_OFFLINE=1
+python -m pytest "$@"
