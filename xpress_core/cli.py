@@ -1,21 +1,131 @@
-"""``python -m xpress_core``: generate, init-drafter, bench, train."""
+"""``python -m xpress_core``: generate, init-drafter, train (and bench).
+
+Every user error becomes one line on stderr and exit code 2; a traceback means a bug.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import sys
+from pathlib import Path
 
+from .config import DIVERSITY, REFINE_MODES, SCHEDULES, VERIFY_MODES, DecodeConfig
+from .errors import XpressError
 from .train.cli import add_train_parser, run_train
 
 
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    from .models import EMBEDDED_DRAFTER, EMBEDDED_TARGET
+
+    parser.add_argument("--target", default=str(EMBEDDED_TARGET), help="target: local directory or Hub id")
+    parser.add_argument("--drafter", default=str(EMBEDDED_DRAFTER), help="drafter directory or Hub id, or 'none'")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    parser.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16")
+
+
+def add_decode_args(parser: argparse.ArgumentParser) -> None:
+    d = DecodeConfig()
+    parser.add_argument("--drafts", "-K", type=int, default=d.drafts, help="K drafts refined together")
+    parser.add_argument("--steps", "-T", type=int, default=d.steps, help="T denoise steps per round (1..L)")
+    parser.add_argument("--block", "-L", type=int, default=d.block, help="L tokens per draft")
+    parser.add_argument("--temperature", type=float, default=d.temperature, help="0 = greedy")
+    parser.add_argument("--top-p", type=float, default=d.top_p)
+    parser.add_argument("--top-k", type=int, default=d.top_k, help="0 = off")
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
+    parser.add_argument("--refine", choices=REFINE_MODES, default=d.refine)
+    parser.add_argument("--verify", choices=VERIFY_MODES, default=d.verify)
+    parser.add_argument("--schedule", choices=SCHEDULES, default=d.schedule)
+    parser.add_argument("--diversity", choices=DIVERSITY, default=d.diversity)
+    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def decode_config(args: argparse.Namespace) -> DecodeConfig:
+    return DecodeConfig(
+        drafts=args.drafts, steps=args.steps, block=args.block, temperature=args.temperature, top_p=args.top_p,
+        top_k=args.top_k, seed=args.seed, max_new_tokens=args.max_new_tokens, refine=args.refine,
+        verify=args.verify, schedule=args.schedule, diversity=args.diversity, stop=tuple(args.stop),
+    ).validate()
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m xpress_core")
+    parser = argparse.ArgumentParser(prog="python -m xpress_core", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="decode one prompt with speculative decoding")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--chat", action="store_true", help="apply the target's chat template")
+    add_model_args(gen)
+    add_decode_args(gen)
+    gen.add_argument("--log", type=Path, help="write the per-round JSONL log here")
+    gen.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
+
+    init = sub.add_parser("init-drafter", help="write an untrained diffusion drafter for any HF causal-LM target")
+    init.add_argument("--target", required=True)
+    init.add_argument("--out", type=Path, required=True)
+    init.add_argument("--layers", type=int, default=1)
+    init.add_argument("--block", type=int, default=16)
+
     add_train_parser(sub)
     return parser
 
 
+def run_generate(args: argparse.Namespace) -> int:
+    from .engine import decode
+    from .models import encode_prompt, load_models
+    from .trace import DecodeResult, RoundTrace, write_jsonl
+
+    cfg = decode_config(args)
+    models = load_models(args.target, args.drafter, args.device, args.dtype)
+    prompt_ids = encode_prompt(models.tokenizer, args.prompt, chat=args.chat)
+    traces: list[RoundTrace] = []
+    result: DecodeResult | None = None
+    printed = ""
+    for event in decode(models, prompt_ids, cfg):
+        if isinstance(event, DecodeResult):
+            result = event
+        else:
+            traces.append(event)
+            if not args.json:  # stream the text as rounds land
+                text = models.tokenizer.decode([t for tr in traces for t in tr.emitted], skip_special_tokens=True)
+                sys.stdout.write(text[len(printed):])
+                sys.stdout.flush()
+                printed = text
+    if args.log:
+        write_jsonl(traces, args.log)
+    if args.json:
+        print(json.dumps(result.to_json()))
+    else:
+        print(
+            f"\n[{result.new_tokens} tokens, {result.rounds} rounds, tau {result.mean_accept_len:.2f}, "
+            f"{result.tokens_per_s:.1f} tok/s, stop: {result.stop_reason}]",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def run_init_drafter(args: argparse.Namespace) -> int:
+    from .models import init_drafter
+
+    if args.layers < 1 or args.block < 1:
+        raise XpressError("--layers and --block must be >= 1")
+    model = init_drafter(args.target, args.out, layers=args.layers, block=args.block)
+    print(json.dumps({"out": str(args.out), "parameters": sum(p.numel() for p in model.parameters()),
+                      "tapped_layers": model.config.tapped_layers, "block_size": model.config.block_size}))
+    return 0
+
+
+COMMANDS = {"generate": run_generate, "init-drafter": run_init_drafter, "train": run_train}
+
+
 def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     args = build_parser().parse_args(argv)
-    if args.command == "train":
-        return run_train(args)
-    return 2
+    try:
+        return COMMANDS[args.command](args)
+    except XpressError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2

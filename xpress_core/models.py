@@ -43,9 +43,15 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return choices[dtype]
 
 
+def looks_like_path(spec: str) -> bool:
+    return spec.startswith((".", "/", "~")) or Path(spec).exists()
+
+
 def _describe_missing(kind: str, spec: str, error: Exception) -> XpressError:
-    where = "directory does not exist" if spec.startswith((".", "/", "~")) else "not a local directory, not loadable from the Hub"
-    return XpressError(f"{kind} {spec!r} could not be loaded ({where}): {str(error).splitlines()[0]}")
+    if looks_like_path(spec) and not Path(spec).expanduser().exists():
+        return XpressError(f"{kind} {spec!r}: directory does not exist")
+    reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+    return XpressError(f"{kind} {spec!r} could not be loaded (not a model directory, nor a reachable Hub id): {reason}")
 
 
 def load_tokenizer(spec: str):
@@ -111,8 +117,6 @@ def load_drafter(spec: str | Path, target, tokenizer, device: torch.device, dtyp
             raise XpressError(f"drafter {spec!r} taps layers {cfg.tapped_layers}; the target has only "
                               f"{target.config.num_hidden_layers}")
         return DiffusionDrafter(model.bind(target), banned)
-    if not Path(spec).exists() and spec.startswith((".", "/", "~")):
-        raise XpressError(f"drafter {spec!r}: directory does not exist")
     check_tokenizer_match("drafter", spec, tokenizer)
     model = load_causal_lm("drafter", spec, device, dtype)
     if model.config.vocab_size != target.config.vocab_size:

@@ -49,7 +49,7 @@ class RoundTrace:
 
     @property
     def tree_size(self) -> int:
-        return len(self.tree_tokens) - 1
+        return max(0, len(self.tree_tokens) - 1)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,245 @@
+"""The engine against its oracles: HF ``generate`` (greedy), plain sampling with the same seed, exact logits."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from tests.fakes import ScriptedDrafter
+from xpress_core import cache as kv
+from xpress_core.config import DecodeConfig
+from xpress_core.drafters.base import NoDrafter
+from xpress_core.engine import Models, decode, stop_token_ids
+from xpress_core.models import encode_prompt, load_models, load_target
+from xpress_core.sampling import draw_token
+from xpress_core.trace import DecodeResult, RoundTrace
+from xpress_core.tree import build_tree, tree_attention_mask, tree_position_ids
+
+PROMPTS = ["I want to book a table", "Once upon a time"]
+NEW = 24
+
+
+def run(models, prompt_ids, cfg) -> tuple[list[RoundTrace], DecodeResult]:
+    events = list(decode(models, prompt_ids, cfg))
+    assert isinstance(events[-1], DecodeResult) and all(isinstance(e, RoundTrace) for e in events[:-1])
+    return events[:-1], events[-1]
+
+
+def hf_greedy(models, prompt_ids, new=NEW) -> list[int]:
+    out = models.target.generate(prompt_ids, max_new_tokens=new, do_sample=False)
+    return out[0, prompt_ids.shape[1]:].tolist()
+
+
+def check_invariants(traces, prompt_len, result):
+    """Between rounds the target cache holds every committed token but the root; the drafter's context likewise."""
+    for t in traces[:-1]:
+        assert t.cache_len == prompt_len + t.new_tokens_total - 1
+        assert t.draft_context_len == t.cache_len
+    assert result.rounds == len(traces) - 1
+    assert sum(len(t.emitted) for t in traces) == result.new_tokens
+
+
+@pytest.fixture(scope="module", params=["llama", "gpt2", "qwen3"])
+def family(request, zoo):
+    models = load_models(zoo[request.param], zoo[f"drafter_{request.param}"], device="cpu")
+    prompts = [encode_prompt(models.tokenizer, p, chat=True) for p in PROMPTS]
+    return models, prompts, [hf_greedy(models, p) for p in prompts]
+
+
+GRID = [
+    (k, t, length, refine, verify)
+    for k, length, refine, verify in itertools.product((1, 3), (1, 4, 8), ("parallel", "serial"), ("tree", "batch"))
+    for t in sorted({1, length})
+]
+
+
+@pytest.mark.parametrize("k,t,length,refine,verify", GRID)
+def test_greedy_equals_generate_untrained_diffusion_drafter(family, k, t, length, refine, verify):
+    models, prompts, refs = family
+    cfg = DecodeConfig(drafts=k, steps=t, block=length, refine=refine, verify=verify, max_new_tokens=NEW)
+    for prompt_ids, ref in zip(prompts, refs):
+        traces, result = run(models, prompt_ids, cfg)
+        assert list(result.token_ids) == ref
+        check_invariants(traces, prompt_ids.shape[1], result)
+
+
+@pytest.mark.parametrize("mode", ["oracle", "wrong"])
+@pytest.mark.parametrize("k,length,verify", [(1, 1, "tree"), (1, 4, "batch"), (3, 8, "tree"), (3, 8, "batch")])
+def test_greedy_equals_generate_scripted_drafters(family, mode, k, length, verify):
+    models, prompts, refs = family
+    scripted = Models(models.target, models.tokenizer, ScriptedDrafter(models.target, mode))
+    cfg = DecodeConfig(drafts=k, steps=1, block=length, verify=verify, max_new_tokens=NEW)
+    for prompt_ids, ref in zip(prompts, refs):
+        traces, result = run(scripted, prompt_ids, cfg)
+        assert list(result.token_ids) == ref
+        check_invariants(traces, prompt_ids.shape[1], result)
+        if mode == "wrong":
+            assert set(result.accept_lens) == {0}
+        elif length > 1:
+            # The oracle's continuation is accepted whole: one round yields L + 1 tokens (except at the end).
+            assert max(result.accept_lens) == length
+            assert result.rounds <= -(-(NEW - 1) // (length + 1)) + 1
+
+
+def test_eos_and_max_new_tokens_inside_an_accepted_path(zoo):
+    target, tokenizer = load_target(zoo["llama"], torch.device("cpu"), torch.float32)
+    prompt_ids = encode_prompt(tokenizer, PROMPTS[0], chat=True)
+    plain = hf_greedy(Models(target, tokenizer, NoDrafter()), prompt_ids, new=40)
+    # Make a token of the greedy continuation the end-of-sequence token: generate stops there, mid-draft for us.
+    target.generation_config.eos_token_id = plain[13]
+    models = Models(target, tokenizer, ScriptedDrafter(target, "oracle"))
+    ref = hf_greedy(models, prompt_ids, new=40)
+    assert len(ref) < 40 and ref[-1] == plain[13]
+    for length in (4, 8):
+        _, result = run(models, prompt_ids, DecodeConfig(drafts=2, block=length, max_new_tokens=40))
+        assert list(result.token_ids) == ref and result.stop_reason == "eos"
+    target.generation_config.eos_token_id = tokenizer.eos_token_id
+    for new in (1, 2, 5, 9, 10):  # the limit falls inside accepted paths of length 8
+        ref = hf_greedy(models, prompt_ids, new=new)
+        _, result = run(models, prompt_ids, DecodeConfig(drafts=1, block=8, max_new_tokens=new))
+        assert list(result.token_ids) == ref and result.stop_reason == "max_new_tokens"
+
+
+def plain_sampling(models, prompt_ids, cfg, new) -> list[int]:
+    """Reference autoregressive sampler: one HF forward per token, the same processing, the same seeded generator."""
+    rng = torch.Generator().manual_seed(cfg.seed)
+    ids, out = prompt_ids, []
+    eos = stop_token_ids(models)
+    with torch.no_grad():
+        for _ in range(new):
+            token = draw_token(models.target(input_ids=ids).logits[0, -1], cfg, rng)
+            out.append(token)
+            if token in eos:
+                break
+            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+    return out
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 20, 1.0), (1.3, 0, 0.9), (0.8, 10, 0.8)])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sampling_same_seed_same_tokens_as_plain_sampling(zoo, temperature, top_k, top_p, seed):
+    models = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu")
+    scripted = Models(models.target, models.tokenizer, ScriptedDrafter(models.target, "oracle"))
+    prompt_ids = encode_prompt(models.tokenizer, PROMPTS[1], chat=True)
+    cfg = DecodeConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, max_new_tokens=NEW,
+                       drafts=3, steps=2, block=4, diversity="gumbel")
+    ref = plain_sampling(models, prompt_ids, cfg, NEW)
+    for m in (models, scripted):
+        for verify in ("tree", "batch"):
+            _, result = run(m, prompt_ids, DecodeConfig(**{**cfg.__dict__, "verify": verify}))
+            assert list(result.token_ids) == ref
+
+
+def test_sampling_distribution_matches_target(zoo):
+    """Empirical law of the first two sampled tokens vs the exact target law (top-k 2: four outcomes)."""
+    models = load_models(zoo["llama"], "none", device="cpu")
+    scripted = Models(models.target, models.tokenizer, ScriptedDrafter(models.target, "oracle"))
+    prompt_ids = encode_prompt(models.tokenizer, PROMPTS[0], chat=True)
+    base = DecodeConfig(temperature=3.0, top_k=2, max_new_tokens=2, drafts=2, block=2)
+    with torch.no_grad():
+        from xpress_core.sampling import processed_probs
+
+        p1 = processed_probs(models.target(input_ids=prompt_ids).logits[0, -1], base)
+        exact = {}
+        for a in torch.nonzero(p1).flatten().tolist():
+            ids = torch.cat([prompt_ids, torch.tensor([[a]])], dim=1)
+            p2 = processed_probs(models.target(input_ids=ids).logits[0, -1], base)
+            for b in torch.nonzero(p2).flatten().tolist():
+                exact[(a, b)] = float(p1[a] * p2[b])
+    n = 600
+    counts: dict[tuple[int, int], int] = {}
+    for seed in range(n):
+        _, result = run(scripted, prompt_ids, DecodeConfig(**{**base.__dict__, "seed": 10_000 + seed}))
+        key = tuple(result.token_ids)
+        counts[key] = counts.get(key, 0) + 1
+    assert set(counts) <= set(exact)
+    chi2 = sum((counts.get(k, 0) - n * p) ** 2 / (n * p) for k, p in exact.items())
+    assert chi2 < 16.3  # 3 degrees of freedom, p = 0.001
+
+
+def test_tree_logits_equal_sequential_logits(zoo):
+    """One tree forward gives, at every node, the logits of running that node's path sequentially."""
+    target, tokenizer = load_target(zoo["qwen3"], torch.device("cpu"), torch.float32)
+    prompt = encode_prompt(tokenizer, PROMPTS[0], chat=True)
+    drafts = [[5, 6, 7, 8], [5, 6, 9], [10, 11], [5, 12, 13, 14]]
+    root = 4
+    tree = build_tree(root, drafts)
+    assert tree.size == 10  # 5 is shared by three drafts, 5-6 by two
+    with torch.no_grad():
+        cache = kv.new_cache(target)
+        target(input_ids=prompt, cache=cache, use_cache=True)
+        past = prompt.shape[1]
+        logits = target(
+            input_ids=torch.tensor([tree.tokens]), position_ids=tree_position_ids(tree, past, "cpu"),
+            attention_mask=tree_attention_mask(tree, past, torch.float32, "cpu"), cache=cache, use_cache=True,
+        ).logits[0]
+        for draft, path in zip(drafts, tree.draft_paths):
+            seq = torch.cat([prompt, torch.tensor([[root] + draft])], dim=1)
+            ref = target(input_ids=seq).logits[0, past:]
+            torch.testing.assert_close(logits[[0, *path]], ref, atol=1e-4, rtol=1e-4)
+
+
+def test_parallel_and_serial_refinement_make_identical_drafts(zoo):
+    models = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu")
+    prompt_ids = encode_prompt(models.tokenizer, PROMPTS[0], chat=True)
+    for diversity in ("branch-first", "branch-uncertain", "gumbel"):
+        cfgs = [DecodeConfig(drafts=4, steps=3, block=8, refine=r, diversity=diversity, seed=3, max_new_tokens=12)
+                for r in ("parallel", "serial")]
+        (par, _), (ser, _) = (run(models, prompt_ids, c) for c in cfgs)
+        assert [t.drafts for t in par] == [t.drafts for t in ser]
+        assert [t.steps for t in par][1].__len__() == 3
+
+
+def test_drafts_differ_and_never_hold_special_tokens(zoo):
+    models = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu")
+    banned = set(models.tokenizer.all_special_ids) - stop_token_ids(models)
+    prompt_ids = encode_prompt(models.tokenizer, PROMPTS[0], chat=True)
+    for diversity in ("branch-first", "branch-uncertain", "gumbel"):
+        traces, _ = run(models, prompt_ids, DecodeConfig(drafts=4, steps=2, block=6, diversity=diversity,
+                                                          max_new_tokens=10))
+        for t in traces[1:]:
+            assert len(set(t.drafts)) == 4, diversity
+            assert not banned & {tok for d in t.drafts for tok in d}
+            final = t.steps[-1].tokens
+            assert final == t.drafts and all(tok >= 0 for d in final for tok in d)
+
+
+def test_schedules_commit_ceil_l_s_over_t_positions(zoo):
+    models = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu")
+    prompt_ids = encode_prompt(models.tokenizer, PROMPTS[0], chat=True)
+    for schedule in ("confidence", "left-to-right"):
+        traces, _ = run(models, prompt_ids, DecodeConfig(drafts=2, steps=3, block=8, schedule=schedule,
+                                                          max_new_tokens=6))
+        for t in traces[1:]:
+            committed = [sum(tok >= 0 for tok in step.tokens[0]) for step in t.steps]
+            assert committed == [3, 6, 8]
+            if schedule == "left-to-right":
+                assert all(tok >= 0 for tok in t.steps[0].tokens[0][:3])
+
+
+def test_autoregressive_drafter_and_none_equal_generate(zoo):
+    for drafter in (zoo["ar_drafter"], zoo["llama"], "none"):
+        models = load_models(zoo["llama"], drafter, device="cpu")
+        prompt_ids = encode_prompt(models.tokenizer, PROMPTS[1], chat=True)
+        ref = hf_greedy(models, prompt_ids)
+        for k, verify, refine in [(1, "tree", "parallel"), (3, "batch", "serial"), (3, "tree", "parallel")]:
+            traces, result = run(models, prompt_ids, DecodeConfig(drafts=k, block=5, steps=5, verify=verify,
+                                                                  refine=refine, max_new_tokens=NEW))
+            assert list(result.token_ids) == ref
+            check_invariants(traces, prompt_ids.shape[1], result)
+        if drafter == zoo["llama"]:  # the target drafting for itself is always right
+            assert result.mean_accept_len > 4
+
+
+def test_stop_strings_trim_text_and_tokens(zoo):
+    models = load_models(zoo["llama"], "none", device="cpu")
+    prompt_ids = encode_prompt(models.tokenizer, PROMPTS[0], chat=True)
+    _, full = run(models, prompt_ids, DecodeConfig(max_new_tokens=NEW))
+    stop = full.text[len(full.text) // 2: len(full.text) // 2 + 2]
+    assert stop.strip()
+    _, cut = run(models, prompt_ids, DecodeConfig(max_new_tokens=NEW, stop=(stop,)))
+    assert cut.stop_reason == "stop_string"
+    assert cut.text == full.text[: full.text.find(stop)]
+    assert list(cut.token_ids) == list(full.token_ids[: cut.new_tokens])
