@@ -11,6 +11,7 @@ import os
 import sys
 from pathlib import Path
 
+from .bench import add_bench_parser, run_bench
 from .config import DIVERSITY, REFINE_MODES, SCHEDULES, VERIFY_MODES, DecodeConfig
 from .errors import XpressError
 from .train.cli import add_train_parser, run_train
@@ -69,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--block", type=int, default=16)
 
     add_train_parser(sub)
+    add_bench_parser(sub)
     return parser
 
 
@@ -117,7 +119,7 @@ def run_init_drafter(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"generate": run_generate, "init-drafter": run_init_drafter, "train": run_train}
+COMMANDS = {"generate": run_generate, "init-drafter": run_init_drafter, "train": run_train, "bench": run_bench}
 
 
 def main(argv: list[str] | None = None) -> int:
