@@ -10,6 +10,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 import pytest
+import torch
 
 from xpress_core import bench
 from xpress_core.bench_figures import HEATMAP_METRICS, bench_figures, heatmap
@@ -167,3 +168,13 @@ def test_missing_data_is_a_clear_error(zoo, tmp_path, capsys):
                  "hf-generate", "--json", str(tmp_path / "b.json"), "--no-progress"])
     assert code == 2
     assert "sgd_dev.txt" in capsys.readouterr().err
+
+
+def test_loaded_drafter_has_real_rotary_frequencies(zoo):
+    """The bench's numbers are only meaningful if the loaded drafter is the saved one: its non-persistent rotary
+    buffer must be recomputed, not left as uninitialised memory by from_pretrained (seen with transformers 5.24)."""
+    from xpress_core.drafters.diffusion_model import XpressDrafter, rotary_inv_freq
+
+    model = XpressDrafter.from_pretrained(zoo["drafter_llama"])
+    want = rotary_inv_freq(model.config.head_dim, model.config.rope_theta)
+    assert torch.equal(model.rotary.inv_freq, want)

@@ -79,10 +79,14 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + rotated * sin
 
 
+def rotary_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
+    return 1.0 / theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
+
+
 class Rotary(nn.Module):
     def __init__(self, head_dim: int, theta: float):
         super().__init__()
-        self.register_buffer("inv_freq", 1.0 / theta ** (torch.arange(0, head_dim, 2).float() / head_dim), persistent=False)
+        self.register_buffer("inv_freq", rotary_inv_freq(head_dim, theta), persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions[..., None].float() * self.inv_freq  # (B, S, D/2)
@@ -154,6 +158,10 @@ class XpressDrafter(PreTrainedModel):
         super()._init_weights(module)
         if module is self:
             init.normal_(self.mask_embedding, mean=0.0, std=self.config.initializer_range)
+        if isinstance(module, Rotary):
+            # Not in the checkpoint (non-persistent): from_pretrained builds on the meta device, so without this the
+            # buffer is uninitialised memory and drafts come out of garbage positions (NaN at random).
+            init.copy_(module.inv_freq, rotary_inv_freq(self.config.head_dim, self.config.rope_theta))
 
     def bind(self, target: PreTrainedModel) -> "XpressDrafter":
         """Attach the target's (frozen) embedding and LM head; a plain tuple keeps them out of the state dict."""
