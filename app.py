@@ -1,0 +1,743 @@
+"""xPress app: chat with a target LM while a diffusion drafter speculates, and watch what every round did.
+
+Layout and event wiring. Decoding is ``xpress_core.engine.decode`` (one event per round, consumed here, never
+re-implemented); figures come from ``xpress_core.plots``. ``python app.py --help`` lists the options; each has an
+environment variable (see ``ENV``) so that a Hugging Face Space can set them.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # set before Gradio is imported: no telemetry
+
+try:  # ZeroGPU Spaces need `spaces` imported before torch touches CUDA; elsewhere the package is absent
+    import spaces
+except ImportError:
+    spaces = None
+
+import argparse
+import tempfile
+import threading
+import time
+from contextlib import closing, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from collections.abc import Iterator
+
+import gradio as gr
+import torch
+
+from xpress_core import plots
+from xpress_core.config import REFINE_MODES, VERIFY_MODES, DecodeConfig
+from xpress_core.drafters.base import NoDrafter
+from xpress_core.engine import Models, context_limit, decode
+from xpress_core.errors import XpressError
+from xpress_core.models import (
+    EMBEDDED_AR_DRAFTER,
+    EMBEDDED_DRAFTER,
+    EMBEDDED_TARGET,
+    NO_DRAFTER,
+    encode_prompt,
+    load_drafter,
+    load_target,
+    resolve_device,
+    resolve_dtype,
+)
+from xpress_core.trace import DecodeResult, RoundTrace, write_jsonl
+
+ENV = {
+    "target": "XPRESS_TARGET",  # a custom preset's target: local directory or Hub id
+    "drafter": "XPRESS_DRAFTER",  # its drafter: directory, Hub id or "none"
+    "device": "XPRESS_DEVICE",
+    "dtype": "XPRESS_DTYPE",
+    "concurrency": "XPRESS_CONCURRENCY",  # requests decoded at the same time; more wait in the queue
+}
+DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 7860  # overridden by Gradio's GRADIO_SERVER_NAME / GRADIO_SERVER_PORT
+DEFAULT_CONCURRENCY = 2
+QUEUE_SIZE = 64
+
+# UI limits: tighter than the engine's (DecodeConfig.validate) so that a CPU Space stays responsive.
+UI_MAX_DRAFTS = 8
+UI_MAX_BLOCK = 16
+UI_MAX_NEW_TOKENS = 512
+MAX_TEMPERATURE = 2.0
+MAX_SEED = 2**31 - 1
+MAX_MESSAGE_CHARS = 8000  # longer messages keep their end (the part a reply follows)
+
+# Rendering may take at most this share of the wall time, so that watching barely slows decoding; the engine's own
+# timings exclude it anyway (its clock stops while we hold an event).
+UI_TIME_SHARE = 0.1
+MIN_UPDATE_INTERVAL_S = 0.15
+ANIMATION_FRAME_S = 0.12  # pause per denoise step when "animate" is on
+
+SPECULATIVE, PLAIN = "speculative", "plain"
+EMBEDDED_PRESET = "Embedded · diffusion drafter"
+EMBEDDED_AR_PRESET = "Embedded · autoregressive drafter"
+CUSTOM_PRESET = "Custom (--target / --drafter)"
+EMPTY_MESSAGE = "Type a message first: an empty or blank message has nothing to answer."
+
+HELP = {
+    "preset": "Target LM + drafter. Loaded on first use, then shared read-only by all users.",
+    "drafts": "K candidate drafts per round, refined together and verified together as one token tree.",
+    "block": "L tokens per draft: a round accepts at most L draft tokens, plus one token from the target.",
+    "steps": "T denoise steps per round (1..L). T=1 fills the block in one drafter forward; "
+             "T=L commits one position per step, like autoregressive drafting.",
+    "temperature": "0 = greedy. Above 0 the target samples, and the output distribution is still exactly its own.",
+    "top_p": "Nucleus cut-off, applied exactly as plain sampling applies it (only with temperature > 0).",
+    "seed": "Same seed and settings give the same text, with or without the drafter.",
+    "max_new_tokens": "Upper bound on the reply length, in tokens.",
+    "refine": "parallel: the K drafts share one batched drafter forward per step (about T forwards); "
+              "serial: one draft at a time (K x T forwards). Same drafts, different cost.",
+    "verify": "tree: drafts merged into a trie, checked in one target forward with a tree attention mask; "
+              "batch: K rows over copies of the cache (simpler, K x the memory).",
+    "race": "Also decode the request plainly (no drafter) and compare speeds. The two runs take turns; "
+            "each one's timings count only its own work.",
+    "animate": "Replay every round's denoise steps in the draft panel while generating. Slower to watch; "
+               "the timings shown exclude it.",
+}
+
+INTRO = """# xPress · speculative decoding with a diffusion drafter
+A small **drafter** proposes K drafts of L tokens by denoising masked blocks in T steps; the **target** LM checks all
+of them in one forward and keeps the longest prefix it agrees with, plus one token of its own. The reply is exactly
+what the target alone would write (same seed, same text): only faster when the drafts are good.
+"""
+
+PANEL_HELP = """
+- **Draft evolution**: rows are the K drafts, columns the L block positions. Grey cells are still masked; colour is
+  the drafter's confidence. After the last step the cells the target accepted get a green frame and each draft's first
+  rejected token a red one; ★ marks the draft on the chosen path. Scrub any round and step with the sliders.
+- **Accepted length**: draft tokens accepted per round (grey dots: each draft; green: the chosen path), the running
+  τ (tokens emitted per round, the speed-up's upper bound) and a histogram.
+- **Latency**: time per round split into draft / verify / other (round 0 is the prompt's prefill), and tokens/s so far,
+  beside plain decoding when Race is on. Times are the engine's own: rendering is excluded.
+- **Token provenance**: the reply, each token coloured by where it came from: an accepted draft token or the target's
+  own token (the one each round adds after the accepted path). Shades alternate with the round.
+"""
+
+
+# --- Models --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    target: str  # local directory or Hub id
+    drafter: str  # local directory, Hub id or "none"
+
+    def problem(self) -> str | None:
+        """Why the preset cannot load, found without loading anything (a local directory that is missing)."""
+        for role, spec in (("target", self.target), ("drafter", self.drafter)):
+            local = Path(spec).is_absolute() or spec.startswith((".", "~"))
+            if spec != NO_DRAFTER and local and not Path(spec).expanduser().exists():
+                return f"the {role} directory {spec} does not exist"
+        return None
+
+
+def unavailable(preset: Preset, problem: str) -> str:
+    return (f"Model preset “{preset.name}” is not available: {problem}. Choose another preset, or start the app with "
+            f"--target/--drafter (or {ENV['target']}/{ENV['drafter']}) pointing to your models.")
+
+
+@dataclass(frozen=True)
+class AppConfig:
+    presets: tuple[Preset, ...]  # the first one is selected at start
+    device: str = "auto"
+    dtype: str = "auto"
+    concurrency: int = DEFAULT_CONCURRENCY
+
+
+def default_presets(target: str | None = None, drafter: str | None = None) -> tuple[Preset, ...]:
+    """The embedded presets, preceded by a custom one when a target or drafter was given."""
+    embedded = (
+        Preset(EMBEDDED_PRESET, str(EMBEDDED_TARGET), str(EMBEDDED_DRAFTER)),
+        Preset(EMBEDDED_AR_PRESET, str(EMBEDDED_TARGET), str(EMBEDDED_AR_DRAFTER)),
+    )
+    if target is None and drafter is None:
+        return embedded
+    custom = Preset(CUSTOM_PRESET, target or str(EMBEDDED_TARGET), drafter or str(EMBEDDED_DRAFTER))
+    return (custom,) + embedded
+
+
+class TokenTexts:
+    """Display text of token ids, memoised (figures ask for the same ids again and again)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.memo: dict[int, str] = {}
+
+    def __call__(self, token: int) -> str:
+        if token not in self.memo:
+            text = self.tokenizer.decode([token])
+            # A lone piece of a multi-byte character decodes to U+FFFD; its raw vocabulary entry tells tokens apart.
+            self.memo[token] = text if "\ufffd" not in text else self.tokenizer.convert_ids_to_tokens(token)
+        return self.memo[token]
+
+
+@dataclass(frozen=True)
+class Loaded:
+    speculative: Models
+    plain: Models  # the same target without a drafter: the Race
+    token_text: TokenTexts
+
+
+class ModelCache:
+    """Loads each preset once, on first use, and shares it read-only across requests (targets shared by presets)."""
+
+    def __init__(self, config: AppConfig):
+        self.presets = {p.name: p for p in config.presets}
+        self.device, self.dtype = config.device, config.dtype
+        self._targets: dict[str, tuple] = {}
+        self._loaded: dict[str, Loaded] = {}
+        self._lock = threading.Lock()  # one load at a time: two first requests must not load the same model twice
+
+    def preset(self, name: str) -> Preset:
+        if name not in self.presets:
+            raise XpressError(f"unknown model preset {name!r}; choose one of: {', '.join(self.presets)}")
+        return self.presets[name]
+
+    def is_loaded(self, name: str) -> bool:
+        return name in self._loaded
+
+    def describe(self, name: str) -> str:
+        """A line about the preset for the UI, without loading it."""
+        preset = self.preset(name)
+        problem = preset.problem()
+        if problem:
+            return f"⚠ {unavailable(preset, problem)}"
+        state = "loaded" if self.is_loaded(name) else "loads on the first message"
+        return f"target `{preset.target}` · drafter `{preset.drafter}` · {state}"
+
+    def get(self, name: str) -> Loaded:
+        if name in self._loaded:
+            return self._loaded[name]
+        preset = self.preset(name)
+        problem = preset.problem()
+        if problem:
+            raise XpressError(unavailable(preset, problem))
+        with self._lock:
+            if name not in self._loaded:
+                try:
+                    self._loaded[name] = self._load(preset)
+                except XpressError as error:
+                    raise XpressError(unavailable(preset, str(error))) from error
+        return self._loaded[name]
+
+    def _load(self, preset: Preset) -> Loaded:
+        device = resolve_device(self.device)
+        dtype = resolve_dtype(self.dtype, device)
+        if preset.target not in self._targets:
+            self._targets[preset.target] = load_target(preset.target, device, dtype)
+        target, tokenizer = self._targets[preset.target]
+        drafter = load_drafter(preset.drafter, target, tokenizer, device, dtype)
+        return Loaded(Models(target, tokenizer, drafter), Models(target, tokenizer, NoDrafter()), TokenTexts(tokenizer))
+
+
+# --- Settings and prompt -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The controls' values as the UI (or an API client) sends them; checked by ``decode_config``."""
+
+    preset: str = ""
+    drafts: int = 4
+    steps: int = 2
+    block: int = 8
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    max_new_tokens: int = 128
+    refine: str = REFINE_MODES[0]
+    verify: str = VERIFY_MODES[0]
+    race: bool = False
+    animate: bool = False
+
+    def decode_config(self) -> DecodeConfig:
+        whole = {
+            "drafts K": (self.drafts, 1, UI_MAX_DRAFTS),
+            "block L": (self.block, 1, UI_MAX_BLOCK),
+            "denoise steps T": (self.steps, 1, UI_MAX_BLOCK),
+            "max new tokens": (self.max_new_tokens, 1, UI_MAX_NEW_TOKENS),
+            "seed": (self.seed, 0, MAX_SEED),
+        }
+        for name, (value, low, high) in whole.items():
+            if not (is_number(value) and value == int(value) and low <= value <= high):
+                raise XpressError(f"{name} must be a whole number in {low}..{high}, got {value!r}")
+        for name, value in (("temperature", self.temperature), ("top-p", self.top_p)):
+            if not is_number(value):
+                raise XpressError(f"{name} must be a number, got {value!r}")
+        return DecodeConfig(
+            drafts=int(self.drafts), steps=int(self.steps), block=int(self.block), temperature=float(self.temperature),
+            top_p=float(self.top_p), seed=int(self.seed), max_new_tokens=int(self.max_new_tokens),
+            refine=self.refine, verify=self.verify,
+        ).validate()
+
+
+DEFAULTS = Settings()
+
+
+def is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def history_messages(history: list[dict] | None) -> list[dict[str, str]]:
+    """Chatbot history -> chat-template messages. Gradio 6 sends content as a list of parts; keep the text ones."""
+    messages = []
+    for message in history or []:
+        content = message["content"]
+        if not isinstance(content, str):
+            parts = content if isinstance(content, list) else [content]
+            content = "".join(p.get("text", "") for p in parts if isinstance(p, dict) and p.get("type") == "text")
+        messages.append({"role": message["role"], "content": content})
+    return messages
+
+
+@dataclass(frozen=True)
+class Prompt:
+    ids: torch.Tensor  # (1, n)
+    notice: str | None  # what was cut to make it fit, for the user
+
+
+def fit_prompt(tokenizer, messages: list[dict[str, str]], limit: int | None, max_new_tokens: int) -> Prompt:
+    """Encode with the chat template; if too long for the target's context, cut from the left (oldest first).
+
+    The prompt may use the context minus room for the reply (``max_new_tokens``, but at most half the context).
+    """
+    cuts = []
+    last = messages[-1]["content"]
+    if len(last) > MAX_MESSAGE_CHARS:
+        messages = messages[:-1] + [{"role": "user", "content": last[-MAX_MESSAGE_CHARS:]}]
+        cuts.append(f"your message was cut to its last {MAX_MESSAGE_CHARS} characters")
+    ids = encode_prompt(tokenizer, messages, chat=True)
+    budget = None if limit is None else limit - min(max_new_tokens, limit // 2)
+    if budget is not None and ids.shape[1] > budget:
+        dropped = 0
+        while ids.shape[1] > budget and len(messages) > 1:
+            messages = messages[1:]
+            dropped += 1
+            while len(messages) > 1 and messages[0]["role"] != "user":  # a conversation starts with the user
+                messages = messages[1:]
+                dropped += 1
+            ids = encode_prompt(tokenizer, messages, chat=True)
+        if dropped:
+            cuts.append(f"the {dropped} oldest messages were left out")
+        if ids.shape[1] > budget:
+            messages, ids = cut_last_message(tokenizer, messages, budget)
+            cuts.append(f"your message was cut to its last {len(messages[-1]['content'])} characters")
+    notice = None
+    if cuts:
+        room = "" if limit is None else f" (the target's context holds {limit} tokens, {budget} of them for the prompt)"
+        notice = "Long prompt: " + "; ".join(cuts) + room + "."
+    return Prompt(ids, notice)
+
+
+def cut_last_message(tokenizer, messages: list[dict[str, str]], budget: int):
+    """Keep the longest end of the last message whose prompt fits ``budget`` tokens (binary search on characters)."""
+    head, text = messages[:-1], messages[-1]["content"]
+
+    def encoded(chars: int):
+        return encode_prompt(tokenizer, head + [{"role": "user", "content": text[-chars:]}], chat=True)
+
+    low, high = 1, len(text)  # invariant: the answer is in [low, high] once low fits
+    if encoded(low).shape[1] > budget:
+        raise XpressError(f"the chat template alone does not fit the {budget} prompt tokens the target's context "
+                          "allows")
+    while low < high:
+        mid = (low + high + 1) // 2
+        if encoded(mid).shape[1] <= budget:
+            low = mid
+        else:
+            high = mid - 1
+    kept = head + [{"role": "user", "content": text[-low:]}]
+    return kept, encode_prompt(tokenizer, kept, chat=True)
+
+
+# --- One reply -----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reply:
+    """Everything the panels need about the last reply; kept in the session for scrubbing and the log."""
+
+    traces: tuple[RoundTrace, ...]
+    plain: tuple[RoundTrace, ...]
+    result: DecodeResult | None  # None while decoding (or after a stop)
+    plain_result: DecodeResult | None
+    token_text: TokenTexts
+
+    @property
+    def rounds(self) -> int:
+        return max(0, len(self.traces) - 1)
+
+    @property
+    def max_steps(self) -> int:
+        return max((len(t.steps) for t in self.traces), default=0) or 1
+
+
+@dataclass(frozen=True)
+class View:
+    """One UI update. ``None`` leaves the component as it is."""
+
+    message: str | None = None  # the input box
+    history: list[dict] | None = None
+    status: str | None = None
+    plain: str | None = None
+    evolution: object | None = None  # plotly figures
+    accept: object | None = None
+    latency: object | None = None
+    provenance: object | None = None
+    reply: Reply | None = None
+    notice: str | None = None  # shown as a toast
+    done: bool = False  # the reply is complete: sliders and the log follow
+
+
+class Board:
+    """The reply being decoded: both runs' events so far, rendered into views."""
+
+    def __init__(self, loaded: Loaded, history: list[dict], user_text: str, cfg: DecodeConfig, race: bool,
+                 notice: str | None):
+        self.loaded, self.history, self.user_text, self.cfg, self.race = loaded, history, user_text, cfg, race
+        self.notice = notice
+        self.traces: dict[str, list[RoundTrace]] = {SPECULATIVE: [], PLAIN: []}
+        self.results: dict[str, DecodeResult] = {}
+        self.started = time.perf_counter()
+        self.wall_s: float | None = None  # request wall time including rendering, once finished
+
+    def add(self, run: str, event: RoundTrace | DecodeResult) -> None:
+        if isinstance(event, DecodeResult):
+            self.results[run] = event
+            if run == SPECULATIVE:
+                self.wall_s = time.perf_counter() - self.started
+        else:
+            self.traces[run].append(event)
+
+    def text(self, run: str) -> str:
+        if run in self.results:
+            return self.results[run].text
+        ids = [token for t in self.traces[run] for token in t.emitted]
+        return self.loaded.speculative.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def reply(self) -> Reply:
+        return Reply(tuple(self.traces[SPECULATIVE]), tuple(self.traces[PLAIN]), self.results.get(SPECULATIVE),
+                     self.results.get(PLAIN), self.loaded.token_text)
+
+    def chat(self) -> list[dict]:
+        return self.history + [{"role": "user", "content": self.user_text},
+                               {"role": "assistant", "content": self.text(SPECULATIVE)}]
+
+    def view(self, done: bool = False, **extra) -> View:
+        traces, plain = self.traces[SPECULATIVE], self.traces[PLAIN]
+        token_text = self.loaded.token_text
+        return View(
+            history=self.chat(),
+            status=self.status(),
+            plain=self.text(PLAIN) if self.race else None,
+            evolution=plots.draft_evolution_figure(traces[-1], token_text) if traces else None,
+            accept=plots.accept_length_figure(traces),
+            latency=plots.latency_figure(traces, plain),
+            provenance=plots.provenance_figure(traces, token_text),
+            reply=self.reply(),
+            done=done,
+            **extra,
+        )
+
+    def status(self) -> str:
+        traces = self.traces[SPECULATIVE]
+        lines = []
+        if self.notice:
+            lines.append(f"⚠ {self.notice}")
+        result = self.results.get(SPECULATIVE)
+        if result is not None:
+            split = " · ".join(f"{name} {share:.0%}" for name, share in time_split(result).items())
+            lines.append(f"✓ **{result.new_tokens} tokens in {result.rounds} rounds · "
+                         f"τ = {result.mean_accept_len:.2f} tokens/round · {result.tokens_per_s:.1f} tokens/s** "
+                         f"(engine time, rendering excluded: prefill {1000 * result.prefill_s:.0f} ms · {split}) "
+                         f"· stop: {result.stop_reason}")
+            if self.wall_s and not self.race:  # with Race the wall clock holds both runs
+                lines.append(f"Wall clock with the UI: {result.new_tokens / self.wall_s:.1f} tokens/s.")
+        elif traces:
+            last = traces[-1]
+            tau = plots.running_tau(traces[1:])[-1] if len(traces) > 1 else 0.0
+            lines.append(f"… round {last.index} · {last.new_tokens_total} tokens · τ = {tau:.2f} · "
+                         f"{plots.tokens_per_s(last):.1f} tokens/s")
+        if self.race:
+            lines.append(self.race_line())
+        return "\n\n".join(lines)
+
+    def race_line(self) -> str:
+        spec, plain = self.traces[SPECULATIVE], self.traces[PLAIN]
+        if not plain:
+            return "Race · plain decoding: starting"
+        plain_speed, spec_speed = plots.tokens_per_s(plain[-1]), plots.tokens_per_s(spec[-1]) if spec else 0.0
+        line = f"Race · plain decoding: {plain_speed:.1f} tokens/s"
+        if plain_speed > 0 and spec_speed > 0:
+            line += f" → speculative is ×{spec_speed / plain_speed:.2f}"
+        if len(self.results) == 2:
+            same = self.results[SPECULATIVE].token_ids == self.results[PLAIN].token_ids
+            line += " · same tokens ✓" if same else " · the outputs differ ✗"
+        return line
+
+
+def time_split(result: DecodeResult) -> dict[str, float]:
+    parts = {"draft": result.draft_s, "verify": result.verify_s, "other": result.other_s}
+    total = sum(parts.values()) or 1.0
+    return {name: seconds / total for name, seconds in parts.items()}
+
+
+class Throttle:
+    """Lets an update through only when rendering has taken at most ``UI_TIME_SHARE`` of the wall time lately."""
+
+    def __init__(self):
+        self.last_end = float("-inf")
+        self.last_cost = 0.0
+
+    def due(self) -> bool:
+        wait = max(MIN_UPDATE_INTERVAL_S, self.last_cost * (1 - UI_TIME_SHARE) / UI_TIME_SHARE)
+        return time.perf_counter() - self.last_end >= wait
+
+    @contextmanager
+    def rendering(self):
+        """Wraps building a view and the yield that hands it to Gradio (which serialises and sends it)."""
+        start = time.perf_counter()
+        yield
+        self.last_end = time.perf_counter()
+        self.last_cost = self.last_end - start
+
+
+def advance(run: Iterator):
+    """Next engine event with autograd off in *this* thread: Gradio resumes a generator on any worker thread, and
+    grad mode is thread-local, so the engine's own ``no_grad`` would not carry over."""
+    with torch.no_grad():
+        return next(run)
+
+
+def race(runs: dict[str, Iterator]) -> Iterator[tuple[str, RoundTrace | DecodeResult]]:
+    """Interleave the runs' events, always advancing the one that has spent less engine time: both progress as they
+    would side by side, and each engine's clock counts only its own work."""
+    spent = {name: 0.0 for name in runs}
+    try:
+        while spent:
+            name = min(spent, key=spent.get)
+            event = advance(runs[name])
+            if isinstance(event, DecodeResult):
+                del spent[name]
+            else:
+                spent[name] = event.elapsed_s
+            yield name, event
+    finally:
+        for run in runs.values():
+            run.close()
+
+
+def run_chat(cache: ModelCache, message: str | None, history: list[dict] | None, settings: Settings) -> Iterator[View]:
+    """Answer one chat message: stream views while the engine decodes (and, with Race, plain decoding beside it)."""
+    text = (message or "").strip()
+    if not text:
+        yield View(message="", status=EMPTY_MESSAGE, notice=EMPTY_MESSAGE)
+        return
+    cfg = settings.decode_config()
+    if not cache.is_loaded(settings.preset):
+        yield View(status=f"Loading “{settings.preset}”…")
+    loaded = cache.get(settings.preset)
+    past = history_messages(history)
+    prompt = fit_prompt(loaded.speculative.tokenizer, past + [{"role": "user", "content": text}],
+                        context_limit(loaded.speculative.target), cfg.max_new_tokens)
+    runs = {SPECULATIVE: decode(loaded.speculative, prompt.ids, cfg)}
+    if settings.race:
+        runs[PLAIN] = decode(loaded.plain, prompt.ids, cfg)
+    board = Board(loaded, past, text, cfg, settings.race, prompt.notice)
+    throttle = Throttle()
+    with throttle.rendering():
+        yield board.view(message="", notice=prompt.notice)
+    with closing(race(runs)) as events:
+        for run, event in events:
+            board.add(run, event)
+            if settings.animate and run == SPECULATIVE and isinstance(event, RoundTrace) and event.steps:
+                for step in range(len(event.steps) - 1):  # the last step comes with the full view below
+                    yield View(evolution=plots.draft_evolution_figure(event, loaded.token_text, step))
+                    time.sleep(ANIMATION_FRAME_S)
+                yield board.view()
+            elif not isinstance(event, DecodeResult) and throttle.due():
+                with throttle.rendering():
+                    yield board.view()
+    yield board.view(done=True)
+
+
+def log_file(reply: Reply, directory: Path) -> str:
+    """The reply's per-round JSONL log, in a file of its own (downloads may overlap)."""
+    handle, path = tempfile.mkstemp(prefix="xpress-rounds-", suffix=".jsonl", dir=directory)
+    with os.fdopen(handle, "w") as out:
+        write_jsonl(list(reply.traces), out)
+    return path
+
+
+def scrub_figure(reply: Reply | None, round_index, step):
+    """The draft panel for any round and denoise step of the last reply (sliders count from 1)."""
+    if reply is None or not reply.traces:
+        return plots.message_figure(plots.EVOLUTION_TITLE, "Send a message first.")
+    trace = reply.traces[min(max(int(round_index), 0), len(reply.traces) - 1)]
+    return plots.draft_evolution_figure(trace, reply.token_text, int(step) - 1)
+
+
+# ZeroGPU attaches a GPU for each call of the decorated function; elsewhere it runs as is.
+chat_turn = spaces.GPU(run_chat) if spaces is not None else run_chat
+
+
+# --- Layout and wiring ---------------------------------------------------------------------------------------------
+
+
+def build_app(config: AppConfig) -> gr.Blocks:
+    cache = ModelCache(config)
+    names = list(cache.presets)
+    log_dir = Path(tempfile.mkdtemp(prefix="xpress-logs-"))
+    empty = {
+        "evolution": plots.message_figure(plots.EVOLUTION_TITLE, "The drafts of each round appear here."),
+        "accept": plots.message_figure(plots.ACCEPT_TITLE, "Accepted lengths appear here."),
+        "latency": plots.message_figure(plots.LATENCY_TITLE, "Timings appear here."),
+        "provenance": plots.message_figure(plots.PROVENANCE_TITLE, "The reply's tokens appear here.", height=160),
+    }
+
+    with gr.Blocks(title="xPress", analytics_enabled=False, delete_cache=(3600, 3600)) as demo:
+        reply_state = gr.State(None)
+        gr.Markdown(INTRO)
+        with gr.Row():
+            with gr.Column(scale=3):
+                with gr.Row():
+                    chatbot = gr.Chatbot(label="Chat", height=440, elem_id="chatbot", scale=3)
+                    plain_box = gr.Textbox(label="Race: plain decoding (no drafter)", lines=18, max_lines=18,
+                                           interactive=False, visible=DEFAULTS.race, elem_id="plain-reply", scale=2)
+                message = gr.Textbox(show_label=False, placeholder="Type a message and press Enter", lines=1,
+                                     max_lines=6, elem_id="message")
+                with gr.Row():
+                    send = gr.Button("Send", variant="primary", elem_id="send")
+                    stop = gr.Button("Stop", variant="stop", elem_id="stop")
+                    clear = gr.Button("Clear", elem_id="clear")
+                status = gr.Markdown(elem_id="status")
+            with gr.Column(scale=2):
+                preset = gr.Dropdown(names, value=names[0], label="Model preset", info=HELP["preset"],
+                                     elem_id="preset")
+                preset_note = gr.Markdown(elem_id="preset-note")
+                drafts = gr.Slider(1, UI_MAX_DRAFTS, value=DEFAULTS.drafts, step=1, precision=0, label="Drafts K",
+                                   info=HELP["drafts"], elem_id="drafts")
+                block = gr.Slider(1, UI_MAX_BLOCK, value=DEFAULTS.block, step=1, precision=0, label="Block L",
+                                  info=HELP["block"], elem_id="block")
+                steps = gr.Slider(1, DEFAULTS.block, value=DEFAULTS.steps, step=1, precision=0,
+                                  label="Denoise steps T", info=HELP["steps"], elem_id="steps")
+                with gr.Row():
+                    temperature = gr.Slider(0.0, MAX_TEMPERATURE, value=DEFAULTS.temperature, step=0.05,
+                                            label="Temperature", info=HELP["temperature"], elem_id="temperature")
+                    top_p = gr.Slider(0.05, 1.0, value=DEFAULTS.top_p, step=0.05, label="Top-p", info=HELP["top_p"],
+                                      elem_id="top-p")
+                with gr.Row():
+                    seed = gr.Number(DEFAULTS.seed, precision=0, minimum=0, maximum=MAX_SEED, label="Seed",
+                                     info=HELP["seed"], elem_id="seed")
+                    max_new_tokens = gr.Slider(1, UI_MAX_NEW_TOKENS, value=DEFAULTS.max_new_tokens, step=1,
+                                               precision=0, label="Max new tokens", info=HELP["max_new_tokens"],
+                                               elem_id="max-new-tokens")
+                refine = gr.Radio(list(REFINE_MODES), value=DEFAULTS.refine, label="Refinement", info=HELP["refine"],
+                                  elem_id="refine")
+                verify = gr.Radio(list(VERIFY_MODES), value=DEFAULTS.verify, label="Verification",
+                                  info=HELP["verify"], elem_id="verify")
+                with gr.Row():
+                    race_box = gr.Checkbox(DEFAULTS.race, label="Race plain decoding", info=HELP["race"],
+                                           elem_id="race")
+                    animate = gr.Checkbox(DEFAULTS.animate, label="Animate denoising", info=HELP["animate"],
+                                          elem_id="animate")
+        evolution = gr.Plot(empty["evolution"], label="Draft evolution", elem_id="plot-evolution")
+        with gr.Row():
+            round_slider = gr.Slider(0, 1, value=1, step=1, precision=0, label="Round (0 = prefill)",
+                                     elem_id="round-slider")
+            step_slider = gr.Slider(1, 2, value=1, step=1, precision=0, label="Denoise step", elem_id="step-slider")
+        with gr.Row():
+            accept = gr.Plot(empty["accept"], label="Accepted length", elem_id="plot-accept")
+            latency = gr.Plot(empty["latency"], label="Latency", elem_id="plot-latency")
+        provenance = gr.Plot(empty["provenance"], label="Token provenance", elem_id="plot-provenance")
+        download = gr.DownloadButton("Download the round log (JSONL)", value=None, elem_id="download-log")
+        with gr.Accordion("How to read the panels", open=False):
+            gr.Markdown(PANEL_HELP)
+
+        outputs = [message, chatbot, status, plain_box, evolution, accept, latency, provenance, reply_state,
+                   round_slider, step_slider, download]
+
+        def finished(reply: Reply) -> list:
+            """Sliders spanning the reply's rounds and steps, and its log."""
+            return [gr.update(maximum=max(1, reply.rounds), value=reply.rounds),
+                    gr.update(maximum=max(2, reply.max_steps), value=reply.max_steps),  # a slider needs min < max
+                    gr.update(value=log_file(reply, log_dir))]
+
+        def render(view: View) -> list:
+            if view.notice:
+                gr.Warning(view.notice)
+            fields = [view.message, view.history, view.status, view.plain, view.evolution, view.accept,
+                      view.latency, view.provenance, view.reply]
+            tail = finished(view.reply) if view.done and view.reply is not None else [gr.skip()] * 3
+            return [gr.skip() if value is None else value for value in fields] + tail
+
+        def respond(message, history, preset, drafts, steps, block, temperature, top_p, seed, max_new_tokens, refine,
+                    verify, race, animate):
+            settings = Settings(preset, drafts, steps, block, temperature, top_p, seed, max_new_tokens, refine,
+                                verify, race, animate)
+            try:
+                for view in chat_turn(cache, message, history, settings):
+                    yield render(view)
+            except XpressError as error:
+                raise gr.Error(str(error)) from error
+
+        def stopped(reply: Reply | None) -> list:
+            if reply is None or reply.result is not None:  # nothing was running
+                return [gr.skip()] * 4
+            tokens = reply.traces[-1].new_tokens_total if reply.traces else 0
+            return [f"■ Stopped after {tokens} tokens."] + finished(reply)
+
+        def cleared() -> list:
+            return ["", [], "", "", empty["evolution"], empty["accept"], empty["latency"], empty["provenance"], None,
+                    gr.update(maximum=1, value=1), gr.update(maximum=2, value=1), gr.update(value=None)]
+
+        inputs = [message, chatbot, preset, drafts, steps, block, temperature, top_p, seed, max_new_tokens, refine,
+                  verify, race_box, animate]
+        chat_event = gr.on([message.submit, send.click], respond, inputs, outputs, api_name="chat",
+                           show_progress="minimal")
+        stop.click(stopped, reply_state, [status, round_slider, step_slider, download], cancels=[chat_event],
+                   api_visibility="private")
+        clear.click(cleared, None, outputs, cancels=[chat_event], api_visibility="private")
+        for slider in (round_slider, step_slider):
+            slider.input(scrub_figure, [reply_state, round_slider, step_slider], evolution,
+                         trigger_mode="always_last", concurrency_limit=None, show_progress="hidden",
+                         api_visibility="private")
+        block.change(lambda length, t: gr.update(maximum=length, value=min(t, length)), [block, steps], steps,
+                     queue=False, api_visibility="private")
+        race_box.change(lambda on: gr.update(visible=on), race_box, plain_box, queue=False, api_visibility="private")
+        preset.change(cache.describe, preset, preset_note, queue=False, api_visibility="private")
+        demo.load(cache.describe, preset, preset_note, queue=False, api_visibility="private")
+    demo.queue(default_concurrency_limit=config.concurrency, max_size=QUEUE_SIZE)
+    return demo
+
+
+def parse_args(argv: list[str] | None = None) -> AppConfig:
+    env = os.environ
+    parser = argparse.ArgumentParser(description="xPress: the speculative decoding app (Gradio).")
+    parser.add_argument("--target", default=env.get(ENV["target"]),
+                        help=f"target of a custom preset: local directory or Hub id (env {ENV['target']})")
+    parser.add_argument("--drafter", default=env.get(ENV["drafter"]),
+                        help=f"drafter of the custom preset: directory, Hub id or 'none' (env {ENV['drafter']})")
+    parser.add_argument("--device", default=env.get(ENV["device"], "auto"),
+                        help=f"auto, cpu, cuda (env {ENV['device']})")
+    parser.add_argument("--dtype", default=env.get(ENV["dtype"], "auto"),
+                        help=f"auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16 (env {ENV['dtype']})")
+    parser.add_argument("--concurrency", type=int, default=int(env.get(ENV["concurrency"], DEFAULT_CONCURRENCY)),
+                        help=f"requests decoded at the same time (env {ENV['concurrency']})")
+    args = parser.parse_args(argv)
+    if args.concurrency < 1:
+        parser.error("--concurrency must be at least 1")
+    return AppConfig(default_presets(args.target, args.drafter), args.device, args.dtype, args.concurrency)
+
+
+def main(argv: list[str] | None = None) -> None:
+    demo = build_app(parse_args(argv))
+    demo.launch(server_name=os.environ.get("GRADIO_SERVER_NAME", DEFAULT_HOST),
+                server_port=int(os.environ.get("GRADIO_SERVER_PORT", DEFAULT_PORT)), share=False)
+
+
+if __name__ == "__main__":
+    main()

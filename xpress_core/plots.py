@@ -1,0 +1,309 @@
+"""Plotly figures of the decoding trace: pure functions from ``RoundTrace`` events to ``go.Figure``.
+
+The app streams them into ``gr.Plot`` panels and the benchmark can save them; nothing here imports Gradio or touches
+a model. Token ids become text through a ``token_text`` callable the caller supplies (usually a memoised
+``tokenizer.decode([id])``), so the figures stay independent of any tokenizer.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from itertools import accumulate
+from collections.abc import Callable, Sequence
+
+import plotly.graph_objects as go
+
+from .trace import MASKED, RoundTrace
+
+TokenText = Callable[[int], str]
+
+# Provenance classes of an emitted token (DESIGN 2.4): a draft token the target accepted, or the target's own draw
+# (the bonus token after the accepted path, and the prefill's first token).
+FROM_DRAFT = "accepted draft token"
+FROM_TARGET = "target's own token"
+
+CONFIDENCE_SCALE = "YlGnBu"
+MASK_COLOUR = "#d9d9d9"
+ACCEPTED_COLOUR = "#2ca02c"
+REJECTED_COLOUR = "#d62728"
+DRAFT_COLOUR = "#b0b0b0"
+STAGE_COLOURS = {"draft": "#ff7f0e", "verify": "#1f77b4", "other": "#7f7f7f"}
+SPECULATIVE_COLOUR = "#2ca02c"
+PLAIN_COLOUR = "#7f7f7f"
+# Alternating shades per round make round boundaries visible in the provenance text.
+PROVENANCE_COLOURS = {FROM_DRAFT: ("#74c476", "#a1d99b"), FROM_TARGET: ("#6baed6", "#9ecae1")}
+
+CELL_CHARS = 6  # a grid cell shows at most this many characters of its token
+WRAP_CHARS = 64  # provenance text wraps after this many characters per line
+FONT = "DejaVu Sans Mono, Menlo, Consolas, monospace"
+
+
+def visible_text(text: str) -> str:
+    """Token text made visible in a figure: newlines/tabs as symbols, Plotly's pseudo-HTML escaped."""
+    return html.escape(text.replace("\n", "⏎").replace("\t", "⇥"), quote=False)
+
+
+def cell_label(text: str) -> str:
+    shown = text.replace(" ", "␣")
+    return visible_text(shown if len(shown) <= CELL_CHARS else shown[: CELL_CHARS - 1] + "…")
+
+
+def message_figure(title: str, message: str, height: int = 260) -> go.Figure:
+    """An empty panel that says why there is nothing to draw."""
+    fig = go.Figure()
+    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font=dict(size=14))
+    fig.update_layout(title=title, height=height, xaxis=dict(visible=False), yaxis=dict(visible=False),
+                      margin=dict(l=20, r=20, t=50, b=20))
+    return fig
+
+
+def two_panels(left_title: str, right_title: str, split: float) -> dict:
+    """Layout of two side-by-side panels (x/y left, x2/y2 right); cheaper to build than ``make_subplots``."""
+    gap = 0.08
+    title_at = dict(xref="paper", yref="paper", y=1.0, yanchor="bottom", showarrow=False, font=dict(size=13))
+    return dict(
+        xaxis=dict(domain=[0, split - gap / 2], anchor="y"), yaxis=dict(anchor="x"),
+        xaxis2=dict(domain=[split + gap / 2, 1], anchor="y2"), yaxis2=dict(anchor="x2"),
+        annotations=[dict(text=left_title, x=(split - gap / 2) / 2, **title_at),
+                     dict(text=right_title, x=(1 + split + gap / 2) / 2, **title_at)],
+    )
+
+
+# --- 1. Draft evolution --------------------------------------------------------------------------------------------
+
+EVOLUTION_TITLE = "Draft evolution"
+
+
+def draft_evolution_figure(trace: RoundTrace, token_text: TokenText, step: int | None = None) -> go.Figure:
+    """K drafts x L positions after denoise step ``step`` (0-based; None = the last one) of one round.
+
+    Cells show the token text coloured by the drafter's confidence; masked cells are grey. After the last step (the
+    drafts as the verifier saw them) the cells on the accepted path get a green frame and each draft's first
+    rejected token a red one.
+    """
+    if trace.index == 0:
+        return message_figure(EVOLUTION_TITLE, "Round 0 is the prefill: the target reads the prompt and picks the "
+                                               "first token itself. Drafting starts in round 1.")
+    if not trace.drafts:
+        return message_figure(EVOLUTION_TITLE, "No drafter: plain decoding verifies one token per round.")
+    states = [(s.tokens, s.confidence) for s in trace.steps]
+    if not states:  # a drafter that reports no intermediate steps: show its final drafts, confidence unknown
+        states = [(trace.drafts, tuple(tuple(1.0 for _ in row) for row in trace.drafts))]
+    last = len(states) - 1
+    shown = last if step is None else min(max(step, 0), last)
+    tokens, confidence = states[shown]
+    verified = shown == last
+    k_drafts, length = len(tokens), len(tokens[0])
+    bonus = trace.emitted[len(trace.accepted)] if len(trace.emitted) > len(trace.accepted) else None
+    accept_lens = trace.draft_accept_lens or (0,) * k_drafts
+    chosen = accept_lens.index(max(accept_lens))
+
+    rows = [f"<b>★ draft {k + 1}</b>" if verified and k == chosen else f"draft {k + 1}" for k in range(k_drafts)]
+    cols = [str(j + 1) for j in range(length)]
+    # Two layers: grey masked cells below, confidence-coloured committed cells above (each labels only its own cells).
+    z, masked, text, masked_text, hover = [], [], [], [], []
+    for k in range(k_drafts):
+        z_row, masked_row, text_row, masked_text_row, hover_row = [], [], [], [], []
+        for j in range(length):
+            token = tokens[k][j]
+            where = f"draft {k + 1} · position {j + 1}"
+            if token == MASKED:
+                z_row.append(None)
+                masked_row.append(1)
+                text_row.append("")
+                masked_text_row.append("MASK")
+                hover_row.append(f"{where}<br>still masked")
+                continue
+            masked_text_row.append("")
+            note = ""
+            if verified and j < accept_lens[k]:
+                note = "<br>accepted by the target"
+            elif verified and j == accept_lens[k]:
+                note = "<br>first rejected"
+                if bonus is not None and k == chosen:
+                    note += f": the target chose {visible_text(repr(token_text(bonus)))}"
+            z_row.append(confidence[k][j])
+            masked_row.append(None)
+            text_row.append(cell_label(token_text(token)))
+            hover_row.append(f"{where}<br>token {visible_text(repr(token_text(token)))} (id {token})"
+                             f"<br>confidence {confidence[k][j]:.2f}{note}")
+        z.append(z_row)
+        masked.append(masked_row)
+        text.append(text_row)
+        masked_text.append(masked_text_row)
+        hover.append(hover_row)
+
+    fig = go.Figure()
+    fig.add_trace(go.Heatmap(z=masked, x=cols, y=rows, colorscale=[[0, MASK_COLOUR], [1, MASK_COLOUR]],
+                             showscale=False, text=masked_text, texttemplate="%{text}", customdata=hover,
+                             hovertemplate="%{customdata}<extra></extra>", xgap=2, ygap=2, name="masked"))
+    fig.add_trace(go.Heatmap(z=z, x=cols, y=rows, zmin=0.0, zmax=1.0, colorscale=CONFIDENCE_SCALE,
+                             colorbar=dict(title="confidence", thickness=12), text=text, texttemplate="%{text}",
+                             textfont=dict(family=FONT), customdata=hover,
+                             hovertemplate="%{customdata}<extra></extra>", xgap=2, ygap=2, name="drafts"))
+    frames = []
+    if verified:
+        for k in range(k_drafts):
+            width = 3 if k == chosen else 2
+            frames += [cell_frame(j, k, ACCEPTED_COLOUR, width) for j in range(min(accept_lens[k], length))]
+            if accept_lens[k] < length:
+                frames.append(cell_frame(accept_lens[k], k, REJECTED_COLOUR, width))
+    title = f"{EVOLUTION_TITLE} · round {trace.index} · denoise step {shown + 1}/{last + 1}"
+    if verified:
+        title += f" · accepted {trace.accept_len} of {length} + 1 from the target"
+    fig.update_layout(title=title, shapes=frames, height=max(220, 90 + 42 * k_drafts),
+                      margin=dict(l=20, r=20, t=50, b=40),
+                      xaxis=dict(title="position in block", type="category", side="bottom"),
+                      yaxis=dict(type="category", autorange="reversed"), plot_bgcolor="white")
+    return fig
+
+
+def cell_frame(col: int, row: int, colour: str, width: int) -> dict:
+    """A frame around one categorical heatmap cell (categories sit at integer coordinates)."""
+    return dict(type="rect", x0=col - 0.5, x1=col + 0.5, y0=row - 0.5, y1=row + 0.5, xref="x", yref="y",
+                line=dict(color=colour, width=width), fillcolor="rgba(0,0,0,0)")
+
+
+# --- 2. Accepted length --------------------------------------------------------------------------------------------
+
+ACCEPT_TITLE = "Accepted length per round"
+
+
+def running_tau(traces: Sequence[RoundTrace]) -> list[float]:
+    """tau after each drafting round: tokens emitted per round so far (accepted + the target's own token)."""
+    totals = accumulate(t.accept_len + 1 for t in traces)
+    return [total / n for n, total in enumerate(totals, start=1)]
+
+
+def accept_length_figure(traces: Sequence[RoundTrace]) -> go.Figure:
+    """Per round: each draft's accepted length (grey dots), the chosen path's (green) and running tau; a histogram."""
+    rounds = [t for t in traces if t.index > 0]
+    if not rounds:
+        return message_figure(ACCEPT_TITLE, "No drafting round yet.")
+    x = [t.index for t in rounds]
+    dots = [(t.index + (k - (len(t.draft_accept_lens) - 1) / 2) * 0.6 / len(t.draft_accept_lens), n, k + 1)
+            for t in rounds if len(t.draft_accept_lens) > 1 for k, n in enumerate(t.draft_accept_lens)]
+    longest = max(len(d) for t in rounds for d in (t.drafts or ((),)))
+    counts = [sum(t.accept_len == n for t in rounds) for n in range(longest + 1)]
+    tau = running_tau(rounds)
+    fig = go.Figure()
+    if dots:  # spread the drafts' dots inside their round
+        dot_x, dot_y, draft = zip(*dots)
+        fig.add_trace(go.Scatter(x=dot_x, y=dot_y, customdata=draft, mode="markers", name="single drafts",
+                                 marker=dict(color=DRAFT_COLOUR, size=6),
+                                 hovertemplate="draft %{customdata}: %{y} accepted<extra></extra>"))
+    fig.add_trace(go.Scatter(x=x, y=[t.accept_len for t in rounds], mode="lines+markers", name="accepted (chosen path)",
+                             line=dict(color=ACCEPTED_COLOUR, width=2),
+                             hovertemplate="round %{x}: %{y} accepted<extra></extra>"))
+    fig.add_trace(go.Scatter(x=x, y=tau, mode="lines", name="running τ (tokens per round)",
+                             line=dict(color="black", dash="dash"), hovertemplate="τ = %{y:.2f}<extra></extra>"))
+    fig.add_trace(go.Bar(x=list(range(longest + 1)), y=counts, xaxis="x2", yaxis="y2", marker_color=ACCEPTED_COLOUR,
+                         showlegend=False, hovertemplate="%{y} rounds accepted %{x}<extra></extra>"))
+    layout = two_panels("per draft (dots) and the chosen path", "histogram", split=0.72)
+    layout["xaxis"].update(title="round")
+    layout["yaxis"].update(title="draft tokens accepted", rangemode="tozero")
+    layout["xaxis2"].update(title="accepted length", dtick=1)
+    layout["yaxis2"].update(title="rounds", rangemode="tozero")
+    fig.update_layout(title=f"{ACCEPT_TITLE} · τ = {tau[-1]:.2f} tokens per round", height=330,
+                      margin=dict(l=50, r=20, t=70, b=40), legend=dict(orientation="h", y=-0.25), **layout)
+    return fig
+
+
+# --- 3. Latency ----------------------------------------------------------------------------------------------------
+
+LATENCY_TITLE = "Latency"
+
+
+def tokens_per_s(trace: RoundTrace) -> float:
+    return trace.new_tokens_total / trace.elapsed_s if trace.elapsed_s > 0 else 0.0
+
+
+def latency_figure(traces: Sequence[RoundTrace], plain: Sequence[RoundTrace] = ()) -> go.Figure:
+    """Per-round time split (round 0 = the prefill forward) and cumulative tokens/s, beside plain decoding if run."""
+    if not traces:
+        return message_figure(LATENCY_TITLE, "No round yet.")
+    fig = go.Figure()
+    x = [t.index for t in traces]
+    stages = {"draft": [t.draft_s for t in traces], "verify": [t.verify_s for t in traces],
+              "other": [t.other_s for t in traces]}
+    for stage, seconds in stages.items():
+        fig.add_trace(go.Bar(x=x, y=[1000 * s for s in seconds], name=stage, marker_color=STAGE_COLOURS[stage],
+                             hovertemplate=f"round %{{x}}: {stage} %{{y:.2f}} ms<extra></extra>"))
+    series = [("speculative", traces, SPECULATIVE_COLOUR)] + ([("plain", plain, PLAIN_COLOUR)] if plain else [])
+    for name, run, colour in series:
+        fig.add_trace(go.Scatter(x=[t.new_tokens_total for t in run], y=[tokens_per_s(t) for t in run],
+                                 xaxis="x2", yaxis="y2", mode="lines", name=f"{name} tokens/s",
+                                 line=dict(color=colour, width=2),
+                                 hovertemplate=f"{name}: %{{y:.1f}} tokens/s after %{{x}} tokens<extra></extra>"))
+    title = f"{LATENCY_TITLE} · {tokens_per_s(traces[-1]):.1f} tokens/s"
+    if plain and tokens_per_s(plain[-1]) > 0:
+        title += f" vs plain {tokens_per_s(plain[-1]):.1f}"
+    layout = two_panels("time per round (ms)", "tokens/s so far", split=0.55)
+    layout["xaxis"].update(title="round (0 = prefill)")
+    layout["yaxis"].update(title="ms")
+    layout["xaxis2"].update(title="tokens generated")
+    layout["yaxis2"].update(rangemode="tozero")
+    fig.update_layout(title=title, barmode="stack", height=330, margin=dict(l=50, r=20, t=70, b=40),
+                      legend=dict(orientation="h", y=-0.25), **layout)
+    return fig
+
+
+# --- 4. Token provenance -------------------------------------------------------------------------------------------
+
+PROVENANCE_TITLE = "Token provenance"
+
+
+@dataclass(frozen=True)
+class TokenOrigin:
+    token: int
+    round: int
+    source: str  # FROM_DRAFT or FROM_TARGET
+
+
+def token_provenance(traces: Sequence[RoundTrace]) -> list[TokenOrigin]:
+    """Each output token with where it came from: a round emits its accepted draft tokens, then the target's own."""
+    return [
+        TokenOrigin(token, t.index, FROM_DRAFT if i < t.accept_len else FROM_TARGET)
+        for t in traces
+        for i, token in enumerate(t.emitted)
+    ]
+
+
+def provenance_figure(traces: Sequence[RoundTrace], token_text: TokenText) -> go.Figure:
+    """The reply as wrapped text, each token a box coloured by its origin (shade alternates with the round)."""
+    origins = token_provenance(traces)
+    if not origins:
+        return message_figure(PROVENANCE_TITLE, "No tokens yet.", height=160)
+    boxes = {FROM_DRAFT: [], FROM_TARGET: []}  # source -> [(line, start, width, label, colour, hover)]
+    line, column = 0, 0
+    for origin in origins:
+        raw = token_text(origin.token)
+        label = visible_text(raw)
+        width = max(1, len(raw.replace("\n", "⏎")))
+        if column and column + width > WRAP_CHARS:
+            line, column = line + 1, 0
+        colour = PROVENANCE_COLOURS[origin.source][origin.round % 2]
+        hover = f"{visible_text(repr(raw))} (id {origin.token})<br>round {origin.round}: {origin.source}"
+        boxes[origin.source].append((line, column, width, label, colour, hover))
+        column += width
+        if "\n" in raw:
+            line, column = line + 1, 0
+    fig = go.Figure()
+    for source, items in boxes.items():
+        if not items:
+            continue
+        lines, starts, widths, labels, colours, hovers = zip(*items)
+        fig.add_trace(go.Bar(
+            orientation="h", y=list(lines), base=list(starts), x=list(widths), text=list(labels),
+            textposition="inside", insidetextanchor="middle", textangle=0, textfont=dict(family=FONT, color="black"),
+            marker=dict(color=list(colours), line=dict(color="white", width=1)), name=source,
+            customdata=list(hovers), hovertemplate="%{customdata}<extra></extra>", width=0.9))
+    drafted = sum(o.source == FROM_DRAFT for o in origins)
+    fig.update_layout(
+        title=f"{PROVENANCE_TITLE} · {drafted} of {len(origins)} tokens came from accepted drafts",
+        barmode="overlay", height=110 + 26 * (line + 1), margin=dict(l=20, r=20, t=50, b=20),
+        uniformtext=dict(minsize=9, mode="show"), plot_bgcolor="white",
+        legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"),
+        xaxis=dict(visible=False, range=[0, WRAP_CHARS]), yaxis=dict(visible=False, autorange="reversed"))
+    return fig
