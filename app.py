@@ -538,7 +538,7 @@ def run_chat(cache: ModelCache, message: str | None, history: list[dict] | None,
         return
     cfg = settings.decode_config()
     if not cache.is_loaded(settings.preset):
-        yield View(status=f"Loading “{settings.preset}”…")
+        yield View(message="", status=f"Loading “{settings.preset}”…")
     loaded = cache.get(settings.preset)
     past = history_messages(history)
     prompt = fit_prompt(loaded.speculative.tokenizer, past + [{"role": "user", "content": text}],

@@ -1,0 +1,360 @@
+"""The app's handlers called directly, against the engine run directly with the same settings (the oracle)."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import threading
+
+import pytest
+import torch
+
+import app
+from xpress_core.config import DecodeConfig
+from xpress_core.drafters.base import NoDrafter
+from xpress_core.engine import Models, decode
+from xpress_core.errors import XpressError
+from xpress_core.models import encode_prompt, load_models
+from xpress_core.trace import DecodeResult
+
+TINY, TINY_AR, MISSING = "tiny · diffusion", "tiny · autoregressive", "missing"
+
+
+@pytest.fixture(scope="module")
+def config(zoo):
+    return app.AppConfig(presets=(
+        app.Preset(TINY, str(zoo["llama"]), str(zoo["drafter_llama"])),
+        app.Preset(TINY_AR, str(zoo["llama"]), str(zoo["ar_drafter"])),
+        app.Preset(MISSING, "/nonexistent/xpress-target", "none"),
+    ), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def cache(config):
+    return app.ModelCache(config)
+
+
+@pytest.fixture(scope="module")
+def oracle_models(zoo):
+    """Models loaded apart from the app's cache, for the engine run directly."""
+    return {TINY: load_models(zoo["llama"], zoo["drafter_llama"], device="cpu"),
+            TINY_AR: load_models(zoo["llama"], zoo["ar_drafter"], device="cpu")}
+
+
+@pytest.fixture(autouse=True)
+def no_animation_pause(monkeypatch):
+    monkeypatch.setattr(app, "ANIMATION_FRAME_S", 0.0)
+
+
+@pytest.fixture
+def recorded(monkeypatch) -> list[torch.Tensor]:
+    """The prompt ids of every engine run the app starts."""
+    prompts = []
+
+    def recording_decode(models, prompt_ids, cfg):
+        prompts.append(prompt_ids)
+        return decode(models, prompt_ids, cfg)
+
+    monkeypatch.setattr(app, "decode", recording_decode)
+    return prompts
+
+
+def engine_run(models: Models, messages, cfg: DecodeConfig):
+    events = list(decode(models, encode_prompt(models.tokenizer, messages, chat=True), cfg))
+    assert isinstance(events[-1], DecodeResult)
+    return events[:-1], events[-1]
+
+
+def settings(**changes) -> app.Settings:
+    base = dict(preset=TINY, drafts=3, steps=2, block=4, max_new_tokens=24)
+    return app.Settings(**{**base, **changes})
+
+
+def final(views: list[app.View]) -> app.View:
+    assert views[-1].done
+    return views[-1]
+
+
+CASES = [
+    dict(),
+    dict(temperature=0.9, top_p=0.9, seed=7),
+    dict(temperature=1.0, seed=123, drafts=2, block=8, steps=8, refine="serial", verify="batch"),
+    dict(preset=TINY_AR, drafts=2, block=5, steps=1, temperature=0.7, seed=3),
+]
+
+
+@pytest.mark.parametrize("changes", CASES)
+def test_reply_is_what_the_engine_writes(cache, oracle_models, changes):
+    chosen = settings(**changes)
+    views = list(app.run_chat(cache, "  I want to book a table  ", [], chosen))
+    traces, result = engine_run(oracle_models[chosen.preset], [{"role": "user", "content": "I want to book a table"}],
+                                chosen.decode_config())
+    last = final(views)
+    assert last.history == [{"role": "user", "content": "I want to book a table"},
+                            {"role": "assistant", "content": result.text}]
+    assert last.reply.result.token_ids == result.token_ids
+    assert [t.emitted for t in last.reply.traces] == [t.emitted for t in traces]
+    assert [t.accepted for t in last.reply.traces] == [t.accepted for t in traces]
+    assert f"τ = {result.mean_accept_len:.2f}" in last.status
+    assert views[0].message == ""  # the input box is cleared when the request starts
+
+
+def test_multi_turn_history_goes_through_the_chat_template(cache, oracle_models, recorded):
+    # Gradio 6 sends content as a list of parts.
+    history = [{"role": "user", "content": [{"type": "text", "text": "Find me a flight"}]},
+               {"role": "assistant", "content": [{"type": "text", "text": "Where to?"}]}]
+    views = list(app.run_chat(cache, "To Chicago", history, settings()))
+    messages = [{"role": "user", "content": "Find me a flight"}, {"role": "assistant", "content": "Where to?"},
+                {"role": "user", "content": "To Chicago"}]
+    tokenizer = oracle_models[TINY].tokenizer
+    assert recorded[0].tolist() == encode_prompt(tokenizer, messages, chat=True).tolist()
+    _, result = engine_run(oracle_models[TINY], messages, settings().decode_config())
+    assert final(views).history == messages + [{"role": "assistant", "content": result.text}]
+
+
+def test_race_decodes_plainly_beside_with_the_same_tokens(cache, oracle_models):
+    chosen = settings(race=True, temperature=0.8, seed=11)
+    last = final(list(app.run_chat(cache, "Once upon a time", [], chosen)))
+    plain_models = Models(oracle_models[TINY].target, oracle_models[TINY].tokenizer, NoDrafter())
+    _, plain = engine_run(plain_models, [{"role": "user", "content": "Once upon a time"}], chosen.decode_config())
+    assert last.plain == plain.text
+    assert last.reply.plain_result.token_ids == plain.token_ids == last.reply.result.token_ids
+    assert "same tokens ✓" in last.status
+    assert {t.name for t in last.latency.data} >= {"speculative tokens/s", "plain tokens/s"}
+
+
+@pytest.mark.parametrize("changes,expected", [
+    (dict(drafts=9), "drafts K"),
+    (dict(drafts=2.5), "drafts K"),
+    (dict(drafts=True), "drafts K"),
+    (dict(block=0), "block L"),
+    (dict(block=17), "block L"),
+    (dict(steps=5, block=4), "denoise steps T"),
+    (dict(max_new_tokens=0), "max new tokens"),
+    (dict(max_new_tokens=10**6), "max new tokens"),
+    (dict(seed=-1), "seed"),
+    (dict(seed=None), "seed"),
+    (dict(temperature=-0.5), "temperature"),
+    (dict(temperature="hot"), "temperature"),
+    (dict(top_p=0.0), "top-p"),
+    (dict(top_p=float("nan")), "top-p"),
+    (dict(refine="sideways"), "refine"),
+    (dict(verify="maybe"), "verify"),
+])
+def test_out_of_range_settings_are_refused_with_a_message(cache, changes, expected):
+    with pytest.raises(XpressError, match=expected):
+        list(app.run_chat(cache, "hello", [], settings(**changes)))
+
+
+@pytest.mark.parametrize("message", ["", "   \n\t ", None])
+def test_empty_message_answers_without_loading_or_decoding(config, message):
+    fresh = app.ModelCache(config)
+    views = list(app.run_chat(fresh, message, [], settings()))
+    assert len(views) == 1 and views[0].status == app.EMPTY_MESSAGE and views[0].notice == app.EMPTY_MESSAGE
+    assert views[0].history is None  # the chat stays as it was
+    assert not fresh.is_loaded(TINY)
+
+
+def test_unavailable_preset_gives_a_clear_message_and_the_next_request_works(cache, oracle_models):
+    with pytest.raises(XpressError, match="“missing” is not available: the target directory /nonexistent"):
+        list(app.run_chat(cache, "hello", [], settings(preset=MISSING)))
+    assert cache.describe(MISSING).startswith("⚠")
+    assert "loads on the first message" in app.ModelCache(app.AppConfig(cache.presets.values())).describe(TINY)
+    with pytest.raises(XpressError, match="unknown model preset"):
+        list(app.run_chat(cache, "hello", [], settings(preset="nope")))
+    _, result = engine_run(oracle_models[TINY], [{"role": "user", "content": "hello"}], settings().decode_config())
+    assert final(list(app.run_chat(cache, "hello", [], settings()))).reply.result.token_ids == result.token_ids
+
+
+def test_default_presets_put_the_custom_models_first():
+    assert [p.name for p in app.default_presets()] == [app.EMBEDDED_PRESET, app.EMBEDDED_AR_PRESET]
+    custom = app.default_presets(target="/models/t")[0]
+    assert (custom.name, custom.target, custom.drafter) == (app.CUSTOM_PRESET, "/models/t", str(app.EMBEDDED_DRAFTER))
+
+
+def test_env_vars_and_flags_configure_the_app(monkeypatch):
+    monkeypatch.setenv("XPRESS_TARGET", "/models/target")
+    monkeypatch.setenv("XPRESS_DRAFTER", "none")
+    monkeypatch.setenv("XPRESS_CONCURRENCY", "3")
+    config = app.parse_args([])
+    assert config.presets[0] == app.Preset(app.CUSTOM_PRESET, "/models/target", "none")
+    assert config.concurrency == 3
+    assert app.parse_args(["--drafter", "/models/d", "--device", "cpu"]).presets[0].drafter == "/models/d"
+    with pytest.raises(SystemExit):
+        app.parse_args(["--concurrency", "0"])
+
+
+# --- long prompts --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tokenizer(oracle_models):
+    return oracle_models[TINY].tokenizer
+
+
+def length(tokenizer, messages) -> int:
+    return encode_prompt(tokenizer, messages, chat=True).shape[1]
+
+
+def test_long_history_loses_its_oldest_turns_first(tokenizer):
+    turns = []
+    for i in range(12):
+        turns += [{"role": "user", "content": f"Question {i}: please book a table for {i} people tonight."},
+                  {"role": "assistant", "content": f"Answer {i}: what time would you like to book?"}]
+    messages = turns + [{"role": "user", "content": "And one more for tomorrow."}]
+    limit, max_new = 200, 64
+    budget = limit - max_new
+    prompt = app.fit_prompt(tokenizer, messages, limit, max_new)
+    kept = next(messages[i:] for i in range(0, len(messages), 2) if length(tokenizer, messages[i:]) <= budget)
+    assert prompt.ids.tolist() == encode_prompt(tokenizer, kept, chat=True).tolist()
+    assert prompt.ids.shape[1] <= budget < length(tokenizer, messages[len(messages) - len(kept) - 2:])
+    assert f"the {len(messages) - len(kept)} oldest messages were left out" in prompt.notice
+
+
+def test_long_message_keeps_its_end(tokenizer):
+    text = " ".join(f"word{i}" for i in range(400))
+    limit, max_new = 160, 300  # the reply's room is capped at half the context
+    prompt = app.fit_prompt(tokenizer, [{"role": "user", "content": text}], limit, max_new)
+    budget = limit - limit // 2
+    decoded = tokenizer.decode(prompt.ids[0], skip_special_tokens=True)
+    kept = decoded.strip()
+    assert text.endswith(kept) and len(kept) < len(text)
+    assert prompt.ids.shape[1] <= budget
+    assert length(tokenizer, [{"role": "user", "content": text[-(len(kept) + 1):]}]) > budget  # the longest that fits
+    assert f"cut to its last {len(kept)} characters" in prompt.notice
+
+
+def test_short_prompt_is_untouched(tokenizer):
+    messages = [{"role": "user", "content": "hello"}]
+    prompt = app.fit_prompt(tokenizer, messages, 512, 128)
+    assert prompt.notice is None and prompt.ids.tolist() == encode_prompt(tokenizer, messages, chat=True).tolist()
+
+
+def test_very_long_message_is_answered_with_a_visible_notice(cache, oracle_models, recorded):
+    text = "Please find me a flight from New York to Chicago number " + " ".join(map(str, range(5000)))
+    assert len(text) > app.MAX_MESSAGE_CHARS
+    views = list(app.run_chat(cache, text, [], settings()))
+    assert "Long prompt" in views[0].notice and "Long prompt" in final(views).status
+    models = oracle_models[TINY]
+    prompt = recorded[0]
+    kept = models.tokenizer.decode(prompt[0], skip_special_tokens=True).strip()
+    budget = 512 - 24  # the tiny target's context minus the reply's room
+    assert text.endswith(kept) and prompt.shape[1] <= budget
+    assert length(models.tokenizer, [{"role": "user", "content": text[-(len(kept) + 1):]}]) > budget
+    result = list(decode(models, prompt, settings().decode_config()))[-1]
+    assert final(views).reply.result.token_ids == result.token_ids
+
+
+# --- streaming, cancelling, threads --------------------------------------------------------------------------------
+
+
+def test_animation_streams_every_denoise_step(cache, oracle_models):
+    chosen = settings(animate=True, steps=3, block=6, max_new_tokens=12)
+    views = list(app.run_chat(cache, "Once upon a time", [], chosen))
+    traces, _ = engine_run(oracle_models[TINY], [{"role": "user", "content": "Once upon a time"}],
+                           chosen.decode_config())
+    frames = [v.evolution.layout.title.text for v in views if v.history is None and v.evolution is not None]
+    expected = [f"round {t.index} · denoise step {s + 1}/3" for t in traces[1:] for s in range(2)]
+    assert [next(e for e in expected if e in f) for f in frames] == expected
+
+
+def test_closing_midway_closes_the_engine_runs_and_the_app_keeps_serving(cache, oracle_models, monkeypatch):
+    started = []
+
+    def recording_decode(*args):
+        run = decode(*args)
+        started.append(run)
+        return run
+
+    monkeypatch.setattr(app, "decode", recording_decode)
+    every_round(monkeypatch)
+    chat = app.run_chat(cache, "Once upon a time", [], settings(race=True, max_new_tokens=200))
+    views = [next(chat) for _ in range(4)]
+    assert views[-1].reply.traces and not views[-1].done
+    chat.close()  # what Gradio does when the user presses Stop
+    assert len(started) == 2 and all(inspect.getgeneratorstate(run) == inspect.GEN_CLOSED for run in started)
+    _, result = engine_run(oracle_models[TINY], [{"role": "user", "content": "hello"}], settings().decode_config())
+    assert final(list(app.run_chat(cache, "hello", [], settings()))).reply.result.token_ids == result.token_ids
+
+
+def every_round(monkeypatch):
+    """Render after every round (no throttling)."""
+    monkeypatch.setattr(app, "MIN_UPDATE_INTERVAL_S", 0.0)
+    monkeypatch.setattr(app, "UI_TIME_SHARE", 1.0)
+
+
+class GradSpy(NoDrafter):
+    """Records whether autograd was on when the engine asked for drafts."""
+
+    def __init__(self):
+        self.grad_enabled = []
+
+    def draft(self, state, root, cfg, generator):
+        self.grad_enabled.append(torch.is_grad_enabled())
+        return super().draft(state, root, cfg, generator)
+
+
+def next_on_a_new_thread(chat):
+    box = []
+    worker = threading.Thread(target=lambda: box.append(next(chat, None)))
+    worker.start()
+    worker.join()
+    return box[0]
+
+
+def test_engine_runs_without_autograd_whichever_thread_resumes_it(config, oracle_models, monkeypatch):
+    spy = GradSpy()
+    models = oracle_models[TINY]
+    loaded = app.Loaded(Models(models.target, models.tokenizer, spy),
+                        Models(models.target, models.tokenizer, NoDrafter()), app.TokenTexts(models.tokenizer))
+    spy_cache = app.ModelCache(config)
+    monkeypatch.setattr(spy_cache, "get", lambda name: loaded)
+    every_round(monkeypatch)
+    chat = app.run_chat(spy_cache, "hello", [], settings(max_new_tokens=16))
+    while (view := next_on_a_new_thread(chat)) is not None and not view.done:  # like Gradio's worker threads
+        pass
+    assert len(spy.grad_enabled) >= 3 and not any(spy.grad_enabled)
+
+
+def test_throttle_keeps_rendering_under_its_share_of_wall_time(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(app.time, "perf_counter", lambda: clock[0])
+    throttle = app.Throttle()
+    assert throttle.due()
+    with throttle.rendering():
+        clock[0] += 0.2  # a render that took 0.2 s
+    wait = 0.2 * (1 - app.UI_TIME_SHARE) / app.UI_TIME_SHARE
+    clock[0] += wait - 0.01
+    assert not throttle.due()
+    clock[0] += 0.02
+    assert throttle.due()
+
+
+# --- scrubbing and the log -----------------------------------------------------------------------------------------
+
+
+def test_scrubbing_and_the_jsonl_log_follow_the_reply(cache, oracle_models, tmp_path):
+    chosen = settings(steps=2, block=4, max_new_tokens=20)
+    reply = final(list(app.run_chat(cache, "I want to book a table", [], chosen))).reply
+    traces, result = engine_run(oracle_models[TINY], [{"role": "user", "content": "I want to book a table"}],
+                                chosen.decode_config())
+    assert reply.rounds == result.rounds and reply.max_steps == 2
+    title = app.scrub_figure(reply, 2, 1).layout.title.text
+    assert "round 2 · denoise step 1/2" in title
+    assert "prefill" in app.scrub_figure(reply, 0, 1).layout.annotations[0].text
+    assert "Send a message first" in app.scrub_figure(None, 1, 1).layout.annotations[0].text
+    records = [json.loads(line) for line in open(app.log_file(reply, tmp_path))]
+    assert [r["round"] for r in records] == list(range(result.rounds + 1))
+    assert [r["emitted_tokens"] for r in records] == [list(t.emitted) for t in traces]
+    assert [r["accept_len"] for r in records[1:]] == list(result.accept_lens)
+
+
+def test_building_the_app_loads_no_model(config, monkeypatch):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a model was loaded while building the app")
+
+    monkeypatch.setattr(app, "load_target", forbidden)
+    monkeypatch.setattr(app, "load_drafter", forbidden)
+    demo = app.build_app(config)
+    chat = next(d for d in demo.fns.values() if d.api_name == "chat")
+    assert len(chat.inputs) == 14 and demo._queue.default_concurrency_limit == config.concurrency

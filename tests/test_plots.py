@@ -1,0 +1,176 @@
+"""The figure builders against the traces they draw: hand-made rounds with known cells, and real engine runs whose
+results (tau, token ids, accepted paths) are the oracle."""
+
+from __future__ import annotations
+
+import math
+
+import plotly.graph_objects as go
+import pytest
+
+from tests.fakes import ScriptedDrafter
+from xpress_core import plots
+from xpress_core.config import DecodeConfig
+from xpress_core.drafters.base import NoDrafter
+from xpress_core.engine import Models, decode
+from xpress_core.models import encode_prompt, load_models
+from xpress_core.trace import MASKED, DecodeResult, DenoiseStep, RoundTrace
+
+
+def token_text(token: int) -> str:
+    return f"t{token}"
+
+
+def round_trace(index=1, steps=(), drafts=(), draft_accept_lens=(), accepted=(), emitted=(7,), draft_s=0.001,
+                verify_s=0.002, other_s=0.0005, new_tokens_total=1, elapsed_s=0.01) -> RoundTrace:
+    return RoundTrace(index=index, steps=steps, drafts=drafts, tree_tokens=(), tree_parents=(),
+                      draft_accept_lens=draft_accept_lens, accepted=accepted, emitted=emitted, draft_s=draft_s,
+                      verify_s=verify_s, other_s=other_s, new_tokens_total=new_tokens_total, elapsed_s=elapsed_s,
+                      peak_mem_mb=1.0, cache_len=0, draft_context_len=0)
+
+
+# K=2 drafts, L=3, T=2 steps. Draft 1 is accepted for 2 tokens, draft 2 for none; the target then adds token 11.
+STEP_1 = DenoiseStep(tokens=((5, MASKED, MASKED), (6, MASKED, 9)), confidence=((0.9, 0.0, 0.0), (0.4, 0.0, 0.7)))
+STEP_2 = DenoiseStep(tokens=((5, 7, 8), (6, 3, 9)), confidence=((0.9, 0.8, 0.2), (0.4, 0.3, 0.7)))
+ROUND = round_trace(steps=(STEP_1, STEP_2), drafts=STEP_2.tokens, draft_accept_lens=(2, 0), accepted=(5, 7),
+                    emitted=(5, 7, 11), new_tokens_total=4)
+
+
+def heatmaps(fig: go.Figure) -> tuple[go.Heatmap, go.Heatmap]:
+    masked, drafts = (t for t in fig.data if isinstance(t, go.Heatmap))
+    return masked, drafts
+
+
+def framed_cells(fig: go.Figure, colour: str) -> set[tuple[int, int]]:
+    """(row, column) of the cells with a frame of this colour."""
+    return {(round(s.y0 + 0.5), round(s.x0 + 0.5)) for s in fig.layout.shapes if s.line.color == colour}
+
+
+def test_draft_evolution_first_step_shows_masked_cells_and_no_verdict():
+    fig = plots.draft_evolution_figure(ROUND, token_text, step=0)
+    masked, drafts = heatmaps(fig)
+    expected_masked = {(k, j) for k in range(2) for j in range(3) if STEP_1.tokens[k][j] == MASKED}
+    assert {(k, j) for k in range(2) for j in range(3) if drafts.z[k][j] is None} == expected_masked
+    assert {(k, j) for k in range(2) for j in range(3) if masked.z[k][j] is not None} == expected_masked
+    assert drafts.text[0][0] == "t5" and drafts.text[1][2] == "t9"
+    assert drafts.z[1][2] == pytest.approx(0.7)
+    assert masked.text[0][1] == "MASK" and drafts.text[0][1] == ""
+    assert not fig.layout.shapes  # the verifier has not seen the drafts yet
+    assert "denoise step 1/2" in fig.layout.title.text
+
+
+def test_draft_evolution_last_step_marks_accepted_path_and_first_rejection():
+    fig = plots.draft_evolution_figure(ROUND, token_text)  # None = last step
+    _, drafts = heatmaps(fig)
+    assert [list(row) for row in drafts.text] == [["t5", "t7", "t8"], ["t6", "t3", "t9"]]
+    assert framed_cells(fig, plots.ACCEPTED_COLOUR) == {(0, 0), (0, 1)}
+    assert framed_cells(fig, plots.REJECTED_COLOUR) == {(0, 2), (1, 0)}
+    assert "accepted 2 of 3" in fig.layout.title.text
+    assert "★ draft 1" in drafts.y[0]
+    assert "the target chose 't11'" in drafts.customdata[0][2]
+
+
+def test_draft_evolution_step_is_clamped_and_special_rounds_explain_themselves():
+    assert plots.draft_evolution_figure(ROUND, token_text, step=99).layout.title.text == \
+        plots.draft_evolution_figure(ROUND, token_text).layout.title.text
+    prefill = plots.draft_evolution_figure(round_trace(index=0), token_text)
+    assert not heatmaps_present(prefill) and "prefill" in prefill.layout.annotations[0].text
+    plain = plots.draft_evolution_figure(round_trace(index=3), token_text)
+    assert not heatmaps_present(plain) and "No drafter" in plain.layout.annotations[0].text
+
+
+def heatmaps_present(fig: go.Figure) -> bool:
+    return any(isinstance(t, go.Heatmap) for t in fig.data)
+
+
+def test_token_labels_escape_plotly_markup_and_show_whitespace():
+    assert plots.visible_text("<|end|>\n") == "&lt;|end|&gt;⏎"
+    assert plots.cell_label(" the") == "␣the"
+    assert plots.cell_label("abcdefghij") == "abcde…"
+
+
+def test_empty_inputs_give_message_panels():
+    for fig in (plots.accept_length_figure([]), plots.latency_figure([]), plots.provenance_figure([], token_text)):
+        assert not fig.data and fig.layout.annotations
+
+
+# --- against real engine runs ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def runs(zoo):
+    """A diffusion-drafter run, a run whose drafter knows the target's continuation (long acceptance), and plain."""
+    models = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu")
+    oracle = Models(models.target, models.tokenizer, ScriptedDrafter(models.target, "oracle"))
+    prompt = encode_prompt(models.tokenizer, "I want to book a table", chat=True)
+    cfg = DecodeConfig(drafts=3, steps=2, block=4, max_new_tokens=30)
+
+    def run(m):
+        events = list(decode(m, prompt, cfg))
+        assert isinstance(events[-1], DecodeResult)
+        return events[:-1], events[-1]
+
+    return {"diffusion": run(models), "oracle": run(oracle),
+            "plain": run(Models(models.target, models.tokenizer, NoDrafter()))}
+
+
+@pytest.mark.parametrize("name", ["diffusion", "oracle"])
+def test_provenance_follows_each_rounds_accepted_path(runs, name):
+    traces, result = runs[name]
+    origins = plots.token_provenance(traces)
+    assert tuple(o.token for o in origins) == result.token_ids
+    for trace in traces:
+        mine = [o for o in origins if o.round == trace.index]
+        drafted = [o.token for o in mine if o.source == plots.FROM_DRAFT]
+        assert drafted == list(trace.accepted[: len(drafted)])
+        assert len(drafted) == min(trace.accept_len, len(trace.emitted))
+        assert sum(o.source == plots.FROM_TARGET for o in mine) == len(trace.emitted) - len(drafted)
+    if name == "oracle":
+        assert sum(o.source == plots.FROM_DRAFT for o in origins) > len(origins) / 2
+
+
+def test_provenance_figure_lays_out_every_token_once(runs):
+    traces, result = runs["oracle"]
+    fig = plots.provenance_figure(traces, token_text)
+    labels = [label for bar in fig.data for label in bar.text]
+    assert sorted(labels) == sorted(token_text(t) for t in result.token_ids)
+    drafted = next(bar for bar in fig.data if bar.name == plots.FROM_DRAFT)
+    assert len(drafted.text) == sum(min(t.accept_len, len(t.emitted)) for t in traces)
+    assert all(start + width <= plots.WRAP_CHARS for bar in fig.data for start, width in zip(bar.base, bar.x))
+
+
+@pytest.mark.parametrize("name", ["diffusion", "oracle"])
+def test_accept_length_figure_matches_the_engine_result(runs, name):
+    traces, result = runs[name]
+    fig = plots.accept_length_figure(traces)
+    chosen = next(t for t in fig.data if t.name == "accepted (chosen path)")
+    assert tuple(chosen.y) == result.accept_lens
+    tau = next(t for t in fig.data if t.name.startswith("running τ"))
+    assert tau.y[-1] == pytest.approx(result.mean_accept_len)
+    histogram = next(t for t in fig.data if isinstance(t, go.Bar))
+    assert sum(histogram.y) == result.rounds
+    assert histogram.y[0] == sum(n == 0 for n in result.accept_lens)
+    singles = next(t for t in fig.data if t.name == "single drafts")
+    assert sorted(singles.y) == sorted(n for t in traces[1:] for n in t.draft_accept_lens)
+
+
+def test_latency_figure_stacks_the_engine_timings(runs):
+    traces, result = runs["diffusion"]
+    plain_traces, plain_result = runs["plain"]
+    fig = plots.latency_figure(traces, plain_traces)
+    bars = [t for t in fig.data if isinstance(t, go.Bar)]
+    assert fig.layout.barmode == "stack"
+    stacked = [sum(b.y[i] for b in bars) for i in range(len(traces))]
+    assert stacked[0] == pytest.approx(1000 * result.prefill_s)
+    assert sum(stacked[1:]) == pytest.approx(1000 * (result.draft_s + result.verify_s + result.other_s))
+    lines = {t.name: t for t in fig.data if isinstance(t, go.Scatter)}
+    # The last round's elapsed time is the result's total up to the final bookkeeping: within a few per cent.
+    assert lines["speculative tokens/s"].y[-1] == pytest.approx(result.tokens_per_s, rel=0.05)
+    assert lines["plain tokens/s"].y[-1] == pytest.approx(plain_result.tokens_per_s, rel=0.05)
+    assert lines["plain tokens/s"].x[-1] == plain_result.new_tokens
+
+
+def test_running_tau_is_the_cumulative_mean_of_tokens_per_round():
+    rounds = [round_trace(index=i + 1, accepted=(1,) * n) for i, n in enumerate([0, 3, 1])]
+    assert plots.running_tau(rounds) == [1.0, 2.5, pytest.approx(7 / 3)]
+    assert math.isclose(plots.running_tau(rounds)[-1], (0 + 3 + 1 + 3) / 3)
