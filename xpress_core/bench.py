@@ -25,10 +25,10 @@ import statistics
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
-from itertools import product
+from itertools import pairwise, product
 from pathlib import Path
-from typing import Callable, Sequence
 
 import torch
 
@@ -99,7 +99,7 @@ STORY_REQUESTS = (
     "Can you write a story for kids about a lost teddy bear?",
     "Tell me a happy story about a fish who learns to sing.",
 )
-QUICK_PROMPTS = (3, 2)  # (sgd chats, story requests) in --quick
+QUICK_PROMPTS = (2, 2)  # (sgd chats, story requests) in --quick
 
 
 @dataclass(frozen=True)
@@ -474,7 +474,7 @@ class ForwardProbe:
         self.handles = []
         self.started = 0.0
 
-    def __enter__(self) -> "ForwardProbe":
+    def __enter__(self) -> ForwardProbe:
         if self.module is not None:
             self.handles = [self.module.register_forward_pre_hook(self.before, with_kwargs=True),
                             self.module.register_forward_hook(self.after, with_kwargs=True)]
@@ -509,7 +509,7 @@ def hf_rounds(calls: list[ForwardCall], prompt_len: int, new_tokens: int) -> tup
     The first forward is the prefill; it counts as a round only when it verified candidates too (assisted).
     """
     starts = [prompt_len - 1] + [c.cache_len for c in calls[1:]] + [prompt_len + new_tokens - 1]
-    emitted = [b - a for a, b in zip(starts, starts[1:])]
+    emitted = [b - a for a, b in pairwise(starts)]
     verified = [calls[0].input_len - prompt_len] + [c.input_len - 1 for c in calls[1:]]
     rounds = [(e - 1, v) for i, (e, v) in enumerate(zip(emitted, verified)) if i > 0 or v > 0]
     return tuple(a for a, _ in rounds), tuple(v for _, v in rounds)
@@ -533,8 +533,8 @@ def run_hf(models: BenchModels, setting: Setting, ids: torch.Tensor, cfg: Decode
            now: Callable[[], float]) -> Outcome:
     """transformers ``generate`` with the same sampler as the engine (temperature, top-k, top-p; nothing else)."""
     pad = models.tokenizer.pad_token_id
-    kwargs = dict(max_new_tokens=cfg.max_new_tokens, do_sample=not cfg.greedy,
-                  pad_token_id=models.tokenizer.eos_token_id if pad is None else pad)
+    kwargs = {"max_new_tokens": cfg.max_new_tokens, "do_sample": not cfg.greedy,
+              "pad_token_id": models.tokenizer.eos_token_id if pad is None else pad}
     if not cfg.greedy:
         kwargs.update(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
         torch.manual_seed(cfg.seed)  # generate samples from torch's global generator

@@ -7,7 +7,7 @@ setting (the fastest, at the temperature asked for), so each bar is what a user 
 from __future__ import annotations
 
 from collections import Counter
-from typing import Sequence
+from collections.abc import Sequence
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -29,21 +29,17 @@ def bench_figures(summaries: Sequence[Summary]) -> dict[str, go.Figure]:
     }
 
 
-def _greedy_first(summaries: Sequence[Summary]) -> list[float]:
-    return sorted({s.temperature for s in summaries})
-
-
 def speedup_figure(summaries: Sequence[Summary]) -> go.Figure:
     """Speedup of each method's best setting over ``generate``, per temperature; whiskers span the repeats."""
     fig = go.Figure()
-    for temperature in _greedy_first(summaries):
+    for temperature in sorted({s.temperature for s in summaries}):
         best = [s for s in best_per_method(summaries, temperature).values() if s.speedup is not None]
         fig.add_bar(
             name=f"temperature {temperature:g}",
             x=[s.setting.method for s in best],
             y=[s.speedup for s in best],
-            error_y=dict(type="data", symmetric=False, array=[s.speedup_max - s.speedup for s in best],
-                         arrayminus=[s.speedup - s.speedup_min for s in best]),
+            error_y={"type": "data", "symmetric": False, "array": [s.speedup_max - s.speedup for s in best],
+                     "arrayminus": [s.speedup - s.speedup_min for s in best]},
             text=[f"{s.speedup:.2f}x" for s in best],
             customdata=[[s.setting.label or "-", s.tokens_per_s, s.tau] for s in best],
             hovertemplate="%{x} %{customdata[0]}<br>speedup %{y:.2f}x<br>%{customdata[1]:.1f} tokens/s"
@@ -113,12 +109,12 @@ def heatmap(summaries: Sequence[Summary], metric: str, temperature: float = 0.0,
     blocks = sorted({d for d, _, _ in cells})
     fig = make_subplots(rows=1, cols=len(blocks), subplot_titles=[f"L = {b}" for b in blocks],
                         horizontal_spacing=0.08)
-    values = [_metric(s, metric) for s in cells.values()]
+    values = [getattr(s, metric) for s in cells.values()]
     low, high = min(values), max(values)
     for col, block in enumerate(blocks, start=1):
         ks = sorted({k for b, k, _ in cells if b == block})
         ts = sorted({t for b, _, t in cells if b == block})
-        z = [[_metric(cells[(block, k, t)], metric) if (block, k, t) in cells else None for t in ts] for k in ks]
+        z = [[getattr(cells[(block, k, t)], metric) if (block, k, t) in cells else None for t in ts] for k in ks]
         labels = [[cells[(block, k, t)].setting.label if (block, k, t) in cells else "" for t in ts] for k in ks]
         fig.add_trace(go.Heatmap(
             x=[str(t) for t in ts], y=[str(k) for k in ks], z=z, customdata=labels, zmin=low, zmax=high,
@@ -127,10 +123,6 @@ def heatmap(summaries: Sequence[Summary], metric: str, temperature: float = 0.0,
         ), row=1, col=col)
         fig.update_xaxes(title_text="T (denoise steps)", type="category", row=1, col=col)
         fig.update_yaxes(title_text="K (drafts)" if col == 1 else None, type="category", row=1, col=col)
-    fig.update_layout(title=title, coloraxis=dict(colorscale="Viridis", colorbar_title=HEATMAP_METRICS[metric]),
+    fig.update_layout(title=title, coloraxis={"colorscale": "Viridis", "colorbar_title": HEATMAP_METRICS[metric]},
                       template="plotly_white")
     return fig
-
-
-def _metric(s: Summary, metric: str) -> float | None:
-    return getattr(s, metric)
