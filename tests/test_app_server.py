@@ -1,0 +1,135 @@
+"""``python app.py`` on a free port, driven by gradio_client: concurrent clients, bad requests, a cancelled request.
+
+Every reply is compared with the engine run directly (in this process) on the same prompt and settings.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from gradio_client import Client
+from gradio_client.exceptions import AppError
+
+import app
+from tests.app_server import serve_app, zoo_env
+from xpress_core.config import DecodeConfig
+from xpress_core.engine import decode
+from xpress_core.models import encode_prompt, load_models
+
+CHAT = "/chat"
+
+
+@pytest.fixture(scope="module")
+def server(zoo):
+    with serve_app(zoo_env(zoo), "app-server") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def models(zoo):
+    return load_models(zoo["llama"], zoo["drafter_llama"], device="cpu")
+
+
+def request(message: str, **changes) -> dict:
+    """The chat endpoint's arguments: the app's defaults on the custom (tiny) preset, with ``changes``."""
+    base = dict(message=message, history=[], preset=app.CUSTOM_PRESET, drafts=3, steps=2, block=4, temperature=0.0,
+                top_p=1.0, seed=0, max_new_tokens=32, refine="parallel", verify="tree", race=False, animate=False)
+    return {**base, **changes}
+
+
+def config_of(args: dict) -> DecodeConfig:
+    return DecodeConfig(drafts=args["drafts"], steps=args["steps"], block=args["block"],
+                        temperature=args["temperature"], top_p=args["top_p"], seed=args["seed"],
+                        max_new_tokens=args["max_new_tokens"], refine=args["refine"], verify=args["verify"])
+
+
+def engine_text(models, args: dict) -> str:
+    prompt = encode_prompt(models.tokenizer, args["message"].strip(), chat=True)
+    return list(decode(models, prompt, config_of(args)))[-1].text
+
+
+def reply_text(outputs) -> str:
+    """The assistant's text in the chat endpoint's outputs (Gradio 6 sends content as parts)."""
+    history = outputs[1]
+    assert history[-1]["role"] == "assistant"
+    return "".join(part["text"] for part in history[-1]["content"] if part["type"] == "text")
+
+
+def status_of(outputs) -> str:
+    return outputs[2]
+
+
+def test_page_is_served_where_the_environment_says(server):
+    with urllib.request.urlopen(server, timeout=10) as response:
+        assert response.status == 200
+    client = Client(server, verbose=False)
+    endpoint = client.view_api(print_info=False, return_format="dict")["named_endpoints"][CHAT]
+    assert [p["parameter_name"] for p in endpoint["parameters"]] == list(request("").keys())
+
+
+def test_four_concurrent_clients_get_their_own_correct_replies(server, models):
+    asks = [
+        request("I want to book a table", temperature=0.9, seed=1, max_new_tokens=48),
+        request("I want to book a table", temperature=0.9, seed=2, max_new_tokens=48, drafts=2, verify="batch"),
+        request("Once upon a time", drafts=4, steps=1, block=6, max_new_tokens=40, race=True),
+        request("Please find me a flight", temperature=1.2, top_p=0.8, seed=99, refine="serial", max_new_tokens=40),
+    ]
+    clients = [Client(server, verbose=False) for _ in asks]  # one session each
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=len(asks)) as pool:
+        futures = [pool.submit(c.predict, api_name=CHAT, **args) for c, args in zip(clients, asks)]
+        outputs = [f.result(timeout=180) for f in futures]
+    print(f"4 concurrent requests served in {time.perf_counter() - started:.1f} s")
+    expected = [engine_text(models, args) for args in asks]
+    assert [reply_text(o) for o in outputs] == expected
+    assert expected[0] != expected[1]  # different seeds: the requests did not share a generator
+    assert "same tokens ✓" in status_of(outputs[2])
+    assert all("✓" in status_of(o) for o in outputs)
+
+
+@pytest.mark.parametrize("changes,message", [
+    (dict(drafts=20), "greater than maximum value 8"),  # beyond the slider: Gradio refuses it before the handler
+    (dict(steps=8, block=4), "denoise steps T must be in 1..L=4"),
+    (dict(refine="sideways"), "sideways"),
+    (dict(preset="No such preset"), "No such preset"),
+])
+def test_bad_settings_are_refused_clearly_and_the_app_keeps_serving(server, models, changes, message):
+    client = Client(server, verbose=False)
+    with pytest.raises(AppError) as refused:
+        client.predict(api_name=CHAT, **request("hello", **changes))
+    assert message in str(refused.value)
+    assert reply_text(client.predict(api_name=CHAT, **request("hello"))) == engine_text(models, request("hello"))
+
+
+def test_empty_and_over_long_messages_are_answered(server, models):
+    client = Client(server, verbose=False)
+    for blank in ("", "   \n "):
+        outputs = client.predict(api_name=CHAT, **request(blank))
+        assert status_of(outputs) == app.EMPTY_MESSAGE
+    long_text = "Please find me a flight from New York to Chicago. " * 300
+    outputs = client.predict(api_name=CHAT, **request(long_text, max_new_tokens=16))
+    assert "Long prompt" in status_of(outputs) and "✓" in status_of(outputs)
+    assert reply_text(client.predict(api_name=CHAT, **request("hello"))) == engine_text(models, request("hello"))
+
+
+def test_a_cancelled_request_stops_and_the_next_one_is_served(server, models):
+    client = Client(server, verbose=False)
+    # Animation paces the stream (a frame per denoise step), so the request is still running when we cancel it.
+    job = client.submit(api_name=CHAT, **request("Once upon a time", animate=True, max_new_tokens=400))
+    deadline = time.monotonic() + 60
+    while len(job.outputs()) < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(job.outputs()) >= 3, "the stream never started"
+    job.cancel()
+    deadline = time.monotonic() + 30
+    while not job.done() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert job.done()
+    streamed = [reply_text(o) for o in job.outputs() if isinstance(o[1], list)]
+    full = engine_text(models, request("Once upon a time", max_new_tokens=400))
+    partial = streamed[-1].rstrip("\ufffd")  # a cut through a multi-byte character decodes to U+FFFD
+    assert len(partial) < len(full) and full.startswith(partial)
+    assert reply_text(client.predict(api_name=CHAT, **request("hello"))) == engine_text(models, request("hello"))
