@@ -19,7 +19,7 @@ from xpress_core.config import DecodeConfig
 from xpress_core.errors import XpressError
 from xpress_core.models import load_models
 
-GRID = "K=1,2 T=1 L=4; K=2 T=2 L=4 refine=serial verify=batch"
+GRID = "K=1,4 T=1 L=4; K=4 T=2 L=4 refine=serial verify=batch"
 TEMPERATURES = (0.0, bench.SAMPLING_TEMPERATURE)
 
 
@@ -40,7 +40,8 @@ def bench_run(zoo, prompt_file, tmp_path_factory) -> Path:
     code = main(["bench", "--target", str(zoo["llama"]), "--drafter", str(zoo["drafter_llama"]),
                  "--ar-drafter", str(zoo["ar_drafter"]), "--prompts", str(prompt_file), "--grid", GRID,
                  "--assisted-tokens", "2,default", "--lookup-tokens", "3", "--max-new-tokens", "12",
-                 "--repeats", "1", "--temperatures", "0,0.7", "--json", str(out), "--no-progress"])
+                 "--repeats", "1", "--temperatures", "0,0.7", "--search-prompts", "1", "--finalists", "1",
+                 "--json", str(out), "--no-progress"])
     assert code == 0
     return out
 
@@ -48,20 +49,24 @@ def bench_run(zoo, prompt_file, tmp_path_factory) -> Path:
 def test_bench_outputs_are_complete_and_valid(bench_run):
     doc = json.loads(bench_run.read_text())
     assert doc["schema"] == bench.SCHEMA
-    for key in ("args", "machine", "models", "plan", "prompts", "summaries", "best", "goals", "mismatches", "skipped",
+    for key in ("args", "machine", "models", "stages", "summaries", "grid", "best", "goals", "mismatches", "skipped",
                 "measurements", "files"):
         assert key in doc, key
-    settings = 1 + 2 + 1 + 1 + 3  # generate, assisted x2, lookup, xpress-none, xpress grid
-    expected_calls = settings * len(TEMPERATURES) * 2  # x prompts (1 repeat)
+    # search: every setting, greedy, on 1 prompt; final: reference, best assisted, lookup, xpress-none and the one
+    # finalist xPress setting, at both temperatures, on both prompts.
+    search_settings, final_settings = 1 + 2 + 1 + 1 + 3, 5
+    assert [st["name"] for st in doc["stages"]] == ["search", "final"]
+    assert len(doc["stages"][1]["plan"]["settings"]) == final_settings
     with open(doc["files"]["csv"], newline="") as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == len(doc["measurements"]) == expected_calls
-    assert len(doc["summaries"]) == settings * len(TEMPERATURES)
-    assert {r["method"] for r in rows} == set(bench.METHODS)
+    assert len(rows) == len(doc["measurements"]) == search_settings + final_settings * len(TEMPERATURES) * 2
+    assert [r["stage"] for r in rows].count("search") == search_settings
+    assert len(doc["grid"]) == search_settings and len(doc["summaries"]) == final_settings * len(TEMPERATURES)
+    assert {r["method"] for r in rows if r["stage"] == "final"} == set(bench.METHODS)
     for row in doc["measurements"]:
         assert row["new_tokens"] >= 1 and row["time_s"] > 0 and row["tokens_per_s"] > 0
         assert row["target_forwards"] >= 1 and row["tau"] >= 1.0
-    for summary in doc["summaries"]:
+    for summary in doc["summaries"] + doc["grid"]:
         assert summary["speedup"] > 0 and summary["tokens_per_s_min"] <= summary["tokens_per_s"]
         assert sum(summary["tau_hist"].values()) > 0
         assert set(summary["ms_per_token"]) == {"prefill", "draft", "verify", "other"}
@@ -73,6 +78,9 @@ def test_bench_outputs_are_complete_and_valid(bench_run):
     assert (bench_run.parent / "plotly.min.js").exists()  # the figures open offline
     assert Path(doc["files"]["table"]).read_text().startswith("| method |")
     assert {"best_xpress", "engine_overhead", "refinement"} <= set(doc["goals"])
+    (pair,) = doc["goals"]["refinement"]  # K=1 and K=4 at T=1, L=4, parallel, tree
+    assert pair["refine"] == "parallel" and pair["ratio"] == pytest.approx(pair["draft_ms_k4"] / pair["draft_ms_k1"],
+                                                                           rel=0.01)
 
 
 def test_greedy_outputs_of_every_method_equal_generate(bench_run):

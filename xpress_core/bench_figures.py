@@ -18,14 +18,16 @@ HEATMAP_METRICS = {"tokens_per_s": "tokens/s", "tau": "τ (tokens per round)", "
 LATENCY_PARTS = ("prefill", "draft", "verify", "other")
 
 
-def bench_figures(summaries: Sequence[Summary]) -> dict[str, go.Figure]:
-    """Every figure the bench writes, by file-name suffix."""
+def bench_figures(summaries: Sequence[Summary], grid: Sequence[Summary] | None = None) -> dict[str, go.Figure]:
+    """Every figure the bench writes, by file-name suffix: methods compared on ``summaries``, heatmaps over the
+    ``grid`` summaries (every xPress setting measured; default: ``summaries``)."""
+    grid = summaries if grid is None else grid
     return {
         "speedup": speedup_figure(summaries),
         "tau_hist": tau_histogram(summaries),
         "latency": latency_breakdown(summaries),
-        "heatmap_tokens_per_s": heatmap(summaries, "tokens_per_s"),
-        "heatmap_tau": heatmap(summaries, "tau"),
+        "heatmap_tokens_per_s": heatmap(grid, "tokens_per_s"),
+        "heatmap_tau": heatmap(grid, "tau"),
     }
 
 
