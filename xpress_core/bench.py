@@ -827,35 +827,6 @@ def sweep(models: Models, prompts: Sequence[str | Prompt], grid: str | Sequence[
 # ------------------------------------------------------------------------------------------------------------ CLI
 
 
-def add_bench_parser(sub: argparse._SubParsersAction) -> None:
-    bench = sub.add_parser("bench", help="measure tokens/s against transformers generate, assisted, prompt lookup")
-    bench.add_argument("--target", default=str(EMBEDDED_TARGET), help="target: local dir or Hub id")
-    bench.add_argument("--drafter", default=str(EMBEDDED_DRAFTER), help="diffusion drafter for the xpress method")
-    bench.add_argument("--ar-drafter", default=str(EMBEDDED_AR_DRAFTER), help="assistant model for hf-assisted")
-    bench.add_argument("--device", default="auto")
-    bench.add_argument("--dtype", default="auto")
-    bench.add_argument("--prompts", type=Path, help="JSONL: {\"messages\": [...]} or {\"prompt\": \"...\"} a line")
-    bench.add_argument("--data", type=Path, default=DEFAULT_DATA, help="shared data folder (default prompts)")
-    bench.add_argument("--num-prompts", type=int, help="use only the first N prompts")
-    bench.add_argument("--methods", default=",".join(METHODS), help=f"comma list of {', '.join(METHODS)}")
-    bench.add_argument("--grid", help=f"xpress settings, e.g. \"K=1,4 T=1,2 L=8; K=4 T=2 L=8 refine=serial\" "
-                                      f"(default: {FULL_GRID})")
-    bench.add_argument("--assisted-tokens", help="hf-assisted draft lengths, comma list; 'default' = HF's schedule")
-    bench.add_argument("--lookup-tokens", help="hf-prompt-lookup candidate lengths, comma list")
-    bench.add_argument("--temperatures", help="comma list (default 0,0.7)")
-    bench.add_argument("--max-new-tokens", type=int)
-    bench.add_argument("--repeats", type=int)
-    bench.add_argument("--warmup", type=int, default=1)
-    bench.add_argument("--seed", type=int, default=0)
-    bench.add_argument("--search-prompts", type=int, help=f"prompts of the search stage (default {SEARCH_PROMPTS}; "
-                                                          "0 = no search: every setting in the final stage)")
-    bench.add_argument("--finalists", type=int, default=FINALISTS, help="xPress settings the final stage measures")
-    bench.add_argument("--quick", action="store_true", help="a few prompts, a small grid, 1 repeat: minutes")
-    bench.add_argument("--json", type=Path, default=Path("runs") / "bench" / "bench.json",
-                       help="results JSON; the CSV, table and HTML figures go beside it")
-    bench.add_argument("--no-progress", action="store_true")
-
-
 @dataclass(frozen=True)
 class Preset:
     grid: str
@@ -869,6 +840,39 @@ class Preset:
 
 FULL = Preset(FULL_GRID, ASSISTED_TOKENS, LOOKUP_TOKENS, 128, 3, None, SEARCH_PROMPTS)
 QUICK = Preset(QUICK_GRID, ASSISTED_TOKENS_QUICK, LOOKUP_TOKENS_QUICK, 64, 1, QUICK_PROMPTS, 0)
+
+
+def add_bench_parser(sub: argparse._SubParsersAction) -> None:
+    bench = sub.add_parser("bench", help="measure tokens/s against transformers generate, assisted, prompt lookup")
+    bench.add_argument("--target", default=str(EMBEDDED_TARGET), help="target: local dir or Hub id")
+    bench.add_argument("--drafter", default=str(EMBEDDED_DRAFTER), help="diffusion drafter for the xpress method")
+    bench.add_argument("--ar-drafter", default=str(EMBEDDED_AR_DRAFTER), help="assistant model for hf-assisted")
+    bench.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    bench.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16")
+    bench.add_argument("--prompts", type=Path, help="JSONL: {\"messages\": [...]} or {\"prompt\": \"...\"} a line")
+    bench.add_argument("--data", type=Path, default=DEFAULT_DATA, help="shared data folder (default prompts)")
+    bench.add_argument("--num-prompts", type=int, help="use only the first N prompts (the defaults: chats, then stories)")
+    bench.add_argument("--methods", default=",".join(METHODS), help=f"comma list of {', '.join(METHODS)}")
+    bench.add_argument("--grid", help=f"xpress settings, e.g. \"K=1,4 T=1,2 L=8; K=4 T=2 L=8 refine=serial\" "
+                                      f"(default: {FULL_GRID})")
+    bench.add_argument("--assisted-tokens", help="hf-assisted draft lengths, comma list; 'default' = HF's schedule")
+    bench.add_argument("--lookup-tokens", help="hf-prompt-lookup candidate lengths, comma list")
+    bench.add_argument("--temperatures", help="comma list (default 0,0.7)")
+    bench.add_argument("--max-new-tokens", type=int, help=f"default {FULL.max_new_tokens} ({QUICK.max_new_tokens} with --quick)")
+    bench.add_argument("--repeats", type=int, help=f"final-stage passes over the prompts (default {FULL.repeats}, "
+                                                   f"{QUICK.repeats} with --quick)")
+    bench.add_argument("--warmup", type=int, default=1, help="untimed calls per setting before measuring")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--search-prompts", type=int, help=f"prompts of the search stage (default {SEARCH_PROMPTS}; "
+                                                          "0 = no search: every setting in the final stage)")
+    bench.add_argument("--finalists", type=int, default=FINALISTS, help="xPress settings the final stage measures")
+    bench.add_argument("--quick", action="store_true", help=f"{sum(QUICK_PROMPTS)} prompts, grid {QUICK_GRID!r}, "
+                                                            "1 repeat, no search: under 3 minutes on 2 CPU cores")
+    bench.add_argument("--json", type=Path, default=Path("runs") / "bench" / "bench.json",
+                       help="results JSON; the CSV, table and HTML figures go beside it")
+    bench.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
 
 
 def _int_list(raw: str, flag: str) -> tuple[int | None, ...]:
