@@ -186,3 +186,17 @@ def test_loaded_drafter_has_real_rotary_frequencies(zoo):
     model = XpressDrafter.from_pretrained(zoo["drafter_llama"])
     want = rotary_inv_freq(model.config.head_dim, model.config.rope_theta)
     assert torch.equal(model.rotary.inv_freq, want)
+
+
+def test_forward_probe_ignores_other_threads(zoo):
+    """In the app other requests share the target: their forwards must not count as the probed call's rounds."""
+    import threading
+
+    loaded = load_models(zoo["llama"], "none", device="cpu", dtype="float32")
+    ids = torch.tensor([[5, 6, 7]])
+    with bench.ForwardProbe(loaded.target, bench.synchronized_clock(loaded.device)) as probe:
+        other = threading.Thread(target=lambda: loaded.target(input_ids=ids))
+        other.start()
+        other.join()
+        loaded.target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False)
+    assert [c.cache_len for c in probe.calls] == [0, 3, 4]

@@ -23,6 +23,7 @@ import platform
 import random
 import statistics
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -488,13 +489,17 @@ class ForwardCall:
 
 class ForwardProbe:
     """Records a module's forward calls (cache length, input length, time): transformers' ``generate`` yields no
-    per-round events, and one target forward is one verify round there."""
+    per-round events, and one target forward is one verify round there.
+
+    Only calls from the thread that opened the probe count: in the app, other requests share the target.
+    """
 
     def __init__(self, module: torch.nn.Module | None, now: Callable[[], float]):
         self.module, self.now = module, now
         self.calls: list[ForwardCall] = []
         self.handles = []
         self.started = 0.0
+        self.thread = threading.get_ident()
 
     def __enter__(self) -> ForwardProbe:
         if self.module is not None:
@@ -507,6 +512,8 @@ class ForwardProbe:
             handle.remove()
 
     def before(self, module, args, kwargs) -> None:
+        if threading.get_ident() != self.thread:
+            return
         cache = kwargs.get("cache")
         ids = kwargs.get("input_ids", args[0] if args else None)
         if cache is None or ids is None:
@@ -516,7 +523,8 @@ class ForwardProbe:
         self.started = self.now()
 
     def after(self, module, args, kwargs, output) -> None:
-        self.calls[-1].seconds = self.now() - self.started
+        if threading.get_ident() == self.thread:
+            self.calls[-1].seconds = self.now() - self.started
 
     @property
     def seconds(self) -> float:
