@@ -50,6 +50,7 @@ from .models import (
     resolve_dtype,
 )
 from .trace import DecodeResult, RoundTrace, peak_memory_mb
+from .train.cli import DEFAULT_DATA
 
 SCHEMA = "xpress-bench/1"
 
@@ -86,6 +87,7 @@ TEMPERATURES = (0.0, SAMPLING_TEMPERATURE)
 # xPress settings) on all prompts, at every temperature, with repeats. Grids this small skip the search.
 SEARCH_PROMPTS = 12
 FINALISTS = 3
+SEARCH_STAGE, FINAL_STAGE = "search", "final"
 
 # Issue 5's goals (embedded models, greedy): what the JSON's "goals" checks.
 GOAL_SPEEDUP = 2.5  # best xPress over generate
@@ -98,7 +100,6 @@ PARALLEL = REFINE_MODES[0]
 # Default prompts (issue 5): 50 held-out sgd_dev chats, spread over the file (it is grouped by domain), each cut
 # after its second user turn so the reply has context to continue (and prompt lookup something to copy), plus
 # story requests phrased unlike the training ones.
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 SGD_DEV = Path("sgd") / "sgd_dev.txt"
 SGD_PROMPTS = 50
 SGD_CONTEXT_TURNS = 3
@@ -339,7 +340,7 @@ class RunPlan:
 
 @dataclass(frozen=True)
 class Stage:
-    name: str  # "search" or "final"
+    name: str  # SEARCH_STAGE or FINAL_STAGE
     prompts: tuple[Prompt, ...]
     plan: RunPlan
     run: BenchRun
@@ -951,9 +952,9 @@ def run_bench(args: argparse.Namespace) -> int:
     stages = []
     if search_prompts and len(grid) > args.finalists:
         search_plan = replace(plan, temperatures=(0.0,), repeats=1)
-        stages.append(run_stage("search", models, spread(prompts, search_prompts), search_plan, args.no_progress))
+        stages.append(run_stage(SEARCH_STAGE, models, spread(prompts, search_prompts), search_plan, args.no_progress))
         plan = replace(plan, settings=choose_finalists(stages[0].run.summaries, args.finalists))
-    stages.append(run_stage("final", models, prompts, plan, args.no_progress))
+    stages.append(run_stage(FINAL_STAGE, models, prompts, plan, args.no_progress))
     files = write_outputs(stages, args, models)
     print(markdown_table(stages[-1].run.summaries))
     print(json.dumps({"mismatches": sum(len(st.run.mismatches) for st in stages),
