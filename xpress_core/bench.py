@@ -622,6 +622,8 @@ def measure(models: BenchModels, prompts: Sequence[Prompt], plan: RunPlan,
             progress: Progress | None = None) -> BenchRun:
     """Warm every setting up, then run ``repeats`` rounds over the prompts; within a prompt, every setting and
     temperature once, in a shuffled order, so drift of the machine spreads over all methods alike."""
+    if not prompts:
+        raise XpressError("no prompt to measure")
     encoded = [p.ids(models.tokenizer).to(models.device) for p in prompts]
     jobs = [(s, t) for s in plan.settings for t in plan.temperatures]
     total = len(jobs) * (plan.warmup + plan.repeats * len(prompts))
