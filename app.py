@@ -21,9 +21,9 @@ import tempfile
 import threading
 import time
 from contextlib import closing, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import gradio as gr
 import torch
@@ -67,9 +67,10 @@ MAX_MESSAGE_CHARS = 8000  # longer messages keep their end (the part a reply fol
 
 # Rendering may take at most this share of the wall time, so that watching barely slows decoding; the engine's own
 # timings exclude it anyway (its clock stops while we hold an event).
-UI_TIME_SHARE = 0.1
-MIN_UPDATE_INTERVAL_S = 0.15
-ANIMATION_FRAME_S = 0.12  # pause per denoise step when "animate" is on
+UI_TIME_SHARE = 0.05
+MIN_UPDATE_INTERVAL_S = 0.25
+ANIMATION_FRAME_S = 0.2  # pause per denoise step when "animate" is on
+CLEAR_WAIT_S = 5.0  # Clear waits this long at most for a running reply to notice it
 
 SPECULATIVE, PLAIN = "speculative", "plain"
 EMBEDDED_PRESET = "Embedded · diffusion drafter"
@@ -205,8 +206,7 @@ class ModelCache:
         problem = preset.problem()
         if problem:
             return f"⚠ {unavailable(preset, problem)}"
-        state = "loaded" if self.is_loaded(name) else "loads on the first message"
-        return f"target `{preset.target}` · drafter `{preset.drafter}` · {state}"
+        return f"target `{preset.target}` · drafter `{preset.drafter}` · loaded on first use"
 
     def get(self, name: str) -> Loaded:
         if name in self._loaded:
@@ -403,6 +403,7 @@ class Board:
         self.results: dict[str, DecodeResult] = {}
         self.started = time.perf_counter()
         self.wall_s: float | None = None  # request wall time including rendering, once finished
+        self.stopped = False
 
     def add(self, run: str, event: RoundTrace | DecodeResult) -> None:
         if isinstance(event, DecodeResult):
@@ -459,8 +460,8 @@ class Board:
         elif traces:
             last = traces[-1]
             tau = plots.running_tau(traces[1:])[-1] if len(traces) > 1 else 0.0
-            lines.append(f"… round {last.index} · {last.new_tokens_total} tokens · τ = {tau:.2f} · "
-                         f"{plots.tokens_per_s(last):.1f} tokens/s")
+            progress = f"{last.new_tokens_total} tokens · τ = {tau:.2f} · {plots.tokens_per_s(last):.1f} tokens/s"
+            lines.append(f"■ Stopped after {progress}" if self.stopped else f"… round {last.index} · {progress}")
         if self.race:
             lines.append(self.race_line())
         return "\n\n".join(lines)
@@ -530,13 +531,24 @@ def race(runs: dict[str, Iterator]) -> Iterator[tuple[str, RoundTrace | DecodeRe
             run.close()
 
 
-def run_chat(cache: ModelCache, message: str | None, history: list[dict] | None, settings: Settings) -> Iterator[View]:
-    """Answer one chat message: stream views while the engine decodes (and, with Race, plain decoding beside it)."""
+def never() -> bool:
+    return False
+
+
+def run_chat(cache: ModelCache, message: str | None, history: list[dict] | None, settings: Settings,
+             stop_requested: Callable[[], bool] = never) -> Iterator[View]:
+    """Answer one chat message: stream views while the engine decodes (and, with Race, plain decoding beside it).
+
+    ``stop_requested`` is polled between rounds and animation frames; when it turns true the reply ends there, with a
+    last view of what was decoded so far.
+    """
     text = (message or "").strip()
     if not text:
         yield View(message="", status=EMPTY_MESSAGE, notice=EMPTY_MESSAGE)
         return
     cfg = settings.decode_config()
+    if stop_requested():  # stopped or cleared while waiting in the queue
+        return
     if not cache.is_loaded(settings.preset):
         yield View(message="", status=f"Loading “{settings.preset}”…")
     loaded = cache.get(settings.preset)
@@ -553,15 +565,29 @@ def run_chat(cache: ModelCache, message: str | None, history: list[dict] | None,
     with closing(race(runs)) as events:
         for run, event in events:
             board.add(run, event)
-            if settings.animate and run == SPECULATIVE and isinstance(event, RoundTrace) and event.steps:
-                for step in range(len(event.steps) - 1):  # the last step comes with the full view below
-                    yield View(evolution=plots.draft_evolution_figure(event, loaded.token_text, step))
-                    time.sleep(ANIMATION_FRAME_S)
-                yield board.view()
-            elif not isinstance(event, DecodeResult) and throttle.due():
+            if stop_requested():
+                board.stopped = True
+                break
+            if isinstance(event, DecodeResult):
+                continue
+            if settings.animate and run == SPECULATIVE and event.steps:
+                yield from animation(board, event, stop_requested)
+            if throttle.due():
                 with throttle.rendering():
                     yield board.view()
     yield board.view(done=True)
+
+
+def animation(board: Board, trace: RoundTrace, stop_requested: Callable[[], bool]) -> Iterator[View]:
+    """One frame per denoise step of the round in the draft panel; the last frame also brings the round's text."""
+    for step in range(len(trace.steps)):
+        if stop_requested():
+            return
+        frame = View(evolution=plots.draft_evolution_figure(trace, board.loaded.token_text, step))
+        if step == len(trace.steps) - 1:
+            frame = replace(frame, history=board.chat(), status=board.status(), reply=board.reply())
+        yield frame
+        time.sleep(ANIMATION_FRAME_S)
 
 
 def log_file(reply: Reply, directory: Path) -> str:
@@ -578,6 +604,23 @@ def scrub_figure(reply: Reply | None, round_index, step):
         return plots.message_figure(plots.EVOLUTION_TITLE, "Send a message first.")
     trace = reply.traces[min(max(int(round_index), 0), len(reply.traces) - 1)]
     return plots.draft_evolution_figure(trace, reply.token_text, int(step) - 1)
+
+
+class Controls:
+    """A browser session's Stop/Clear requests, read by its running reply between rounds.
+
+    Gradio's own cancellation would kill the generator while its next update may still be on the way, so a stop could
+    land before the last frames; a reply that ends itself sends its final view after everything else.
+    """
+
+    def __init__(self):
+        self.stop = False
+        self.running = 0  # replies of this session being decoded
+
+    def wait_idle(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.running and time.monotonic() < deadline:
+            time.sleep(0.02)
 
 
 # ZeroGPU attaches a GPU for each call of the decorated function; elsewhere it runs as is.
@@ -600,6 +643,7 @@ def build_app(config: AppConfig) -> gr.Blocks:
 
     with gr.Blocks(title="xPress", analytics_enabled=False, delete_cache=(3600, 3600)) as demo:
         reply_state = gr.State(None)
+        controls = gr.State(Controls())
         gr.Markdown(INTRO)
         with gr.Row():
             with gr.Column(scale=3):
@@ -675,32 +719,36 @@ def build_app(config: AppConfig) -> gr.Blocks:
             return [gr.skip() if value is None else value for value in fields] + tail
 
         def respond(message, history, preset, drafts, steps, block, temperature, top_p, seed, max_new_tokens, refine,
-                    verify, race, animate):
+                    verify, race, animate, controls: Controls):
             settings = Settings(preset, drafts, steps, block, temperature, top_p, seed, max_new_tokens, refine,
                                 verify, race, animate)
+            controls.running += 1
             try:
-                for view in chat_turn(cache, message, history, settings):
+                for view in chat_turn(cache, message, history, settings, lambda: controls.stop):
                     yield render(view)
             except XpressError as error:
                 raise gr.Error(str(error)) from error
+            finally:
+                controls.running -= 1
 
-        def stopped(reply: Reply | None) -> list:
-            if reply is None or reply.result is not None:  # nothing was running
-                return [gr.skip()] * 4
-            tokens = reply.traces[-1].new_tokens_total if reply.traces else 0
-            return [f"■ Stopped after {tokens} tokens."] + finished(reply)
+        def arm(controls: Controls) -> None:
+            controls.stop = False
 
-        def cleared() -> list:
+        def request_stop(controls: Controls) -> None:
+            controls.stop = True
+
+        def cleared(controls: Controls) -> list:
+            controls.stop = True
+            controls.wait_idle(CLEAR_WAIT_S)  # its last update goes out before this one
             return ["", [], "", "", empty["evolution"], empty["accept"], empty["latency"], empty["provenance"], None,
                     gr.update(maximum=1, value=1), gr.update(maximum=2, value=1), gr.update(value=None)]
 
         inputs = [message, chatbot, preset, drafts, steps, block, temperature, top_p, seed, max_new_tokens, refine,
-                  verify, race_box, animate]
-        chat_event = gr.on([message.submit, send.click], respond, inputs, outputs, api_name="chat",
-                           show_progress="minimal")
-        stop.click(stopped, reply_state, [status, round_slider, step_slider, download], cancels=[chat_event],
-                   api_visibility="private")
-        clear.click(cleared, None, outputs, cancels=[chat_event], api_visibility="private")
+                  verify, race_box, animate, controls]
+        chat_event = gr.on([message.submit, send.click], arm, controls, None, queue=False, api_visibility="private")
+        chat_event.then(respond, inputs, outputs, api_name="chat", show_progress="minimal")
+        stop.click(request_stop, controls, None, queue=False, api_visibility="private")
+        clear.click(cleared, controls, outputs, queue=False, api_visibility="private")
         for slider in (round_slider, step_slider):
             slider.input(scrub_figure, [reply_state, round_slider, step_slider], evolution,
                          trigger_mode="always_last", concurrency_limit=None, show_progress="hidden",

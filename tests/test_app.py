@@ -159,7 +159,7 @@ def test_unavailable_preset_gives_a_clear_message_and_the_next_request_works(cac
     with pytest.raises(XpressError, match="“missing” is not available: the target directory /nonexistent"):
         list(app.run_chat(cache, "hello", [], settings(preset=MISSING)))
     assert cache.describe(MISSING).startswith("⚠")
-    assert "loads on the first message" in app.ModelCache(app.AppConfig(cache.presets.values())).describe(TINY)
+    assert cache.describe(TINY).startswith(f"target `{cache.presets[TINY].target}`")
     with pytest.raises(XpressError, match="unknown model preset"):
         list(app.run_chat(cache, "hello", [], settings(preset="nope")))
     _, result = engine_run(oracle_models[TINY], [{"role": "user", "content": "hello"}], settings().decode_config())
@@ -253,8 +253,8 @@ def test_animation_streams_every_denoise_step(cache, oracle_models):
     views = list(app.run_chat(cache, "Once upon a time", [], chosen))
     traces, _ = engine_run(oracle_models[TINY], [{"role": "user", "content": "Once upon a time"}],
                            chosen.decode_config())
-    frames = [v.evolution.layout.title.text for v in views if v.history is None and v.evolution is not None]
-    expected = [f"round {t.index} · denoise step {s + 1}/3" for t in traces[1:] for s in range(2)]
+    frames = [v.evolution.layout.title.text for v in views if v.evolution is not None and v.accept is None]
+    expected = [f"round {t.index} · denoise step {s + 1}/3" for t in traces[1:] for s in range(3)]
     assert [next(e for e in expected if e in f) for f in frames] == expected
 
 
@@ -275,6 +275,24 @@ def test_closing_midway_closes_the_engine_runs_and_the_app_keeps_serving(cache, 
     assert len(started) == 2 and all(inspect.getgeneratorstate(run) == inspect.GEN_CLOSED for run in started)
     _, result = engine_run(oracle_models[TINY], [{"role": "user", "content": "hello"}], settings().decode_config())
     assert final(list(app.run_chat(cache, "hello", [], settings()))).reply.result.token_ids == result.token_ids
+
+
+def test_a_stop_request_ends_the_reply_with_what_was_decoded(cache, oracle_models, monkeypatch):
+    every_round(monkeypatch)
+    requested = [False]
+    chat = app.run_chat(cache, "Once upon a time", [], settings(max_new_tokens=200), lambda: requested[0])
+    views = [next(chat) for _ in range(5)]
+    requested[0] = True  # the Stop button
+    rest = list(chat)
+    last = final(rest)
+    _, full = engine_run(oracle_models[TINY], [{"role": "user", "content": "Once upon a time"}],
+                         settings(max_new_tokens=200).decode_config())
+    partial = [token for t in last.reply.traces for token in t.emitted]
+    assert last.reply.result is None and 0 < len(partial) < full.new_tokens
+    assert tuple(partial) == full.token_ids[: len(partial)]
+    assert last.status.startswith(f"■ Stopped after {len(partial)} tokens")
+    assert len(rest) == 1 and len(last.reply.traces) == len(views[-1].reply.traces) + 1  # it ends at the next round
+    assert list(app.run_chat(cache, "hello", [], settings(), lambda: True)) == []  # stopped while queued
 
 
 def every_round(monkeypatch):
@@ -357,4 +375,4 @@ def test_building_the_app_loads_no_model(config, monkeypatch):
     monkeypatch.setattr(app, "load_drafter", forbidden)
     demo = app.build_app(config)
     chat = next(d for d in demo.fns.values() if d.api_name == "chat")
-    assert len(chat.inputs) == 14 and demo._queue.default_concurrency_limit == config.concurrency
+    assert len(chat.inputs) == 15 and demo._queue.default_concurrency_limit == config.concurrency  # 14 + controls

@@ -1,0 +1,216 @@
+"""The app in a real browser: Debian's chromium driven by playwright against ``python app.py`` on the tiny models.
+
+A user's session: send a message and watch it stream with the four panels drawn; move the drafts slider, race plain
+decoding and send again; scrub the rounds; stop a generation midway and go on chatting. Reply statistics shown on the
+page are compared with the engine run directly. Screenshots go to test-output/.
+
+Skips when chromium or playwright is missing, unless XPRESS_REQUIRE_BROWSER=1 (CI), where that is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+import app
+from tests.app_server import OUTPUT, serve_app, zoo_env
+from xpress_core.config import DecodeConfig
+from xpress_core.engine import decode
+from xpress_core.models import encode_prompt, load_models
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+TIMEOUT_MS = 60_000
+PLOTS = ("plot-evolution", "plot-accept", "plot-latency", "plot-provenance")
+BOT = "#chatbot [data-testid='bot']"
+DONE = re.compile(r"✓ (\d+) tokens in (\d+) rounds · τ = ([\d.]+)")
+
+
+def browser_problem() -> str | None:
+    if not CHROMIUM.exists():
+        return f"chromium is not installed at {CHROMIUM} (apt-get install chromium)"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "the playwright package is not installed (pip install playwright)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def page(zoo):
+    problem = browser_problem()
+    if problem:
+        if os.environ.get("XPRESS_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"browser test required (XPRESS_REQUIRE_BROWSER=1) but {problem}")
+        pytest.skip(problem)
+    from playwright.sync_api import sync_playwright
+
+    with serve_app(zoo_env(zoo), "app-browser") as url, sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.set_default_timeout(TIMEOUT_MS)
+        page.goto(url)
+        page.wait_for_selector("#message textarea")
+        yield page
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def models(zoo):
+    return load_models(zoo["llama"], zoo["drafter_llama"], device="cpu")
+
+
+def engine_result(models, message: str, **changes):
+    d = app.DEFAULTS
+    cfg = DecodeConfig(**{**dict(drafts=d.drafts, steps=d.steps, block=d.block, temperature=d.temperature,
+                                 top_p=d.top_p, seed=d.seed, max_new_tokens=d.max_new_tokens), **changes})
+    return list(decode(models, encode_prompt(models.tokenizer, message, chat=True), cfg))[-1]
+
+
+def status(page) -> str:
+    return page.inner_text("#status")
+
+
+def wait_done(page) -> re.Match:
+    page.wait_for_function("document.querySelector('#status').innerText.includes('✓')")
+    return DONE.search(status(page))
+
+
+def start_fresh(page) -> None:
+    page.click("#clear")
+    page.wait_for_function(f"document.querySelectorAll(\"{BOT}\").length === 0")
+
+
+def set_checkbox(page, elem_id: str, on: bool) -> None:
+    box = page.locator(f"#{elem_id} input[type=checkbox]")
+    if box.is_checked() != on:
+        box.click()
+
+
+def set_number(page, elem_id: str, value: int) -> None:
+    field = page.locator(f"#{elem_id} input[type=number]")
+    field.fill(str(value))
+    field.press("Enter")
+    page.wait_for_function(f"document.querySelector('#{elem_id} input[type=range]').value === '{value}'")
+
+
+def send(page, message: str) -> None:
+    page.fill("#message textarea", message)
+    page.click("#send")
+
+
+def svg_text(page, elem_id: str) -> str:
+    return page.eval_on_selector(f"#{elem_id}", "e => Array.from(e.querySelectorAll('svg text')).map(t => "
+                                                "t.textContent).join(' | ')")
+
+
+def screenshot(page, name: str) -> None:
+    OUTPUT.mkdir(exist_ok=True)
+    page.screenshot(path=str(OUTPUT / name), full_page=True)
+
+
+def test_a_reply_streams_in_and_the_four_panels_draw_it(page, models):
+    start_fresh(page)
+    set_checkbox(page, "animate", True)  # a frame per denoise step: the stream is slow enough to watch
+    set_number(page, "max-new-tokens", 12)
+    page.evaluate("""() => {
+        window.replyLengths = [];
+        new MutationObserver(() => {
+            const bots = document.querySelectorAll("#chatbot [data-testid='bot']");
+            if (bots.length) window.replyLengths.push(bots[bots.length - 1].innerText.length);
+        }).observe(document.querySelector('#chatbot'), {subtree: true, childList: true, characterData: true});
+    }""")
+    send(page, "I want to book a table")
+    done = wait_done(page)
+    expected = engine_result(models, "I want to book a table", max_new_tokens=12)
+    assert done and (int(done[1]), int(done[2]), done[3]) == (expected.new_tokens, expected.rounds,
+                                                            f"{expected.mean_accept_len:.2f}")
+    lengths = [n for n in page.evaluate("window.replyLengths") if n > 0]
+    assert len(set(lengths)) >= 3, f"the reply did not stream: lengths seen {lengths}"
+    assert page.input_value("#message textarea") == ""
+    for plot in PLOTS:
+        assert page.locator(f"#{plot} .js-plotly-plot .main-svg").count() >= 1, f"{plot} was not drawn"
+    evolution = svg_text(page, "plot-evolution")
+    assert f"round {expected.rounds} · denoise step 2/2" in evolution
+    assert f"draft {app.DEFAULTS.drafts}" in evolution and f"draft {app.DEFAULTS.drafts + 1}" not in evolution
+    assert f"τ = {expected.mean_accept_len:.2f}" in svg_text(page, "plot-accept")
+    assert "tokens came from accepted drafts" in svg_text(page, "plot-provenance")
+    assert page.locator("#download-log").is_enabled()
+    screenshot(page, "browser-1-reply.png")
+
+
+def test_more_drafts_and_a_race_then_scrubbing_the_rounds(page, models):
+    start_fresh(page)
+    set_checkbox(page, "animate", False)
+    set_number(page, "max-new-tokens", 40)
+    drafts = page.locator("#drafts input[type=range]")
+    drafts.focus()
+    for _ in range(6 - int(drafts.input_value())):
+        drafts.press("ArrowRight")  # the keyboard moves a slider the way a user's arrow keys do
+    assert page.input_value("#drafts input[type=number]") == "6"
+    set_checkbox(page, "race", True)
+    page.wait_for_selector("#plain-reply", state="visible")
+    send(page, "Please find me a flight")
+    done = wait_done(page)
+    expected = engine_result(models, "Please find me a flight", drafts=6, max_new_tokens=40)
+    assert (int(done[1]), int(done[2])) == (expected.new_tokens, expected.rounds)
+    page.wait_for_function("document.querySelector('#status').innerText.includes('same tokens ✓')")
+    assert "Race · plain decoding" in status(page)
+    assert page.input_value("#plain-reply textarea").strip()
+    evolution = svg_text(page, "plot-evolution")
+    assert "draft 6" in evolution and "draft 7" not in evolution
+    assert "plain tokens/s" in svg_text(page, "plot-latency")
+    screenshot(page, "browser-2-race-6-drafts.png")
+
+    rounds = page.locator("#round-slider input[type=range]")
+    assert rounds.get_attribute("max") == str(expected.rounds)
+    rounds.focus()
+    rounds.press("Home")  # round 0: the prefill
+    page.wait_for_function("document.querySelector('#plot-evolution').textContent.includes('prefill')")
+    rounds.press("ArrowRight")
+    page.wait_for_function("document.querySelector('#plot-evolution').textContent.includes('round 1 · denoise')")
+    steps = page.locator("#step-slider input[type=range]")
+    steps.focus()
+    steps.press("Home")
+    page.wait_for_function("document.querySelector('#plot-evolution').textContent.includes('round 1 · denoise step "
+                           "1/2')")
+    assert "MASK" in svg_text(page, "plot-evolution")  # half the block is still masked after step 1 of 2
+    set_checkbox(page, "race", False)
+
+
+def test_stop_midway_keeps_the_partial_reply_and_clear_empties_the_chat(page, models):
+    start_fresh(page)
+    set_checkbox(page, "animate", True)
+    set_number(page, "max-new-tokens", 300)
+    send(page, "Once upon a time")
+    page.wait_for_function("/… round ([3-9]|\\d\\d)/.test(document.querySelector('#status').innerText)")
+    page.click("#stop")
+    page.wait_for_function("document.querySelector('#status').innerText.includes('Stopped after')")
+    stopped = int(re.search(r"Stopped after (\d+) tokens", status(page))[1])
+    assert 0 < stopped < 300
+    partial = page.inner_text(BOT)
+    page.wait_for_timeout(1500)
+    assert page.inner_text(BOT) == partial, "the reply kept streaming after Stop"
+    assert "Stopped after" in status(page)
+    assert page.locator("#round-slider input[type=range]").get_attribute("max") != "1"  # scrubbable afterwards
+    screenshot(page, "browser-3-stopped.png")
+
+    set_checkbox(page, "animate", False)
+    set_number(page, "max-new-tokens", 16)
+    send(page, "hello")
+    page.wait_for_function(f"document.querySelectorAll(\"{BOT}\").length === 2")
+    done = wait_done(page)
+    assert int(done[1]) >= 1
+
+    set_checkbox(page, "animate", True)
+    send(page, "Once upon a time")
+    page.wait_for_function("/… round ([2-9]|\\d\\d)/.test(document.querySelector('#status').innerText)")
+    page.click("#clear")
+    page.wait_for_function(f"document.querySelectorAll(\"{BOT}\").length === 0")
+    page.wait_for_timeout(1500)
+    assert page.locator(BOT).count() == 0 and status(page) == "", "a late update came back after Clear"
