@@ -20,10 +20,10 @@ import argparse
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from collections.abc import Callable, Iterator
 
 import gradio as gr
 import torch

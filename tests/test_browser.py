@@ -11,11 +11,22 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 
 import pytest
 
 import app
+from tests.app_browser import (
+    BOT,
+    browser_problem,
+    open_app,
+    send,
+    set_checkbox,
+    set_number,
+    start_fresh,
+    status,
+    svg_text,
+    wait_done,
+)
 from tests.app_server import OUTPUT, serve_app, zoo_env
 from xpress_core.config import DecodeConfig
 from xpress_core.engine import decode
@@ -23,22 +34,7 @@ from xpress_core.models import encode_prompt, load_models
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-TIMEOUT_MS = 60_000
 PLOTS = ("plot-evolution", "plot-accept", "plot-latency", "plot-provenance")
-BOT = "#chatbot [data-testid='bot']"
-DONE = re.compile(r"✓ (\d+) tokens in (\d+) rounds · τ = ([\d.]+)")
-
-
-def browser_problem() -> str | None:
-    if not CHROMIUM.exists():
-        return f"chromium is not installed at {CHROMIUM} (apt-get install chromium)"
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        return "the playwright package is not installed (pip install playwright)"
-    return None
 
 
 @pytest.fixture(scope="module")
@@ -51,11 +47,7 @@ def page(zoo):
     from playwright.sync_api import sync_playwright
 
     with serve_app(zoo_env(zoo), "app-browser") as url, sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.set_default_timeout(TIMEOUT_MS)
-        page.goto(url)
-        page.wait_for_selector("#message textarea")
+        browser, page = open_app(playwright, url)
         yield page
         browser.close()
 
@@ -70,43 +62,6 @@ def engine_result(models, message: str, **changes):
     cfg = DecodeConfig(**{**dict(drafts=d.drafts, steps=d.steps, block=d.block, temperature=d.temperature,
                                  top_p=d.top_p, seed=d.seed, max_new_tokens=d.max_new_tokens), **changes})
     return list(decode(models, encode_prompt(models.tokenizer, message, chat=True), cfg))[-1]
-
-
-def status(page) -> str:
-    return page.inner_text("#status")
-
-
-def wait_done(page) -> re.Match:
-    page.wait_for_function("document.querySelector('#status').innerText.includes('✓')")
-    return DONE.search(status(page))
-
-
-def start_fresh(page) -> None:
-    page.click("#clear")
-    page.wait_for_function(f"document.querySelectorAll(\"{BOT}\").length === 0")
-
-
-def set_checkbox(page, elem_id: str, on: bool) -> None:
-    box = page.locator(f"#{elem_id} input[type=checkbox]")
-    if box.is_checked() != on:
-        box.click()
-
-
-def set_number(page, elem_id: str, value: int) -> None:
-    field = page.locator(f"#{elem_id} input[type=number]")
-    field.fill(str(value))
-    field.press("Enter")
-    page.wait_for_function(f"document.querySelector('#{elem_id} input[type=range]').value === '{value}'")
-
-
-def send(page, message: str) -> None:
-    page.fill("#message textarea", message)
-    page.click("#send")
-
-
-def svg_text(page, elem_id: str) -> str:
-    return page.eval_on_selector(f"#{elem_id}", "e => Array.from(e.querySelectorAll('svg text')).map(t => "
-                                                "t.textContent).join(' | ')")
 
 
 def screenshot(page, name: str) -> None:

@@ -8,9 +8,9 @@ a model. Token ids become text through a ``token_text`` callable the caller supp
 from __future__ import annotations
 
 import html
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
-from collections.abc import Callable, Sequence
 
 import plotly.graph_objects as go
 

@@ -1,0 +1,70 @@
+"""Driving the app's page in chromium with playwright: shared by the browser test and the screenshot script."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+TIMEOUT_MS = 60_000
+BOT = "#chatbot [data-testid='bot']"
+DONE = re.compile(r"✓ (\d+) tokens in (\d+) rounds · τ = ([\d.]+)")
+
+
+def browser_problem() -> str | None:
+    """Why no browser test can run here, or None."""
+    if not CHROMIUM.exists():
+        return f"chromium is not installed at {CHROMIUM} (apt-get install chromium)"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "the playwright package is not installed (pip install playwright)"
+    return None
+
+
+def status(page) -> str:
+    return page.inner_text("#status")
+
+
+def wait_done(page) -> re.Match:
+    page.wait_for_function("document.querySelector('#status').innerText.includes('✓')")
+    return DONE.search(status(page))
+
+
+def start_fresh(page) -> None:
+    page.click("#clear")
+    page.wait_for_function(f"document.querySelectorAll(\"{BOT}\").length === 0")
+
+
+def set_checkbox(page, elem_id: str, on: bool) -> None:
+    box = page.locator(f"#{elem_id} input[type=checkbox]")
+    if box.is_checked() != on:
+        box.click()
+
+
+def set_number(page, elem_id: str, value: int) -> None:
+    field = page.locator(f"#{elem_id} input[type=number]")
+    field.fill(str(value))
+    field.press("Enter")
+    page.wait_for_function(f"document.querySelector('#{elem_id} input[type=range]').value === '{value}'")
+
+
+def send(page, message: str) -> None:
+    page.fill("#message textarea", message)
+    page.click("#send")
+
+
+def svg_text(page, elem_id: str) -> str:
+    return page.eval_on_selector(f"#{elem_id}", "e => Array.from(e.querySelectorAll('svg text')).map(t => "
+                                                "t.textContent).join(' | ')")
+
+
+def open_app(playwright, url: str):
+    """A page on the app, once its message box is there."""
+    browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto(url)
+    page.wait_for_selector("#message textarea")
+    return browser, page

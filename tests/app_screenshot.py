@@ -1,0 +1,56 @@
+"""The README's screenshot: the app mid-conversation with Race on, taken in chromium.
+
+    python -m tests.app_screenshot [--target DIR --drafter DIR] [--out assets/app_screenshot.png]
+
+Without --target the app starts on its embedded models (assets/); with it, on a custom preset. The browser test saves
+the same view (on the tiny random models) as test-output/browser-2-race-6-drafts.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+from pathlib import Path
+
+from tests.app_browser import browser_problem, open_app, send, set_checkbox, set_number, wait_done
+from tests.app_server import ROOT, serve_app
+
+MESSAGE = "I want to book a table for two at an Italian restaurant tonight."
+MAX_BYTES = 500_000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target")
+    parser.add_argument("--drafter")
+    parser.add_argument("--message", default=MESSAGE)
+    parser.add_argument("--out", type=Path, default=ROOT / "assets" / "app_screenshot.png")
+    args = parser.parse_args()
+    problem = browser_problem()
+    if problem:
+        raise SystemExit(problem)
+    from PIL import Image
+    from playwright.sync_api import sync_playwright
+
+    env = {name: value for name, value in (("XPRESS_TARGET", args.target), ("XPRESS_DRAFTER", args.drafter)) if value}
+    with serve_app(env, "app-screenshot") as url, sync_playwright() as playwright:
+        browser, page = open_app(playwright, url)
+        set_number(page, "max-new-tokens", 64)
+        set_checkbox(page, "race", True)
+        send(page, args.message)
+        wait_done(page)
+        page.wait_for_timeout(1000)  # the last Plotly redraws
+        png = page.screenshot(full_page=True)
+        browser.close()
+    image = Image.open(io.BytesIO(png))
+    while len(png) > MAX_BYTES:  # keep the repository light: shrink until it fits
+        image = image.resize((image.width * 4 // 5, image.height * 4 // 5), Image.LANCZOS)
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG", optimize=True)
+        png = buffer.getvalue()
+    args.out.write_bytes(png)
+    print(f"{args.out} ({image.width}x{image.height}, {len(png) // 1000} kB)")
+
+
+if __name__ == "__main__":
+    main()
