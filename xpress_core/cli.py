@@ -125,6 +125,9 @@ COMMANDS = {"generate": run_generate, "init-drafter": run_init_drafter, "train":
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # weight-loading bars would drown the output
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)

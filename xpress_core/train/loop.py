@@ -55,6 +55,7 @@ def train(
     workdir: Path,
     eval_fn: Callable[[], float] | None = None,
     desc: str = "train",
+    eval_name: str = "val_loss",
 ) -> dict:
     """Run (or resume) ``cfg.steps`` optimizer steps; ``loss_fn(rng)`` draws one batch and returns its loss."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -98,9 +99,9 @@ def train(
             record = {"step": step, "loss": round(loss.item(), 4), "lr": opt.param_groups[0]["lr"]}
             if eval_fn is not None and (step % cfg.eval_every == 0 or step == cfg.steps):
                 model.eval()
-                record["val_loss"] = round(eval_fn(), 4)
+                record[eval_name] = round(eval_fn(), 4)
                 model.train()
-            if step % 10 == 0 or "val_loss" in record:
+            if step % 10 == 0 or eval_name in record:
                 record["elapsed_s"] = round(prior_wall + time.time() - started, 1)
                 log.write(json.dumps(record) + "\n")
                 log.flush()

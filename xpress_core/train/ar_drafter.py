@@ -1,0 +1,57 @@
+"""Step 5: the classic autoregressive drafter, a 1-2 layer ``LlamaForCausalLM`` with the target's tokenizer.
+
+Distilled on the same target-written sequences as the diffusion drafter (sequence-level distillation), starting
+from the target's token embedding, so the baseline gets the same data and the same head start.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from .loop import TrainConfig, train
+from .target import lm_loss
+
+
+def make_ar_drafter(target, layers: int) -> LlamaForCausalLM:
+    tcfg = target.config
+    hidden = target.get_input_embeddings().weight.shape[1]
+    heads = tcfg.num_attention_heads
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=tcfg.vocab_size, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=getattr(tcfg, "num_key_value_heads", None) or heads,
+        intermediate_size=getattr(tcfg, "intermediate_size", None) or 4 * hidden,
+        max_position_embeddings=getattr(tcfg, "max_position_embeddings", None) or getattr(tcfg, "n_positions", 2048),
+        tie_word_embeddings=True, bos_token_id=tcfg.bos_token_id, eos_token_id=tcfg.eos_token_id,
+        pad_token_id=tcfg.pad_token_id,
+    ))
+    with torch.no_grad():
+        model.get_input_embeddings().weight.copy_(target.get_input_embeddings().weight)
+    model.generation_config.eos_token_id = target.generation_config.eos_token_id
+    model.generation_config.pad_token_id = target.generation_config.pad_token_id
+    return model
+
+
+def train_ar_drafter(model, seqs: torch.Tensor, cfg: TrainConfig, workdir: Path, out_dir: Path, tokenizer) -> dict:
+    held_out, train_seqs = seqs[:64], seqs[64:]
+
+    def loss_fn(rng: np.random.Generator) -> torch.Tensor:
+        rows = torch.from_numpy(rng.choice(train_seqs.shape[0], size=cfg.batch_size, replace=False))
+        return lm_loss(model, train_seqs[rows])
+
+    def eval_fn() -> float:
+        with torch.no_grad():
+            return lm_loss(model, held_out).item()
+
+    summary = train(model, loss_fn, cfg, workdir, eval_fn=eval_fn, desc="ar-drafter", eval_name="heldout_loss")
+    summary["heldout_loss"] = round(eval_fn(), 4)
+    summary["parameters"] = sum(p.numel() for p in model.parameters())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    (out_dir / "training_summary.json").write_text(json.dumps(summary, indent=2))
+    return summary

@@ -1,0 +1,104 @@
+"""Self-distillation data: the frozen target writes continuations of corpus prompts (greedy and sampled).
+
+Works for any HF causal-LM target and text files, not only ours. Chunks are saved as they are written, so an
+interrupted run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from ..cache import new_cache
+from .corpus import load_tokens
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    sequences: int = 8192  # prompt + continuation sequences to write
+    prompt_len: int = 96
+    new_tokens: int = 96
+    batch_size: int = 64
+    sample_fraction: float = 0.5  # the rest is greedy
+    temperature: float = 0.8
+    seed: int = 0
+
+
+def corpus_tokens(data: list[Path], tokenizer) -> np.ndarray:
+    """Token ids of the training text: a ``train.bin`` directory (already tokenized) or plain text files."""
+    if len(data) == 1 and (data[0] / "train.bin").exists():
+        return load_tokens(data[0] / "train.bin").astype(np.int64)
+    ids: list[int] = []
+    for path in data:
+        for block in path.read_text(encoding="utf-8").split("\n\n"):
+            if block.strip():
+                ids.extend(tokenizer(block.strip() + "\n\n")["input_ids"])
+    return np.asarray(ids, dtype=np.int64)
+
+
+def prompt_ends(tokens: np.ndarray, tokenizer, prompt_len: int) -> np.ndarray:
+    """Where prompts end: right after an assistant-role token when the tokenizer has one (the drafter then learns
+    replies, what the app asks of it), else every position."""
+    first = prompt_len
+    assistant = tokenizer.convert_tokens_to_ids("<|assistant|>") if "<|assistant|>" in tokenizer.get_vocab() else None
+    if assistant is not None:
+        ends = np.nonzero(tokens[:-1] == assistant)[0] + 1
+        ends = ends[ends >= first]
+        if ends.size:
+            return ends
+    return np.arange(first, tokens.size)
+
+
+@torch.no_grad()
+def continue_batch(target, prompts: torch.Tensor, new_tokens: int, temperature: float, generator) -> torch.Tensor:
+    """(B, P) -> (B, P + new_tokens), greedy (temperature 0) or sampled, with the KV cache.
+
+    No end-of-sequence stop: past an end-of-turn the target goes on with the next turn, still its own distribution,
+    and every row keeps the same length (the drafter also learns to predict the end-of-turn token itself).
+    """
+    cache = new_cache(target)
+    logits = target(input_ids=prompts, cache=cache, use_cache=True).logits[:, -1]
+    out = [prompts]
+    for _ in range(new_tokens):
+        if temperature > 0:
+            probs = (logits.float() / temperature).softmax(-1)
+            token = torch.multinomial(probs, 1, generator=generator)
+        else:
+            token = logits.argmax(-1, keepdim=True)
+        out.append(token)
+        logits = target(input_ids=token, cache=cache, use_cache=True).logits[:, -1]
+    return torch.cat(out, dim=1)
+
+
+@torch.no_grad()
+def write_distillation(target, tokenizer, data: list[Path], out_dir: Path, cfg: DistillConfig) -> Path:
+    """Write ``chunk_*.pt`` files of (batch, prompt_len + new_tokens) int32 sequences; returns the directory."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokens = corpus_tokens(data, tokenizer)
+    ends = prompt_ends(tokens, tokenizer, cfg.prompt_len)
+    chunks = -(-cfg.sequences // cfg.batch_size)
+    device = target.device
+    for chunk in tqdm(range(chunks), desc="distill", mininterval=5):
+        path = out_dir / f"chunk_{chunk:05d}.pt"
+        if path.exists():
+            continue  # resume
+        rng = np.random.default_rng([cfg.seed, chunk])
+        picks = rng.choice(ends, size=cfg.batch_size)
+        prompts = torch.from_numpy(np.stack([tokens[e - cfg.prompt_len : e] for e in picks])).to(device)
+        sample = chunk < chunks * cfg.sample_fraction
+        generator = torch.Generator(device=device).manual_seed(cfg.seed * 100_003 + chunk)
+        out = continue_batch(target, prompts, cfg.new_tokens, cfg.temperature if sample else 0.0, generator)
+        torch.save(out.to(torch.int32).cpu(), path.with_suffix(".tmp"))
+        path.with_suffix(".tmp").rename(path)
+    return out_dir
+
+
+def load_distillation(out_dir: Path) -> torch.Tensor:
+    files = sorted(out_dir.glob("chunk_*.pt"))
+    if not files:
+        raise FileNotFoundError(f"no distillation chunks in {out_dir}")
+    return torch.cat([torch.load(f) for f in files]).long()

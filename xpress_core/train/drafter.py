@@ -1,0 +1,110 @@
+"""Step 4: train the target-conditioned diffusion drafter by self-distillation (DESIGN 3).
+
+Per batch: the frozen target reads whole distilled sequences once (its tapped hidden states are the context features);
+``anchors`` random positions per sequence in the target-written part each open a block ``[x_a, x_a+1 .. x_a+L]``;
+each block is masked at a random ratio (half of the blocks fully masked, the T = 1 case) and the drafter learns the
+masked tokens (cross-entropy on masked positions only). All blocks of a sequence go through one drafter forward:
+block m sees the context before its anchor and its own block, nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..drafters.diffusion_model import XpressDrafter
+from .loop import TrainConfig, train
+
+
+@dataclass(frozen=True)
+class DrafterBatch:
+    block_ids: torch.Tensor  # (B, M*(L+1)) root + block tokens
+    masked: torch.Tensor  # (B, M*(L+1)) positions given as MASK
+    positions: torch.Tensor  # (B, M*(L+1))
+    attention_mask: torch.Tensor  # (B, 1, M*(L+1), S + M*(L+1)) additive
+
+
+def make_blocks(seqs: torch.Tensor, first_anchor: int, block: int, anchors: int, rng: np.random.Generator,
+                dtype: torch.dtype) -> DrafterBatch:
+    b, s = seqs.shape
+    span = block + 1
+    starts = np.stack([rng.choice(np.arange(first_anchor, s - block), size=anchors, replace=False) for _ in range(b)])
+    starts_t = torch.from_numpy(starts)  # (B, M)
+    offsets = torch.arange(span)
+    positions = (starts_t[..., None] + offsets).reshape(b, -1)  # (B, M*span)
+    block_ids = seqs.gather(1, positions)
+    ratio = torch.from_numpy(rng.uniform(0.0, 1.0, size=(b, anchors, 1))).float()
+    full = torch.from_numpy(rng.uniform(size=(b, anchors, 1)) < 0.5)
+    ratio = torch.where(full, torch.ones_like(ratio), ratio)
+    masked = torch.from_numpy(rng.uniform(size=(b, anchors, span))).float() < ratio
+    masked[..., 0] = False  # the root is always given
+    none = ~masked[..., 1:].any(-1)
+    masked[..., 1][none] = True  # at least one masked position per block
+    q = anchors * span
+    ctx_ok = torch.arange(s)[None, None, :] < starts_t[..., None]  # (B, M, S): context strictly before the anchor
+    ctx_ok = ctx_ok.repeat_interleave(span, dim=1)  # (B, Q, S)
+    block_of = torch.arange(q) // span
+    own = (block_of[:, None] == block_of[None, :]).expand(b, q, q)
+    allowed = torch.cat([ctx_ok, own], dim=-1)
+    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+    return DrafterBatch(block_ids, masked.reshape(b, -1), positions, mask[:, None])
+
+
+def drafter_loss(drafter: XpressDrafter, target, seqs: torch.Tensor, batch: DrafterBatch) -> torch.Tensor:
+    with torch.no_grad():
+        out = target(input_ids=seqs, output_hidden_states=True)
+        features = torch.cat([out.hidden_states[i + 1] for i in drafter.config.tapped_layers], dim=-1)
+    b, s = seqs.shape
+    context = drafter.context_kv(features, torch.arange(s).expand(b, -1))
+    embeds = drafter.embed_block(batch.block_ids, batch.masked)
+    logits = drafter(embeds, batch.positions, context, batch.attention_mask.to(embeds.dtype))
+    labels = batch.block_ids.masked_fill(~batch.masked, -100)
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+
+
+@torch.no_grad()
+def masked_accuracy(drafter: XpressDrafter, target, seqs: torch.Tensor, first_anchor: int, anchors: int) -> float:
+    """Share of fully masked block tokens the drafter gets right in one step (a T = 1 proxy for acceptance)."""
+    rng = np.random.default_rng(12345)
+    b = make_blocks(seqs, first_anchor, drafter.config.block_size, anchors, rng, torch.float32)
+    b = DrafterBatch(b.block_ids, b.masked | (torch.arange(b.masked.shape[1]) % (drafter.config.block_size + 1) > 0),
+                     b.positions, b.attention_mask)
+    out = target(input_ids=seqs, output_hidden_states=True)
+    features = torch.cat([out.hidden_states[i + 1] for i in drafter.config.tapped_layers], dim=-1)
+    context = drafter.context_kv(features, torch.arange(seqs.shape[1]).expand(seqs.shape[0], -1))
+    logits = drafter(drafter.embed_block(b.block_ids, b.masked), b.positions, context, b.attention_mask)
+    right = (logits.argmax(-1) == b.block_ids) & b.masked
+    return float(right.sum() / b.masked.sum())
+
+
+def train_drafter(drafter: XpressDrafter, target, seqs: torch.Tensor, prompt_len: int, cfg: TrainConfig,
+                  workdir: Path, out_dir: Path, tokenizer, anchors: int = 4) -> dict:
+    """Train ``drafter`` (bound to the frozen ``target``) on distilled sequences (N, S); save to ``out_dir``."""
+    for p in target.parameters():
+        p.requires_grad_(False)
+    drafter.bind(target)
+    block = drafter.config.block_size
+    held_out, train_seqs = seqs[:64], seqs[64:]
+    first_anchor = prompt_len - 1  # the last prompt token is the first root: blocks cover target-written text
+
+    def loss_fn(rng: np.random.Generator) -> torch.Tensor:
+        rows = torch.from_numpy(rng.choice(train_seqs.shape[0], size=cfg.batch_size, replace=False))
+        batch_seqs = train_seqs[rows]
+        return drafter_loss(drafter, target, batch_seqs, make_blocks(batch_seqs, first_anchor, block, anchors, rng,
+                                                                      torch.float32))
+
+    summary = train(drafter, loss_fn, cfg, workdir, desc="drafter", eval_name="block_accuracy_T1",
+                    eval_fn=lambda: masked_accuracy(drafter, target, held_out[:32], first_anchor, anchors))
+    summary["heldout_block_accuracy_T1"] = round(masked_accuracy(drafter, target, held_out, first_anchor, anchors), 4)
+    summary["parameters"] = sum(p.numel() for p in drafter.parameters())
+    summary["distilled_sequences"] = int(seqs.shape[0])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    drafter.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    (out_dir / "training_summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
