@@ -17,6 +17,7 @@ except ImportError:
     spaces = None
 
 import argparse
+import sys
 import tempfile
 import threading
 import time
@@ -262,7 +263,7 @@ class Settings:
             "seed": (self.seed, 0, MAX_SEED),
         }
         for name, (value, low, high) in whole.items():
-            if not (is_number(value) and value == int(value) and low <= value <= high):
+            if not (is_number(value) and float(value).is_integer() and low <= value <= high):
                 raise XpressError(f"{name} must be a whole number in {low}..{high}, got {value!r}")
         for name, value in (("temperature", self.temperature), ("top-p", self.top_p)):
             if not is_number(value):
@@ -395,10 +396,8 @@ class View:
 class Board:
     """The reply being decoded: both runs' events so far, rendered into views."""
 
-    def __init__(self, loaded: Loaded, history: list[dict], user_text: str, cfg: DecodeConfig, race: bool,
-                 notice: str | None):
-        self.loaded, self.history, self.user_text, self.cfg, self.race = loaded, history, user_text, cfg, race
-        self.notice = notice
+    def __init__(self, loaded: Loaded, history: list[dict], user_text: str, race: bool, notice: str | None):
+        self.loaded, self.history, self.user_text, self.race, self.notice = loaded, history, user_text, race, notice
         self.traces: dict[str, list[RoundTrace]] = {SPECULATIVE: [], PLAIN: []}
         self.results: dict[str, DecodeResult] = {}
         self.started = time.perf_counter()
@@ -470,7 +469,8 @@ class Board:
         spec, plain = self.traces[SPECULATIVE], self.traces[PLAIN]
         if not plain:
             return "Race · plain decoding: starting"
-        plain_speed, spec_speed = plots.tokens_per_s(plain[-1]), plots.tokens_per_s(spec[-1]) if spec else 0.0
+        plain_speed = plots.tokens_per_s(plain[-1])
+        spec_speed = plots.tokens_per_s(spec[-1]) if spec else 0.0
         line = f"Race · plain decoding: {plain_speed:.1f} tokens/s"
         if plain_speed > 0 and spec_speed > 0:
             line += f" → speculative is ×{spec_speed / plain_speed:.2f}"
@@ -558,7 +558,7 @@ def run_chat(cache: ModelCache, message: str | None, history: list[dict] | None,
     runs = {SPECULATIVE: decode(loaded.speculative, prompt.ids, cfg)}
     if settings.race:
         runs[PLAIN] = decode(loaded.plain, prompt.ids, cfg)
-    board = Board(loaded, past, text, cfg, settings.race, prompt.notice)
+    board = Board(loaded, past, text, settings.race, prompt.notice)
     throttle = Throttle()
     with throttle.rendering():
         yield board.view(message="", notice=prompt.notice)
@@ -599,7 +599,7 @@ def log_file(reply: Reply, directory: Path) -> str:
 
 
 def scrub_figure(reply: Reply | None, round_index, step):
-    """The draft panel for any round and denoise step of the last reply (sliders count from 1)."""
+    """The draft panel for any round (0 = the prefill) and denoise step (from 1) of the last reply."""
     if reply is None or not reply.traces:
         return plots.message_figure(plots.EVOLUTION_TITLE, "Send a message first.")
     trace = reply.traces[min(max(int(round_index), 0), len(reply.traces) - 1)]
@@ -630,8 +630,8 @@ chat_turn = spaces.GPU(run_chat) if spaces is not None else run_chat
 # --- Layout and wiring ---------------------------------------------------------------------------------------------
 
 
-def build_app(config: AppConfig) -> gr.Blocks:
-    cache = ModelCache(config)
+def build_app(config: AppConfig, cache: ModelCache | None = None) -> gr.Blocks:
+    cache = cache or ModelCache(config)
     names = list(cache.presets)
     log_dir = Path(tempfile.mkdtemp(prefix="xpress-logs-"))
     empty = {
@@ -782,7 +782,15 @@ def parse_args(argv: list[str] | None = None) -> AppConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
-    demo = build_app(parse_args(argv))
+    config = parse_args(argv)
+    cache = ModelCache(config)
+    if spaces is not None and os.environ.get("SPACES_ZERO_GPU"):
+        # ZeroGPU runs each request in a short-lived worker: models must be in place (on CUDA) before it forks.
+        try:
+            cache.get(config.presets[0].name)
+        except XpressError as error:
+            print(f"xPress: {error}", file=sys.stderr)  # the page says it again when the preset is used
+    demo = build_app(config, cache)
     demo.launch(server_name=os.environ.get("GRADIO_SERVER_NAME", DEFAULT_HOST),
                 server_port=int(os.environ.get("GRADIO_SERVER_PORT", DEFAULT_PORT)), share=False)
 

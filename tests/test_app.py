@@ -127,6 +127,7 @@ def test_race_decodes_plainly_beside_with_the_same_tokens(cache, oracle_models):
     (dict(drafts=9), "drafts K"),
     (dict(drafts=2.5), "drafts K"),
     (dict(drafts=True), "drafts K"),
+    (dict(drafts=float("nan")), "drafts K"),
     (dict(block=0), "block L"),
     (dict(block=17), "block L"),
     (dict(steps=5, block=4), "denoise steps T"),
