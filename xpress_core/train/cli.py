@@ -29,7 +29,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     target.add_argument("--corpus", type=Path, default=DEFAULT_WORK / "corpus")
     target.add_argument("--workdir", type=Path, default=DEFAULT_WORK / "target")
     target.add_argument("--out", type=Path, default=Path("assets") / "target")
-    target.add_argument("--steps", type=int, default=3100)
+    target.add_argument("--steps", type=int, default=3100, help="0 exports the latest checkpoint without training")
     target.add_argument("--batch-size", type=int, default=32)
     target.add_argument("--seq-len", type=int, default=256)
     target.add_argument("--lr", type=float, default=2e-3)

@@ -61,7 +61,7 @@ def continue_batch(target, prompts: torch.Tensor, new_tokens: int, temperature: 
     and every row keeps the same length (the drafter also learns to predict the end-of-turn token itself).
     """
     cache = new_cache(target)
-    logits = target(input_ids=prompts, cache=cache, use_cache=True).logits[:, -1]
+    logits = target(input_ids=prompts, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
     out = [prompts]
     for _ in range(new_tokens):
         if temperature > 0:

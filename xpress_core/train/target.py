@@ -73,6 +73,12 @@ def train_target(tokenizer, corpus_dir: Path, workdir: Path, out_dir: Path, cfg:
     model = make_target(tokenizer, shape)
     train_tokens = load_tokens(corpus_dir / "train.bin")
     val_tokens = load_tokens(corpus_dir / "val.bin")
+    if cfg.steps == 0:  # export: the latest checkpoint as it is, without training
+        state = torch.load(workdir / "ckpt.pt", map_location="cpu", weights_only=True)
+        model.load_state_dict(state["model"])
+        model.eval()
+        summary = {"steps": state["step"], "wall_s": round(state["wall_s"], 1), "exported_checkpoint": True}
+        return save_target(model, tokenizer, out_dir, summary, val_tokens, cfg, state["step"])
     summary = train(
         model,
         lambda rng: lm_loss(model, random_windows(train_tokens, rng, cfg.batch_size, cfg.seq_len)),
@@ -81,8 +87,12 @@ def train_target(tokenizer, corpus_dir: Path, workdir: Path, out_dir: Path, cfg:
         eval_fn=lambda: validation_loss(model, val_tokens, cfg.seq_len, max_windows=64),
         desc="target",
     )
+    return save_target(model, tokenizer, out_dir, summary, val_tokens, cfg, cfg.steps)
+
+
+def save_target(model, tokenizer, out_dir: Path, summary: dict, val_tokens, cfg: TrainConfig, steps: int) -> dict:
     summary["val_loss_sgd_dev"] = round(validation_loss(model, val_tokens, cfg.seq_len), 4)
-    summary["tokens_seen"] = cfg.steps * cfg.batch_size * cfg.seq_len
+    summary["tokens_seen"] = steps * cfg.batch_size * cfg.seq_len
     summary["parameters"] = sum(p.numel() for p in model.parameters())
     model.generation_config = GenerationConfig(
         bos_token_id=model.config.bos_token_id,
