@@ -32,14 +32,14 @@ class ScriptedDrafter(Drafter):
     def draft(self, state, root, cfg, generator):
         ids = torch.tensor([state["ids"] + [root]])
         out = self.target.generate(ids, max_new_tokens=cfg.block, do_sample=False)
-        truth = out[0, ids.shape[1]:].tolist()
+        truth = out[0, ids.shape[1] :].tolist()
         truth += truth[-1:] * (cfg.block - len(truth))  # generate stopped at EOS: keep the draft length L
         vocab = self.target.config.vocab_size
         if self.mode == "wrong":
             drafts = [[(t + 1 + k) % vocab for t in truth] for k in range(cfg.drafts)]
         else:
             drafts = [truth] + [
-                truth[: k % len(truth)] + [(truth[k % len(truth)] + k) % vocab] + truth[k % len(truth) + 1:]
+                truth[: k % len(truth)] + [(truth[k % len(truth)] + k) % vocab] + truth[k % len(truth) + 1 :]
                 for k in range(1, cfg.drafts)
             ]
         return Drafts(tokens=tuple(map(tuple, drafts)), steps=())

@@ -24,25 +24,29 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "xpress_core", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "xpress_core", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
-@pytest.mark.parametrize("fields,needle", [
-    ({"drafts": 0}, "drafts K"),
-    ({"drafts": 17}, "drafts K"),
-    ({"block": 0}, "block L"),
-    ({"block": 4, "steps": 5}, "denoise steps T"),
-    ({"steps": 0}, "denoise steps T"),
-    ({"drafts": 16, "block": 32, "steps": 1}, "exceeds the cap"),
-    ({"temperature": -1.0}, "temperature"),
-    ({"top_p": 0.0}, "top-p"),
-    ({"top_k": -2}, "top-k"),
-    ({"max_new_tokens": 0}, "max new tokens"),
-    ({"refine": "sideways"}, "refine"),
-    ({"verify": "forest"}, "verify"),
-    ({"stop": ("",)}, "stop strings"),
-])
+@pytest.mark.parametrize(
+    "fields,needle",
+    [
+        ({"drafts": 0}, "drafts K"),
+        ({"drafts": 17}, "drafts K"),
+        ({"block": 0}, "block L"),
+        ({"block": 4, "steps": 5}, "denoise steps T"),
+        ({"steps": 0}, "denoise steps T"),
+        ({"drafts": 16, "block": 32, "steps": 1}, "exceeds the cap"),
+        ({"temperature": -1.0}, "temperature"),
+        ({"top_p": 0.0}, "top-p"),
+        ({"top_k": -2}, "top-k"),
+        ({"max_new_tokens": 0}, "max new tokens"),
+        ({"refine": "sideways"}, "refine"),
+        ({"verify": "forest"}, "verify"),
+        ({"stop": ("",)}, "stop strings"),
+    ],
+)
 def test_out_of_range_settings_are_refused(fields, needle):
     with pytest.raises(XpressError, match=needle):
         DecodeConfig(**fields).validate()
@@ -82,8 +86,9 @@ def test_drafter_with_another_tokenizer_is_refused(zoo, tmp_path):
 
 
 def test_drafter_with_another_vocabulary_size_is_refused(zoo, tmp_path):
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=400, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                         intermediate_size=64))
+    model = LlamaForCausalLM(
+        LlamaConfig(vocab_size=400, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    )
     model.save_pretrained(tmp_path / "ar400")  # no tokenizer shipped: only the vocabulary size can be checked
     with pytest.raises(XpressError, match="vocabulary size 400"):
         load_models(zoo["llama"], tmp_path / "ar400", device="cpu")
@@ -114,31 +119,62 @@ def test_cli_errors_exit_2_without_traceback(zoo):
 
 def test_cli_generate_json_equals_generate(zoo, tmp_path):
     log = tmp_path / "rounds.jsonl"
-    proc = cli("generate", "--prompt", "book a table", "--chat", "--target", str(zoo["llama"]), "--drafter",
-               str(zoo["drafter_llama"]), "-K", "3", "-T", "2", "-L", "4", "--max-new-tokens", "16", "--json",
-               "--log", str(log))
+    proc = cli(
+        "generate",
+        "--prompt",
+        "book a table",
+        "--chat",
+        "--target",
+        str(zoo["llama"]),
+        "--drafter",
+        str(zoo["drafter_llama"]),
+        "-K",
+        "3",
+        "-T",
+        "2",
+        "-L",
+        "4",
+        "--max-new-tokens",
+        "16",
+        "--json",
+        "--log",
+        str(log),
+    )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 1
     out = json.loads(lines[0])
-    for key in ("text", "token_ids", "new_tokens", "rounds", "mean_accept_len", "accept_lens", "tokens_per_s",
-                "time_s", "draft_s", "verify_s", "peak_mem_mb"):
+    for key in (
+        "text",
+        "token_ids",
+        "new_tokens",
+        "rounds",
+        "mean_accept_len",
+        "accept_lens",
+        "tokens_per_s",
+        "time_s",
+        "draft_s",
+        "verify_s",
+        "peak_mem_mb",
+    ):
         assert key in out
     models = load_models(zoo["llama"], "none", device="cpu")
     prompt = encode_prompt(models.tokenizer, "book a table", chat=True)
-    ref = models.target.generate(prompt, max_new_tokens=16, do_sample=False)[0, prompt.shape[1]:].tolist()
+    ref = models.target.generate(prompt, max_new_tokens=16, do_sample=False)[0, prompt.shape[1] :].tolist()
     assert out["token_ids"] == ref and out["new_tokens"] == len(ref) == 16
     assert len(out["accept_lens"]) == out["rounds"]
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(records) == out["rounds"] + 1  # the prefill round too
     assert sum(len(r["emitted_tokens"]) for r in records) == 16
     assert {"round", "draft_time", "verify_time", "accept_len", "accepted_tokens", "tokens_per_s", "memory_mb"} <= set(
-        records[1])
+        records[1]
+    )
 
 
 def test_cli_init_drafter_writes_a_loadable_drafter(zoo, tmp_path):
-    proc = cli("init-drafter", "--target", str(zoo["gpt2"]), "--out", str(tmp_path / "d"), "--layers", "2",
-               "--block", "6")
+    proc = cli(
+        "init-drafter", "--target", str(zoo["gpt2"]), "--out", str(tmp_path / "d"), "--layers", "2", "--block", "6"
+    )
     assert proc.returncode == 0, proc.stderr
     info = json.loads(proc.stdout)
     assert info["block_size"] == 6

@@ -29,7 +29,7 @@ def run(models, prompt_ids, cfg) -> tuple[list[RoundTrace], DecodeResult]:
 
 def hf_greedy(models, prompt_ids, new=NEW) -> list[int]:
     out = models.target.generate(prompt_ids, max_new_tokens=new, do_sample=False)
-    return out[0, prompt_ids.shape[1]:].tolist()
+    return out[0, prompt_ids.shape[1] :].tolist()
 
 
 def check_invariants(traces, prompt_len, result):
@@ -123,8 +123,17 @@ def test_sampling_same_seed_same_tokens_as_plain_sampling(zoo, temperature, top_
     models = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu")
     scripted = Models(models.target, models.tokenizer, ScriptedDrafter(models.target, "oracle"))
     prompt_ids = encode_prompt(models.tokenizer, PROMPTS[1], chat=True)
-    cfg = DecodeConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, max_new_tokens=NEW,
-                       drafts=3, steps=2, block=4, diversity="gumbel")
+    cfg = DecodeConfig(
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        max_new_tokens=NEW,
+        drafts=3,
+        steps=2,
+        block=4,
+        diversity="gumbel",
+    )
     ref = plain_sampling(models, prompt_ids, cfg, NEW)
     for m in (models, scripted):
         for verify in ("tree", "batch"):
@@ -172,8 +181,11 @@ def test_tree_logits_equal_sequential_logits(zoo):
         target(input_ids=prompt, cache=cache, use_cache=True)
         past = prompt.shape[1]
         logits = target(
-            input_ids=torch.tensor([tree.tokens]), position_ids=tree_position_ids(tree, past, "cpu"),
-            attention_mask=tree_attention_mask(tree, past, torch.float32, "cpu"), cache=cache, use_cache=True,
+            input_ids=torch.tensor([tree.tokens]),
+            position_ids=tree_position_ids(tree, past, "cpu"),
+            attention_mask=tree_attention_mask(tree, past, torch.float32, "cpu"),
+            cache=cache,
+            use_cache=True,
         ).logits[0]
         for draft, path in zip(drafts, tree.draft_paths):
             seq = torch.cat([prompt, torch.tensor([[root] + draft])], dim=1)
@@ -185,8 +197,10 @@ def test_parallel_and_serial_refinement_make_identical_drafts(zoo):
     models = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu")
     prompt_ids = encode_prompt(models.tokenizer, PROMPTS[0], chat=True)
     for diversity in ("branch-first", "branch-uncertain", "gumbel"):
-        cfgs = [DecodeConfig(drafts=4, steps=3, block=8, refine=r, diversity=diversity, seed=3, max_new_tokens=12)
-                for r in ("parallel", "serial")]
+        cfgs = [
+            DecodeConfig(drafts=4, steps=3, block=8, refine=r, diversity=diversity, seed=3, max_new_tokens=12)
+            for r in ("parallel", "serial")
+        ]
         (par, _), (ser, _) = (run(models, prompt_ids, c) for c in cfgs)
         assert [t.drafts for t in par] == [t.drafts for t in ser]
         assert [t.steps for t in par][1].__len__() == 3
@@ -197,8 +211,9 @@ def test_drafts_differ_and_never_hold_special_tokens(zoo):
     banned = set(models.tokenizer.all_special_ids) - stop_token_ids(models)
     prompt_ids = encode_prompt(models.tokenizer, PROMPTS[0], chat=True)
     for diversity in ("branch-first", "branch-uncertain", "gumbel"):
-        traces, _ = run(models, prompt_ids, DecodeConfig(drafts=4, steps=2, block=6, diversity=diversity,
-                                                          max_new_tokens=10))
+        traces, _ = run(
+            models, prompt_ids, DecodeConfig(drafts=4, steps=2, block=6, diversity=diversity, max_new_tokens=10)
+        )
         for t in traces[1:]:
             assert len(set(t.drafts)) == 4, diversity
             assert not banned & {tok for d in t.drafts for tok in d}
@@ -210,8 +225,9 @@ def test_schedules_commit_ceil_l_s_over_t_positions(zoo):
     models = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu")
     prompt_ids = encode_prompt(models.tokenizer, PROMPTS[0], chat=True)
     for schedule in ("confidence", "left-to-right"):
-        traces, _ = run(models, prompt_ids, DecodeConfig(drafts=2, steps=3, block=8, schedule=schedule,
-                                                          max_new_tokens=6))
+        traces, _ = run(
+            models, prompt_ids, DecodeConfig(drafts=2, steps=3, block=8, schedule=schedule, max_new_tokens=6)
+        )
         for t in traces[1:]:
             committed = [sum(tok >= 0 for tok in step.tokens[0]) for step in t.steps]
             assert committed == [3, 6, 8]
@@ -225,8 +241,11 @@ def test_autoregressive_drafter_and_none_equal_generate(zoo):
         prompt_ids = encode_prompt(models.tokenizer, PROMPTS[1], chat=True)
         ref = hf_greedy(models, prompt_ids)
         for k, verify, refine in [(1, "tree", "parallel"), (3, "batch", "serial"), (3, "tree", "parallel")]:
-            traces, result = run(models, prompt_ids, DecodeConfig(drafts=k, block=5, steps=5, verify=verify,
-                                                                  refine=refine, max_new_tokens=NEW))
+            traces, result = run(
+                models,
+                prompt_ids,
+                DecodeConfig(drafts=k, block=5, steps=5, verify=verify, refine=refine, max_new_tokens=NEW),
+            )
             assert list(result.token_ids) == ref
             check_invariants(traces, prompt_ids.shape[1], result)
         if drafter == zoo["llama"]:  # the target drafting for itself is always right
@@ -237,7 +256,7 @@ def test_stop_strings_trim_text_and_tokens(zoo):
     models = load_models(zoo["llama"], "none", device="cpu")
     prompt_ids = encode_prompt(models.tokenizer, PROMPTS[0], chat=True)
     _, full = run(models, prompt_ids, DecodeConfig(max_new_tokens=NEW))
-    stop = full.text[len(full.text) // 2: len(full.text) // 2 + 2]
+    stop = full.text[len(full.text) // 2 : len(full.text) // 2 + 2]
     assert stop.strip()
     _, cut = run(models, prompt_ids, DecodeConfig(max_new_tokens=NEW, stop=(stop,)))
     assert cut.stop_reason == "stop_string"

@@ -44,8 +44,14 @@ def make_data(root: Path) -> Path:
 
 def train_cli(*args: str) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "xpress_core", "train", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "xpress_core", "train", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -60,18 +66,58 @@ def pipeline(tmp_path_factory):
     data = make_data(root / "data")
     out = {"root": root}
     out["tokenizer"] = train_cli("tokenizer", "--data", str(data), "--vocab-size", "400", "--out", str(root / "tok"))
-    out["corpus"] = train_cli("corpus", "--data", str(data), "--tokenizer", str(root / "tok"), "--out",
-                              str(root / "corpus"))
-    common = ["--tokenizer", str(root / "tok"), "--corpus", str(root / "corpus"), "--workdir", str(root / "tw"),
-              "--out", str(root / "target"), "--batch-size", "8", "--seq-len", "64", "--hidden-size", "64",
-              "--layers", "2", "--intermediate-size", "128", "--lr", "3e-3"]
+    out["corpus"] = train_cli(
+        "corpus", "--data", str(data), "--tokenizer", str(root / "tok"), "--out", str(root / "corpus")
+    )
+    common = [
+        "--tokenizer",
+        str(root / "tok"),
+        "--corpus",
+        str(root / "corpus"),
+        "--workdir",
+        str(root / "tw"),
+        "--out",
+        str(root / "target"),
+        "--batch-size",
+        "8",
+        "--seq-len",
+        "64",
+        "--hidden-size",
+        "64",
+        "--layers",
+        "2",
+        "--intermediate-size",
+        "128",
+        "--lr",
+        "3e-3",
+    ]
     out["target_half"] = train_cli("target", *common, "--steps", "40")  # stops at 40: a checkpoint to resume from
     out["target"] = train_cli("target", *common, "--steps", "80")
     for step in ("drafter", "ar-drafter"):
-        args = ["--target", str(root / "target"), "--data", str(root / "corpus"), "--distill-dir",
-                str(root / "distill"), "--workdir", str(root / f"{step}_w"), "--out", str(root / step),
-                "--sequences", "128", "--prompt-len", "24", "--new-tokens", "40", "--steps", "60",
-                "--batch-size", "8", "--lr", "3e-3"]
+        args = [
+            "--target",
+            str(root / "target"),
+            "--data",
+            str(root / "corpus"),
+            "--distill-dir",
+            str(root / "distill"),
+            "--workdir",
+            str(root / f"{step}_w"),
+            "--out",
+            str(root / step),
+            "--sequences",
+            "128",
+            "--prompt-len",
+            "24",
+            "--new-tokens",
+            "40",
+            "--steps",
+            "60",
+            "--batch-size",
+            "8",
+            "--lr",
+            "3e-3",
+        ]
         out[step] = train_cli(step, *args, *(["--block", "8"] if step == "drafter" else []))
     return out
 
@@ -111,6 +157,6 @@ def test_drafters_train_and_decode_exactly(pipeline):
     for drafter in (root / "drafter", root / "ar-drafter"):
         models = load_models(root / "target", drafter, device="cpu")
         prompt = encode_prompt(models.tokenizer, "I want to book a table", chat=True)
-        ref = models.target.generate(prompt, max_new_tokens=20, do_sample=False)[0, prompt.shape[1]:].tolist()
+        ref = models.target.generate(prompt, max_new_tokens=20, do_sample=False)[0, prompt.shape[1] :].tolist()
         result = list(decode(models, prompt, DecodeConfig(drafts=2, steps=2, block=8, max_new_tokens=20)))[-1]
         assert list(result.token_ids) == ref

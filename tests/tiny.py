@@ -28,21 +28,39 @@ def make_tokenizer(out: Path, vocab_size: int = 320):
 
 
 def _common(tok) -> dict:
-    return dict(vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                pad_token_id=tok.pad_token_id)
+    return dict(
+        vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+    )
 
 
 def make_target(kind: str, tok, out: Path, seed: int = 0, layers: int = 3):
     """A tiny random target of a given family: 'llama', 'gpt2' or 'qwen3' (hidden 64)."""
     torch.manual_seed(seed)
     if kind == "llama":
-        model = LlamaForCausalLM(LlamaConfig(hidden_size=64, num_hidden_layers=layers, num_attention_heads=4,
-                                             num_key_value_heads=2, intermediate_size=128,
-                                             max_position_embeddings=512, **_common(tok)))
+        model = LlamaForCausalLM(
+            LlamaConfig(
+                hidden_size=64,
+                num_hidden_layers=layers,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                intermediate_size=128,
+                max_position_embeddings=512,
+                **_common(tok),
+            )
+        )
     elif kind == "qwen3":
-        model = Qwen3ForCausalLM(Qwen3Config(hidden_size=64, num_hidden_layers=layers, num_attention_heads=4,
-                                             num_key_value_heads=2, head_dim=16, intermediate_size=128,
-                                             max_position_embeddings=512, **_common(tok)))
+        model = Qwen3ForCausalLM(
+            Qwen3Config(
+                hidden_size=64,
+                num_hidden_layers=layers,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=16,
+                intermediate_size=128,
+                max_position_embeddings=512,
+                **_common(tok),
+            )
+        )
     elif kind == "gpt2":
         model = GPT2LMHeadModel(GPT2Config(n_embd=64, n_layer=layers, n_head=4, n_positions=512, **_common(tok)))
     else:

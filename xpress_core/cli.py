@@ -45,9 +45,19 @@ def add_decode_args(parser: argparse.ArgumentParser) -> None:
 
 def decode_config(args: argparse.Namespace) -> DecodeConfig:
     return DecodeConfig(
-        drafts=args.drafts, steps=args.steps, block=args.block, temperature=args.temperature, top_p=args.top_p,
-        top_k=args.top_k, seed=args.seed, max_new_tokens=args.max_new_tokens, refine=args.refine,
-        verify=args.verify, schedule=args.schedule, diversity=args.diversity, stop=tuple(args.stop),
+        drafts=args.drafts,
+        steps=args.steps,
+        block=args.block,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        max_new_tokens=args.max_new_tokens,
+        refine=args.refine,
+        verify=args.verify,
+        schedule=args.schedule,
+        diversity=args.diversity,
+        stop=tuple(args.stop),
     ).validate()
 
 
@@ -92,7 +102,7 @@ def run_generate(args: argparse.Namespace) -> int:
             traces.append(event)
             if not args.json:  # stream the text as rounds land
                 text = models.tokenizer.decode([t for tr in traces for t in tr.emitted], skip_special_tokens=True)
-                sys.stdout.write(text[len(printed):])
+                sys.stdout.write(text[len(printed) :])
                 sys.stdout.flush()
                 printed = text
     if args.log:
@@ -114,8 +124,16 @@ def run_init_drafter(args: argparse.Namespace) -> int:
     if args.layers < 1 or args.block < 1:
         raise XpressError("--layers and --block must be >= 1")
     model = init_drafter(args.target, args.out, layers=args.layers, block=args.block)
-    print(json.dumps({"out": str(args.out), "parameters": sum(p.numel() for p in model.parameters()),
-                      "tapped_layers": model.config.tapped_layers, "block_size": model.config.block_size}))
+    print(
+        json.dumps(
+            {
+                "out": str(args.out),
+                "parameters": sum(p.numel() for p in model.parameters()),
+                "tapped_layers": model.config.tapped_layers,
+                "block_size": model.config.block_size,
+            }
+        )
+    )
     return 0
 
 

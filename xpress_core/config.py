@@ -38,7 +38,7 @@ class DecodeConfig:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
-    def validate(self) -> "DecodeConfig":
+    def validate(self) -> DecodeConfig:
         checks = [
             (1 <= self.drafts <= MAX_DRAFTS, f"drafts K must be in 1..{MAX_DRAFTS}, got {self.drafts}"),
             (1 <= self.block <= MAX_BLOCK, f"block L must be in 1..{MAX_BLOCK}, got {self.block}"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -48,7 +48,6 @@ class DecodeState:
     drafter_rng: torch.Generator
     prompt_len: int
     traces: list[RoundTrace] = field(default_factory=list)
-
 
 
 @dataclass(frozen=True)
@@ -98,7 +97,11 @@ def target_forward(models: Models, ids, positions, mask, cache):
     """One target forward -> (B, Q, V) logits and (B, Q, F) tapped features (or None)."""
     tapped = models.drafter.tapped_layers
     out = models.target(
-        input_ids=ids, position_ids=positions, attention_mask=mask, cache=cache, use_cache=True,
+        input_ids=ids,
+        position_ids=positions,
+        attention_mask=mask,
+        cache=cache,
+        use_cache=True,
         output_hidden_states=bool(tapped),
     )
     features = torch.cat([out.hidden_states[i + 1] for i in tapped], dim=-1) if tapped else None
@@ -230,7 +233,9 @@ def decode(models: Models, prompt_ids: torch.Tensor, cfg: DecodeConfig) -> Itera
             state.root = acceptance.bonus
             t3 = clock.now()
             with clock.paused():
-                yield record(models, state, kept, Timings(t1 - t0, t2 - t1, t3 - t2, t3 - start), drafts, tree, acceptance)
+                yield record(
+                    models, state, kept, Timings(t1 - t0, t2 - t1, t3 - t2, t3 - start), drafts, tree, acceptance
+                )
         yield result(models, state, cfg, prefill_s, reason, clock.now() - start)
 
 
@@ -242,8 +247,9 @@ class Timings:
     elapsed_s: float
 
 
-def record(models: Models, state: DecodeState, kept: list[int], timings: Timings, drafts=None, tree=None,
-           acceptance=None) -> RoundTrace:
+def record(
+    models: Models, state: DecodeState, kept: list[int], timings: Timings, drafts=None, tree=None, acceptance=None
+) -> RoundTrace:
     """The round's event; the prefill round (index 0) has no drafts, tree or acceptance."""
     trace = RoundTrace(
         index=len(state.traces),

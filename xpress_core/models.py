@@ -36,8 +36,14 @@ def resolve_device(device: str) -> torch.device:
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    choices = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-               "float16": torch.float16, "fp16": torch.float16}
+    choices = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }
     if dtype not in choices:
         raise XpressError(f"unknown dtype {dtype!r}; choose one of auto, {', '.join(choices)}")
     return choices[dtype]
@@ -114,8 +120,10 @@ def load_drafter(spec: str | Path, target, tokenizer, device: torch.device, dtyp
                 f"the target has {vocab} / {hidden}"
             )
         if max(cfg.tapped_layers) >= target.config.num_hidden_layers:
-            raise XpressError(f"drafter {spec!r} taps layers {cfg.tapped_layers}; the target has only "
-                              f"{target.config.num_hidden_layers}")
+            raise XpressError(
+                f"drafter {spec!r} taps layers {cfg.tapped_layers}; the target has only "
+                f"{target.config.num_hidden_layers}"
+            )
         return DiffusionDrafter(model.bind(target), banned)
     check_tokenizer_match("drafter", spec, tokenizer)
     model = load_causal_lm("drafter", spec, device, dtype)
@@ -126,8 +134,12 @@ def load_drafter(spec: str | Path, target, tokenizer, device: torch.device, dtyp
     return AutoregressiveDrafter(model, banned)
 
 
-def load_models(target: str | Path = EMBEDDED_TARGET, drafter: str | Path = EMBEDDED_DRAFTER, device: str = "auto",
-                dtype: str = "auto") -> Models:
+def load_models(
+    target: str | Path = EMBEDDED_TARGET,
+    drafter: str | Path = EMBEDDED_DRAFTER,
+    device: str = "auto",
+    dtype: str = "auto",
+) -> Models:
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     target_model, tokenizer = load_target(target, dev, dt)

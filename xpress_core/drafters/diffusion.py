@@ -56,14 +56,18 @@ class DiffusionDrafter(Drafter):
     @torch.no_grad()
     def draft(self, state: DiffusionState, root: int, cfg: DecodeConfig, generator: torch.Generator) -> Drafts:
         if cfg.block > self.model.config.block_size:
-            raise XpressError(f"block L={cfg.block} exceeds the drafter's trained block size {self.model.config.block_size}")
+            raise XpressError(
+                f"block L={cfg.block} exceeds the drafter's trained block size {self.model.config.block_size}"
+            )
         k, length, device = cfg.drafts, cfg.block, self.model.device
         tokens = torch.full((k, length), MASKED, dtype=torch.long, device=device)
         committed = torch.zeros((k, length), dtype=torch.bool, device=device)
         confidence = torch.zeros((k, length), device=device)
         steps = []
         for step in range(1, cfg.steps + 1):
-            logits = torch.cat([self.denoise(state, root, tokens[rows], committed[rows]) for rows in refine_groups(cfg)])
+            logits = torch.cat(
+                [self.denoise(state, root, tokens[rows], committed[rows]) for rows in refine_groups(cfg)]
+            )
             candidates, candidate_conf, forced = self.choose_tokens(logits, cfg, step, generator)
             newly = self.commit_schedule(candidate_conf, committed, forced, math.ceil(length * step / cfg.steps), cfg)
             tokens = torch.where(newly, candidates, tokens)

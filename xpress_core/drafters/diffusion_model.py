@@ -163,7 +163,7 @@ class XpressDrafter(PreTrainedModel):
             # buffer is uninitialised memory and drafts come out of garbage positions (NaN at random).
             init.copy_(module.inv_freq, rotary_inv_freq(self.config.head_dim, self.config.rope_theta))
 
-    def bind(self, target: PreTrainedModel) -> "XpressDrafter":
+    def bind(self, target: PreTrainedModel) -> XpressDrafter:
         """Attach the target's (frozen) embedding and LM head; a plain tuple keeps them out of the state dict."""
         embed, head = target.get_input_embeddings(), target.get_output_embeddings()
         if embed.weight.shape[0] < self.config.vocab_size or embed.weight.shape[1] != self.config.hidden_size:

@@ -1,1 +1,1 @@
-"""The training pipeline for the embedded models: tokenizer, corpus, target, drafters (``python -m xpress_core train``)."""
+"""Training pipeline for the embedded models: tokenizer, corpus, target, drafters (`python -m xpress_core train`)."""

@@ -21,14 +21,22 @@ def make_ar_drafter(target, layers: int) -> LlamaForCausalLM:
     tcfg = target.config
     hidden = target.get_input_embeddings().weight.shape[1]
     heads = tcfg.num_attention_heads
-    model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=tcfg.vocab_size, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-        num_key_value_heads=getattr(tcfg, "num_key_value_heads", None) or heads,
-        intermediate_size=getattr(tcfg, "intermediate_size", None) or 4 * hidden,
-        max_position_embeddings=getattr(tcfg, "max_position_embeddings", None) or getattr(tcfg, "n_positions", 2048),
-        tie_word_embeddings=True, bos_token_id=tcfg.bos_token_id, eos_token_id=tcfg.eos_token_id,
-        pad_token_id=tcfg.pad_token_id,
-    ))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=tcfg.vocab_size,
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=getattr(tcfg, "num_key_value_heads", None) or heads,
+            intermediate_size=getattr(tcfg, "intermediate_size", None) or 4 * hidden,
+            max_position_embeddings=getattr(tcfg, "max_position_embeddings", None)
+            or getattr(tcfg, "n_positions", 2048),
+            tie_word_embeddings=True,
+            bos_token_id=tcfg.bos_token_id,
+            eos_token_id=tcfg.eos_token_id,
+            pad_token_id=tcfg.pad_token_id,
+        )
+    )
     with torch.no_grad():
         model.get_input_embeddings().weight.copy_(target.get_input_embeddings().weight)
     model.generation_config.eos_token_id = target.generation_config.eos_token_id

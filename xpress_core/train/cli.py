@@ -38,15 +38,26 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     target.add_argument("--intermediate-size", type=int, default=640)
     target.add_argument("--no-bf16", action="store_true")
 
-    for name, help_text in (("drafter", "the diffusion drafter, by self-distillation (any HF causal-LM target)"),
-                            ("ar-drafter", "the classic autoregressive drafter, distilled on the same data")):
+    for name, help_text in (
+        ("drafter", "the diffusion drafter, by self-distillation (any HF causal-LM target)"),
+        ("ar-drafter", "the classic autoregressive drafter, distilled on the same data"),
+    ):
         step = steps.add_parser(name, help=help_text)
         step.add_argument("--target", default=str(Path("assets") / "target"), help="HF causal LM: directory or Hub id")
-        step.add_argument("--data", type=Path, nargs="+", default=[DEFAULT_WORK / "corpus"],
-                          help="text files, or a corpus directory with train.bin in the target's tokenizer")
+        step.add_argument(
+            "--data",
+            type=Path,
+            nargs="+",
+            default=[DEFAULT_WORK / "corpus"],
+            help="text files, or a corpus directory with train.bin in the target's tokenizer",
+        )
         step.add_argument("--workdir", type=Path, default=DEFAULT_WORK / name)
-        step.add_argument("--distill-dir", type=Path, default=DEFAULT_WORK / "distill",
-                          help="target-written sequences, shared by both drafters (written once, resumable)")
+        step.add_argument(
+            "--distill-dir",
+            type=Path,
+            default=DEFAULT_WORK / "distill",
+            help="target-written sequences, shared by both drafters (written once, resumable)",
+        )
         step.add_argument("--out", type=Path, default=Path("assets") / name.replace("-", "_"))
         step.add_argument("--sequences", type=int, default=8192, help="distilled sequences to write")
         step.add_argument("--prompt-len", type=int, default=96)
@@ -87,7 +98,9 @@ def run_train(args: argparse.Namespace) -> int:
             steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr, bf16=not args.no_bf16
         )
         shape = TargetShape(hidden_size=args.hidden_size, layers=args.layers, intermediate_size=args.intermediate_size)
-        summary = train_target(AutoTokenizer.from_pretrained(args.tokenizer), args.corpus, args.workdir, args.out, cfg, shape)
+        summary = train_target(
+            AutoTokenizer.from_pretrained(args.tokenizer), args.corpus, args.workdir, args.out, cfg, shape
+        )
         print(json.dumps(summary))
     else:
         print(json.dumps(run_drafter_step(args)))
@@ -106,8 +119,14 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
     target, tokenizer = load_target(args.target, torch.device("cpu"), torch.float32)
     distill = DistillConfig(sequences=args.sequences, prompt_len=args.prompt_len, new_tokens=args.new_tokens)
     seqs = load_distillation(write_distillation(target, tokenizer, args.data, args.distill_dir, distill))
-    cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=min(100, args.steps // 10 + 1),
-                      bf16=not args.no_bf16, eval_every=max(50, args.steps // 10))
+    cfg = TrainConfig(
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        warmup=min(100, args.steps // 10 + 1),
+        bf16=not args.no_bf16,
+        eval_every=max(50, args.steps // 10),
+    )
     if args.step == "ar-drafter":
         return train_ar_drafter(make_ar_drafter(target, args.layers), seqs, cfg, args.workdir, args.out, tokenizer)
     from ..drafters.diffusion_model import XpressDrafter
@@ -116,5 +135,6 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
     if not args.init and not (init_dir / "config.json").exists():
         init_drafter(args.target, init_dir, layers=args.layers, block=args.block)
     drafter = XpressDrafter.from_pretrained(init_dir)
-    return train_drafter(drafter, target, seqs, args.prompt_len, cfg, args.workdir, args.out, tokenizer,
-                         anchors=args.anchors)
+    return train_drafter(
+        drafter, target, seqs, args.prompt_len, cfg, args.workdir, args.out, tokenizer, anchors=args.anchors
+    )

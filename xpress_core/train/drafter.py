@@ -29,8 +29,9 @@ class DrafterBatch:
     attention_mask: torch.Tensor  # (B, 1, M*(L+1), S + M*(L+1)) additive
 
 
-def make_blocks(seqs: torch.Tensor, first_anchor: int, block: int, anchors: int, rng: np.random.Generator,
-                dtype: torch.dtype) -> DrafterBatch:
+def make_blocks(
+    seqs: torch.Tensor, first_anchor: int, block: int, anchors: int, rng: np.random.Generator, dtype: torch.dtype
+) -> DrafterBatch:
     b, s = seqs.shape
     span = block + 1
     starts = np.stack([rng.choice(np.arange(first_anchor, s - block), size=anchors, replace=False) for _ in range(b)])
@@ -72,8 +73,12 @@ def masked_accuracy(drafter: XpressDrafter, target, seqs: torch.Tensor, first_an
     """Share of fully masked block tokens the drafter gets right in one step (a T = 1 proxy for acceptance)."""
     rng = np.random.default_rng(12345)
     b = make_blocks(seqs, first_anchor, drafter.config.block_size, anchors, rng, torch.float32)
-    b = DrafterBatch(b.block_ids, b.masked | (torch.arange(b.masked.shape[1]) % (drafter.config.block_size + 1) > 0),
-                     b.positions, b.attention_mask)
+    b = DrafterBatch(
+        b.block_ids,
+        b.masked | (torch.arange(b.masked.shape[1]) % (drafter.config.block_size + 1) > 0),
+        b.positions,
+        b.attention_mask,
+    )
     out = target(input_ids=seqs, output_hidden_states=True)
     features = torch.cat([out.hidden_states[i + 1] for i in drafter.config.tapped_layers], dim=-1)
     context = drafter.context_kv(features, torch.arange(seqs.shape[1]).expand(seqs.shape[0], -1))
@@ -82,8 +87,17 @@ def masked_accuracy(drafter: XpressDrafter, target, seqs: torch.Tensor, first_an
     return float(right.sum() / b.masked.sum())
 
 
-def train_drafter(drafter: XpressDrafter, target, seqs: torch.Tensor, prompt_len: int, cfg: TrainConfig,
-                  workdir: Path, out_dir: Path, tokenizer, anchors: int = 4) -> dict:
+def train_drafter(
+    drafter: XpressDrafter,
+    target,
+    seqs: torch.Tensor,
+    prompt_len: int,
+    cfg: TrainConfig,
+    workdir: Path,
+    out_dir: Path,
+    tokenizer,
+    anchors: int = 4,
+) -> dict:
     """Train ``drafter`` (bound to the frozen ``target``) on distilled sequences (N, S); save to ``out_dir``."""
     for p in target.parameters():
         p.requires_grad_(False)
@@ -95,11 +109,19 @@ def train_drafter(drafter: XpressDrafter, target, seqs: torch.Tensor, prompt_len
     def loss_fn(rng: np.random.Generator) -> torch.Tensor:
         rows = torch.from_numpy(rng.choice(train_seqs.shape[0], size=cfg.batch_size, replace=False))
         batch_seqs = train_seqs[rows]
-        return drafter_loss(drafter, target, batch_seqs, make_blocks(batch_seqs, first_anchor, block, anchors, rng,
-                                                                      torch.float32))
+        return drafter_loss(
+            drafter, target, batch_seqs, make_blocks(batch_seqs, first_anchor, block, anchors, rng, torch.float32)
+        )
 
-    summary = train(drafter, loss_fn, cfg, workdir, desc="drafter", eval_name="block_accuracy_T1",
-                    eval_fn=lambda: masked_accuracy(drafter, target, held_out[:32], first_anchor, anchors))
+    summary = train(
+        drafter,
+        loss_fn,
+        cfg,
+        workdir,
+        desc="drafter",
+        eval_name="block_accuracy_T1",
+        eval_fn=lambda: masked_accuracy(drafter, target, held_out[:32], first_anchor, anchors),
+    )
     summary["heldout_block_accuracy_T1"] = round(masked_accuracy(drafter, target, held_out, first_anchor, anchors), 4)
     summary["parameters"] = sum(p.numel() for p in drafter.parameters())
     summary["distilled_sequences"] = int(seqs.shape[0])

@@ -37,7 +37,10 @@ def make_target(tokenizer, shape: TargetShape) -> LlamaForCausalLM:
         max_position_embeddings=shape.max_positions,
         tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=[tokenizer.convert_tokens_to_ids(SPECIAL.end_of_turn), tokenizer.convert_tokens_to_ids(SPECIAL.eos)],
+        eos_token_id=[
+            tokenizer.convert_tokens_to_ids(SPECIAL.end_of_turn),
+            tokenizer.convert_tokens_to_ids(SPECIAL.eos),
+        ],
         pad_token_id=tokenizer.pad_token_id,
     )
     return LlamaForCausalLM(config)
@@ -68,7 +71,9 @@ def validation_loss(model, val: np.ndarray, seq_len: int, max_windows: int | Non
     return total / count
 
 
-def train_target(tokenizer, corpus_dir: Path, workdir: Path, out_dir: Path, cfg: TrainConfig, shape: TargetShape) -> dict:
+def train_target(
+    tokenizer, corpus_dir: Path, workdir: Path, out_dir: Path, cfg: TrainConfig, shape: TargetShape
+) -> dict:
     torch.manual_seed(cfg.seed)
     model = make_target(tokenizer, shape)
     train_tokens = load_tokens(corpus_dir / "train.bin")

@@ -39,7 +39,7 @@ CHAT_TEMPLATE = (
 )
 
 
-def train_tokenizer(texts: list[str], vocab_size: int, out_dir: Path) -> "PreTrainedTokenizerFast":  # noqa: F821
+def train_tokenizer(texts: list[str], vocab_size: int, out_dir: Path) -> PreTrainedTokenizerFast:  # noqa: F821
     """Train byte-level BPE on ``texts`` and save it, HF-compatible, into ``out_dir``."""
     from transformers import PreTrainedTokenizerFast
 
