@@ -8,9 +8,9 @@ exactly what the target cache holds.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from collections.abc import Iterator
 
 import torch
 

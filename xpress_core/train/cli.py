@@ -72,6 +72,39 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
             step.add_argument("--anchors", type=int, default=4, help="blocks per sequence per step")
             step.add_argument("--init", help="start from this drafter directory instead of a fresh one")
 
+    ev = steps.add_parser("eval", help="tau and tokens/s of a drafter on 50 held-out sgd_dev chats (model cards)")
+    ev.add_argument("--target", default=str(Path("assets") / "target"))
+    ev.add_argument("--drafter", default=str(Path("assets") / "drafter"))
+    ev.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    ev.add_argument("--prompts", type=int, default=50)
+    ev.add_argument("--max-new-tokens", type=int, default=64)
+    ev.add_argument("--out", type=Path, help="write the scores as JSON here")
+
+
+def run_eval(args: argparse.Namespace) -> dict:
+    from dataclasses import asdict
+
+    from ..models import load_models
+    from .evaluate import AR_DRAFT_LENGTHS, CARD_SETTINGS, evaluate, heldout_prompt_ids
+
+    models = load_models(args.target, args.drafter, device="cpu")
+    prompts = heldout_prompt_ids(models.tokenizer, args.data, args.prompts)
+    # The AR drafter drafts left to right, one position per step: T = L, tried over draft lengths.
+    settings = CARD_SETTINGS if models.drafter.name == "diffusion" else [(1, n, n) for n in AR_DRAFT_LENGTHS]
+    scores = [
+        {**asdict(s), "speedup": round(s.speedup, 3)} for s in evaluate(models, prompts, settings, args.max_new_tokens)
+    ]
+    report = {
+        "target": str(args.target),
+        "drafter": str(args.drafter),
+        "prompts": len(prompts),
+        "max_new_tokens": args.max_new_tokens,
+        "scores": scores,
+    }
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=2))
+    return report
+
 
 def run_train(args: argparse.Namespace) -> int:
     if args.step == "tokenizer":
@@ -102,6 +135,8 @@ def run_train(args: argparse.Namespace) -> int:
             AutoTokenizer.from_pretrained(args.tokenizer), args.corpus, args.workdir, args.out, cfg, shape
         )
         print(json.dumps(summary))
+    elif args.step == "eval":
+        print(json.dumps(run_eval(args)))
     else:
         print(json.dumps(run_drafter_step(args)))
     return 0
