@@ -67,9 +67,11 @@ MAX_SEED = 2**31 - 1
 MAX_MESSAGE_CHARS = 8000  # longer messages keep their end (the part a reply follows)
 
 # Rendering may take at most this share of the wall time, so that watching barely slows decoding; the engine's own
-# timings exclude it anyway (its clock stops while we hold an event).
+# timings exclude it anyway (its clock stops while we hold an event). The reply's text streams more often than the
+# figures, which cost far more to build, send and draw.
 UI_TIME_SHARE = 0.05
-MIN_UPDATE_INTERVAL_S = 0.25
+TEXT_INTERVAL_S = 0.25
+PANELS_INTERVAL_S = 1.0
 ANIMATION_FRAME_S = 0.2  # pause per denoise step when "animate" is on
 CLEAR_WAIT_S = 5.0  # Clear waits this long at most for a running reply to notice it
 
@@ -426,6 +428,11 @@ class Board:
         return self.history + [{"role": "user", "content": self.user_text},
                                {"role": "assistant", "content": self.text(SPECULATIVE)}]
 
+    def text_view(self) -> View:
+        """The reply's text and status only: cheap enough to stream often."""
+        return View(history=self.chat(), status=self.status(), plain=self.text(PLAIN) if self.race else None,
+                    reply=self.reply())
+
     def view(self, done: bool = False, **extra) -> View:
         traces, plain = self.traces[SPECULATIVE], self.traces[PLAIN]
         token_text = self.loaded.token_text
@@ -487,14 +494,16 @@ def time_split(result: DecodeResult) -> dict[str, float]:
 
 
 class Throttle:
-    """Lets an update through only when rendering has taken at most ``UI_TIME_SHARE`` of the wall time lately."""
+    """Lets an update through at most every ``interval_s``, and only when rendering has taken at most
+    ``UI_TIME_SHARE`` of the wall time lately."""
 
-    def __init__(self):
+    def __init__(self, interval_s: float):
+        self.interval_s = interval_s
         self.last_end = float("-inf")
         self.last_cost = 0.0
 
     def due(self) -> bool:
-        wait = max(MIN_UPDATE_INTERVAL_S, self.last_cost * (1 - UI_TIME_SHARE) / UI_TIME_SHARE)
+        wait = max(self.interval_s, self.last_cost * (1 - UI_TIME_SHARE) / UI_TIME_SHARE)
         return time.perf_counter() - self.last_end >= wait
 
     @contextmanager
@@ -559,8 +568,8 @@ def run_chat(cache: ModelCache, message: str | None, history: list[dict] | None,
     if settings.race:
         runs[PLAIN] = decode(loaded.plain, prompt.ids, cfg)
     board = Board(loaded, past, text, settings.race, prompt.notice)
-    throttle = Throttle()
-    with throttle.rendering():
+    panels, text_only = Throttle(PANELS_INTERVAL_S), Throttle(TEXT_INTERVAL_S)
+    with panels.rendering():
         yield board.view(message="", notice=prompt.notice)
     with closing(race(runs)) as events:
         for run, event in events:
@@ -572,9 +581,12 @@ def run_chat(cache: ModelCache, message: str | None, history: list[dict] | None,
                 continue
             if settings.animate and run == SPECULATIVE and event.steps:
                 yield from animation(board, event, stop_requested)
-            if throttle.due():
-                with throttle.rendering():
+            if panels.due():
+                with panels.rendering():
                     yield board.view()
+            elif text_only.due():
+                with text_only.rendering():
+                    yield board.text_view()
     yield board.view(done=True)
 
 

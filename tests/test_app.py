@@ -297,8 +297,8 @@ def test_a_stop_request_ends_the_reply_with_what_was_decoded(cache, oracle_model
 
 
 def every_round(monkeypatch):
-    """Render after every round (no throttling)."""
-    monkeypatch.setattr(app, "MIN_UPDATE_INTERVAL_S", 0.0)
+    """Render the panels after every round (no throttling)."""
+    monkeypatch.setattr(app, "PANELS_INTERVAL_S", 0.0)
     monkeypatch.setattr(app, "UI_TIME_SHARE", 1.0)
 
 
@@ -338,15 +338,32 @@ def test_engine_runs_without_autograd_whichever_thread_resumes_it(config, oracle
 def test_throttle_keeps_rendering_under_its_share_of_wall_time(monkeypatch):
     clock = [100.0]
     monkeypatch.setattr(app.time, "perf_counter", lambda: clock[0])
-    throttle = app.Throttle()
+    throttle = app.Throttle(interval_s=0.5)
     assert throttle.due()
     with throttle.rendering():
-        clock[0] += 0.2  # a render that took 0.2 s
+        clock[0] += 0.001  # a cheap render: the interval governs
+    clock[0] += 0.49
+    assert not throttle.due()
+    clock[0] += 0.02
+    assert throttle.due()
+    with throttle.rendering():
+        clock[0] += 0.2  # an expensive render: the time share governs
     wait = 0.2 * (1 - app.UI_TIME_SHARE) / app.UI_TIME_SHARE
     clock[0] += wait - 0.01
     assert not throttle.due()
     clock[0] += 0.02
     assert throttle.due()
+
+
+def test_text_streams_between_panel_updates(cache, monkeypatch):
+    monkeypatch.setattr(app, "TEXT_INTERVAL_S", 0.0)
+    monkeypatch.setattr(app, "PANELS_INTERVAL_S", 3600.0)
+    views = list(app.run_chat(cache, "Once upon a time", [], settings(max_new_tokens=30)))
+    texts = [v for v in views[1:-1] if v.history is not None]
+    assert texts and all(v.accept is None and v.evolution is None for v in texts)  # no figures in between
+    replies = [v.history[-1]["content"] for v in texts] + [final(views).history[-1]["content"]]
+    assert all(b.startswith(a.rstrip("\ufffd")) for a, b in zip(replies, replies[1:]))  # each a prefix of the next
+    assert len(set(replies)) > 3
 
 
 # --- scrubbing and the log -----------------------------------------------------------------------------------------
