@@ -9,6 +9,7 @@ Skips when chromium or playwright is missing, unless XPRESS_REQUIRE_BROWSER=1 (C
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -95,7 +96,11 @@ def test_a_reply_streams_in_and_the_four_panels_draw_it(page, models):
     assert f"draft {app.DEFAULTS.drafts}" in evolution and f"draft {app.DEFAULTS.drafts + 1}" not in evolution
     assert f"τ = {expected.mean_accept_len:.2f}" in svg_text(page, "plot-accept")
     assert "tokens came from accepted drafts" in svg_text(page, "plot-provenance")
-    assert page.locator("#download-log").is_enabled()
+    with page.expect_download() as download:
+        page.click("#download-log")
+    records = [json.loads(line) for line in open(download.value.path())]
+    assert [r["round"] for r in records] == list(range(expected.rounds + 1))
+    assert [r["accept_len"] for r in records[1:]] == list(expected.accept_lens)
     screenshot(page, "browser-1-reply.png")
 
 
