@@ -86,7 +86,7 @@ HELP = {
     "drafts": "K candidate drafts per round, refined together and verified together as one token tree.",
     "block": "L tokens per draft: a round accepts at most L draft tokens, plus one token from the target.",
     "steps": "T denoise steps per round (1..L). T=1 fills the block in one drafter forward; "
-             "T=L commits one position per step, like autoregressive drafting.",
+             "T=L commits one position per step, like autoregressive drafting (which the AR drafter always does).",
     "temperature": "0 = greedy. Above 0 the target samples, and the output distribution is still exactly its own.",
     "top_p": "Nucleus cut-off, applied exactly as plain sampling applies it (only with temperature > 0).",
     "seed": "Same seed and settings give the same text, with or without the drafter.",
