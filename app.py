@@ -85,20 +85,30 @@ HELP = {
     "preset": "Target LM + drafter. Loaded on first use, then shared read-only by all users.",
     "drafts": "K candidate drafts per round, refined together and verified together as one token tree.",
     "block": "L tokens per draft: a round accepts at most L draft tokens, plus one token from the target.",
-    "steps": "T denoise steps per round (1..L). T=1 fills the block in one drafter forward; "
-             "T=L commits one position per step, like autoregressive drafting (which the AR drafter always does).",
+    "steps": (
+        "T denoise steps per round (1..L). T=1 fills the block in one drafter forward; "
+        "T=L commits one position per step, like autoregressive drafting (which the AR drafter always does)."
+    ),
     "temperature": "0 = greedy. Above 0 the target samples, and the output distribution is still exactly its own.",
     "top_p": "Nucleus cut-off, applied exactly as plain sampling applies it (only with temperature > 0).",
     "seed": "Same seed and settings give the same text, with or without the drafter.",
     "max_new_tokens": "Upper bound on the reply length, in tokens.",
-    "refine": "parallel: the K drafts share one batched drafter forward per step (about T forwards); "
-              "serial: one draft at a time (K x T forwards). Same drafts, different cost.",
-    "verify": "tree: drafts merged into a trie, checked in one target forward with a tree attention mask; "
-              "batch: K rows over copies of the cache (simpler, K x the memory).",
-    "race": "Also decode the request plainly (no drafter) and compare speeds. The two runs take turns; "
-            "each one's timings count only its own work.",
-    "animate": "Replay every round's denoise steps in the draft panel while generating. Slower to watch; "
-               "the timings shown exclude it.",
+    "refine": (
+        "parallel: the K drafts share one batched drafter forward per step (about T forwards); "
+        "serial: one draft at a time (K x T forwards). Same drafts, different cost."
+    ),
+    "verify": (
+        "tree: drafts merged into a trie, checked in one target forward with a tree attention mask; "
+        "batch: K rows over copies of the cache (simpler, K x the memory)."
+    ),
+    "race": (
+        "Also decode the request plainly (no drafter) and compare speeds. The two runs take turns; "
+        "each one's timings count only its own work."
+    ),
+    "animate": (
+        "Replay every round's denoise steps in the draft panel while generating. Slower to watch; "
+        "the timings shown exclude it."
+    ),
 }
 
 INTRO = """# xPress · speculative decoding with a diffusion drafter
@@ -139,8 +149,10 @@ class Preset:
 
 
 def unavailable(preset: Preset, problem: str) -> str:
-    return (f"Model preset “{preset.name}” is not available: {problem}. Choose another preset, or start the app with "
-            f"--target/--drafter (or {ENV['target']}/{ENV['drafter']}) pointing to your models.")
+    return (
+        f"Model preset “{preset.name}” is not available: {problem}. Choose another preset, or start the app with "
+        f"--target/--drafter (or {ENV['target']}/{ENV['drafter']}) pointing to your models."
+    )
 
 
 @dataclass(frozen=True)
@@ -271,9 +283,15 @@ class Settings:
             if not is_number(value):
                 raise XpressError(f"{name} must be a number, got {value!r}")
         return DecodeConfig(
-            drafts=int(self.drafts), steps=int(self.steps), block=int(self.block), temperature=float(self.temperature),
-            top_p=float(self.top_p), seed=int(self.seed), max_new_tokens=int(self.max_new_tokens),
-            refine=self.refine, verify=self.verify,
+            drafts=int(self.drafts),
+            steps=int(self.steps),
+            block=int(self.block),
+            temperature=float(self.temperature),
+            top_p=float(self.top_p),
+            seed=int(self.seed),
+            max_new_tokens=int(self.max_new_tokens),
+            refine=self.refine,
+            verify=self.verify,
         ).validate()
 
 
@@ -344,8 +362,9 @@ def cut_last_message(tokenizer, messages: list[dict[str, str]], budget: int):
 
     low, high = 1, len(text)  # invariant: the answer is in [low, high] once low fits
     if encoded(low).shape[1] > budget:
-        raise XpressError(f"the chat template alone does not fit the {budget} prompt tokens the target's context "
-                          "allows")
+        raise XpressError(
+            f"the chat template alone does not fit the {budget} prompt tokens the target's context allows"
+        )
     while low < high:
         mid = (low + high + 1) // 2
         if encoded(mid).shape[1] <= budget:
@@ -421,17 +440,25 @@ class Board:
         return self.loaded.speculative.tokenizer.decode(ids, skip_special_tokens=True)
 
     def reply(self) -> Reply:
-        return Reply(tuple(self.traces[SPECULATIVE]), tuple(self.traces[PLAIN]), self.results.get(SPECULATIVE),
-                     self.results.get(PLAIN), self.loaded.token_text)
+        return Reply(
+            tuple(self.traces[SPECULATIVE]),
+            tuple(self.traces[PLAIN]),
+            self.results.get(SPECULATIVE),
+            self.results.get(PLAIN),
+            self.loaded.token_text,
+        )
 
     def chat(self) -> list[dict]:
-        return self.history + [{"role": "user", "content": self.user_text},
-                               {"role": "assistant", "content": self.text(SPECULATIVE)}]
+        return self.history + [
+            {"role": "user", "content": self.user_text},
+            {"role": "assistant", "content": self.text(SPECULATIVE)},
+        ]
 
     def text_view(self) -> View:
         """The reply's text and status only: cheap enough to stream often."""
-        return View(history=self.chat(), status=self.status(), plain=self.text(PLAIN) if self.race else None,
-                    reply=self.reply())
+        return View(
+            history=self.chat(), status=self.status(), plain=self.text(PLAIN) if self.race else None, reply=self.reply()
+        )
 
     def view(self, done: bool = False, **extra) -> View:
         traces, plain = self.traces[SPECULATIVE], self.traces[PLAIN]
@@ -457,10 +484,12 @@ class Board:
         result = self.results.get(SPECULATIVE)
         if result is not None:
             split = " · ".join(f"{name} {share:.0%}" for name, share in time_split(result).items())
-            lines.append(f"✓ **{result.new_tokens} tokens in {result.rounds} rounds · "
-                         f"τ = {result.mean_accept_len:.2f} tokens/round · {result.tokens_per_s:.1f} tokens/s** "
-                         f"(engine time, rendering excluded: prefill {1000 * result.prefill_s:.0f} ms · {split}) "
-                         f"· stop: {result.stop_reason}")
+            lines.append(
+                f"✓ **{result.new_tokens} tokens in {result.rounds} rounds · "
+                f"τ = {result.mean_accept_len:.2f} tokens/round · {result.tokens_per_s:.1f} tokens/s** "
+                f"(engine time, rendering excluded: prefill {1000 * result.prefill_s:.0f} ms · {split}) "
+                f"· stop: {result.stop_reason}"
+            )
             if self.wall_s and not self.race:  # with Race the wall clock holds both runs
                 lines.append(f"Wall clock with the UI: {result.new_tokens / self.wall_s:.1f} tokens/s.")
         elif traces:
@@ -544,8 +573,13 @@ def never() -> bool:
     return False
 
 
-def run_chat(cache: ModelCache, message: str | None, history: list[dict] | None, settings: Settings,
-             stop_requested: Callable[[], bool] = never) -> Iterator[View]:
+def run_chat(
+    cache: ModelCache,
+    message: str | None,
+    history: list[dict] | None,
+    settings: Settings,
+    stop_requested: Callable[[], bool] = never,
+) -> Iterator[View]:
     """Answer one chat message: stream views while the engine decodes (and, with Race, plain decoding beside it).
 
     ``stop_requested`` is polled between rounds and animation frames; when it turns true the reply ends there, with a
@@ -562,8 +596,12 @@ def run_chat(cache: ModelCache, message: str | None, history: list[dict] | None,
         yield View(message="", status=f"Loading “{settings.preset}”…")
     loaded = cache.get(settings.preset)
     past = history_messages(history)
-    prompt = fit_prompt(loaded.speculative.tokenizer, past + [{"role": "user", "content": text}],
-                        context_limit(loaded.speculative.target), cfg.max_new_tokens)
+    prompt = fit_prompt(
+        loaded.speculative.tokenizer,
+        past + [{"role": "user", "content": text}],
+        context_limit(loaded.speculative.target),
+        cfg.max_new_tokens,
+    )
     runs = {SPECULATIVE: decode(loaded.speculative, prompt.ids, cfg)}
     if settings.race:
         runs[PLAIN] = decode(loaded.plain, prompt.ids, cfg)
@@ -661,49 +699,115 @@ def build_app(config: AppConfig, cache: ModelCache | None = None) -> gr.Blocks:
             with gr.Column(scale=3):
                 with gr.Row():
                     chatbot = gr.Chatbot(label="Chat", height=440, elem_id="chatbot", scale=3)
-                    plain_box = gr.Textbox(label="Race: plain decoding (no drafter)", lines=18, max_lines=18,
-                                           interactive=False, visible=DEFAULTS.race, elem_id="plain-reply", scale=2)
-                message = gr.Textbox(show_label=False, placeholder="Type a message and press Enter", lines=1,
-                                     max_lines=6, elem_id="message")
+                    plain_box = gr.Textbox(
+                        label="Race: plain decoding (no drafter)",
+                        lines=18,
+                        max_lines=18,
+                        interactive=False,
+                        visible=DEFAULTS.race,
+                        elem_id="plain-reply",
+                        scale=2,
+                    )
+                message = gr.Textbox(
+                    show_label=False,
+                    placeholder="Type a message and press Enter",
+                    lines=1,
+                    max_lines=6,
+                    elem_id="message",
+                )
                 with gr.Row():
                     send = gr.Button("Send", variant="primary", elem_id="send")
                     stop = gr.Button("Stop", variant="stop", elem_id="stop")
                     clear = gr.Button("Clear", elem_id="clear")
                 status = gr.Markdown(elem_id="status")
             with gr.Column(scale=2):
-                preset = gr.Dropdown(names, value=names[0], label="Model preset", info=HELP["preset"],
-                                     elem_id="preset")
+                preset = gr.Dropdown(names, value=names[0], label="Model preset", info=HELP["preset"], elem_id="preset")
                 preset_note = gr.Markdown(elem_id="preset-note")
-                drafts = gr.Slider(1, UI_MAX_DRAFTS, value=DEFAULTS.drafts, step=1, precision=0, label="Drafts K",
-                                   info=HELP["drafts"], elem_id="drafts")
-                block = gr.Slider(1, UI_MAX_BLOCK, value=DEFAULTS.block, step=1, precision=0, label="Block L",
-                                  info=HELP["block"], elem_id="block")
-                steps = gr.Slider(1, DEFAULTS.block, value=DEFAULTS.steps, step=1, precision=0,
-                                  label="Denoise steps T", info=HELP["steps"], elem_id="steps")
+                drafts = gr.Slider(
+                    1,
+                    UI_MAX_DRAFTS,
+                    value=DEFAULTS.drafts,
+                    step=1,
+                    precision=0,
+                    label="Drafts K",
+                    info=HELP["drafts"],
+                    elem_id="drafts",
+                )
+                block = gr.Slider(
+                    1,
+                    UI_MAX_BLOCK,
+                    value=DEFAULTS.block,
+                    step=1,
+                    precision=0,
+                    label="Block L",
+                    info=HELP["block"],
+                    elem_id="block",
+                )
+                steps = gr.Slider(
+                    1,
+                    DEFAULTS.block,
+                    value=DEFAULTS.steps,
+                    step=1,
+                    precision=0,
+                    label="Denoise steps T",
+                    info=HELP["steps"],
+                    elem_id="steps",
+                )
                 with gr.Row():
-                    temperature = gr.Slider(0.0, MAX_TEMPERATURE, value=DEFAULTS.temperature, step=0.05,
-                                            label="Temperature", info=HELP["temperature"], elem_id="temperature")
-                    top_p = gr.Slider(0.05, 1.0, value=DEFAULTS.top_p, step=0.05, label="Top-p", info=HELP["top_p"],
-                                      elem_id="top-p")
+                    temperature = gr.Slider(
+                        0.0,
+                        MAX_TEMPERATURE,
+                        value=DEFAULTS.temperature,
+                        step=0.05,
+                        label="Temperature",
+                        info=HELP["temperature"],
+                        elem_id="temperature",
+                    )
+                    top_p = gr.Slider(
+                        0.05, 1.0, value=DEFAULTS.top_p, step=0.05, label="Top-p", info=HELP["top_p"], elem_id="top-p"
+                    )
                 with gr.Row():
-                    seed = gr.Number(DEFAULTS.seed, precision=0, minimum=0, maximum=MAX_SEED, label="Seed",
-                                     info=HELP["seed"], elem_id="seed")
-                    max_new_tokens = gr.Slider(1, UI_MAX_NEW_TOKENS, value=DEFAULTS.max_new_tokens, step=1,
-                                               precision=0, label="Max new tokens", info=HELP["max_new_tokens"],
-                                               elem_id="max-new-tokens")
-                refine = gr.Radio(list(REFINE_MODES), value=DEFAULTS.refine, label="Refinement", info=HELP["refine"],
-                                  elem_id="refine")
-                verify = gr.Radio(list(VERIFY_MODES), value=DEFAULTS.verify, label="Verification",
-                                  info=HELP["verify"], elem_id="verify")
+                    seed = gr.Number(
+                        DEFAULTS.seed,
+                        precision=0,
+                        minimum=0,
+                        maximum=MAX_SEED,
+                        label="Seed",
+                        info=HELP["seed"],
+                        elem_id="seed",
+                    )
+                    max_new_tokens = gr.Slider(
+                        1,
+                        UI_MAX_NEW_TOKENS,
+                        value=DEFAULTS.max_new_tokens,
+                        step=1,
+                        precision=0,
+                        label="Max new tokens",
+                        info=HELP["max_new_tokens"],
+                        elem_id="max-new-tokens",
+                    )
+                refine = gr.Radio(
+                    list(REFINE_MODES), value=DEFAULTS.refine, label="Refinement", info=HELP["refine"], elem_id="refine"
+                )
+                verify = gr.Radio(
+                    list(VERIFY_MODES),
+                    value=DEFAULTS.verify,
+                    label="Verification",
+                    info=HELP["verify"],
+                    elem_id="verify",
+                )
                 with gr.Row():
-                    race_box = gr.Checkbox(DEFAULTS.race, label="Race plain decoding", info=HELP["race"],
-                                           elem_id="race")
-                    animate = gr.Checkbox(DEFAULTS.animate, label="Animate denoising", info=HELP["animate"],
-                                          elem_id="animate")
+                    race_box = gr.Checkbox(
+                        DEFAULTS.race, label="Race plain decoding", info=HELP["race"], elem_id="race"
+                    )
+                    animate = gr.Checkbox(
+                        DEFAULTS.animate, label="Animate denoising", info=HELP["animate"], elem_id="animate"
+                    )
         evolution = gr.Plot(empty["evolution"], label="Draft evolution", elem_id="plot-evolution")
         with gr.Row():
-            round_slider = gr.Slider(0, 1, value=1, step=1, precision=0, label="Round (0 = prefill)",
-                                     elem_id="round-slider")
+            round_slider = gr.Slider(
+                0, 1, value=1, step=1, precision=0, label="Round (0 = prefill)", elem_id="round-slider"
+            )
             step_slider = gr.Slider(1, 2, value=1, step=1, precision=0, label="Denoise step", elem_id="step-slider")
         with gr.Row():
             accept = gr.Plot(empty["accept"], label="Accepted length", elem_id="plot-accept")
@@ -713,27 +817,66 @@ def build_app(config: AppConfig, cache: ModelCache | None = None) -> gr.Blocks:
         with gr.Accordion("How to read the panels", open=False):
             gr.Markdown(PANEL_HELP)
 
-        outputs = [message, chatbot, status, plain_box, evolution, accept, latency, provenance, reply_state,
-                   round_slider, step_slider, download]
+        outputs = [
+            message,
+            chatbot,
+            status,
+            plain_box,
+            evolution,
+            accept,
+            latency,
+            provenance,
+            reply_state,
+            round_slider,
+            step_slider,
+            download,
+        ]
 
         def finished(reply: Reply) -> list:
             """Sliders spanning the reply's rounds and steps, and its log."""
-            return [gr.update(maximum=max(1, reply.rounds), value=reply.rounds),
-                    gr.update(maximum=max(2, reply.max_steps), value=reply.max_steps),  # a slider needs min < max
-                    gr.update(value=log_file(reply, log_dir))]
+            return [
+                gr.update(maximum=max(1, reply.rounds), value=reply.rounds),
+                gr.update(maximum=max(2, reply.max_steps), value=reply.max_steps),  # a slider needs min < max
+                gr.update(value=log_file(reply, log_dir)),
+            ]
 
         def render(view: View) -> list:
             if view.notice:
                 gr.Warning(view.notice)
-            fields = [view.message, view.history, view.status, view.plain, view.evolution, view.accept,
-                      view.latency, view.provenance, view.reply]
+            fields = [
+                view.message,
+                view.history,
+                view.status,
+                view.plain,
+                view.evolution,
+                view.accept,
+                view.latency,
+                view.provenance,
+                view.reply,
+            ]
             tail = finished(view.reply) if view.done and view.reply is not None else [gr.skip()] * 3
             return [gr.skip() if value is None else value for value in fields] + tail
 
-        def respond(message, history, preset, drafts, steps, block, temperature, top_p, seed, max_new_tokens, refine,
-                    verify, race, animate, controls: Controls):
-            settings = Settings(preset, drafts, steps, block, temperature, top_p, seed, max_new_tokens, refine,
-                                verify, race, animate)
+        def respond(
+            message,
+            history,
+            preset,
+            drafts,
+            steps,
+            block,
+            temperature,
+            top_p,
+            seed,
+            max_new_tokens,
+            refine,
+            verify,
+            race,
+            animate,
+            controls: Controls,
+        ):
+            settings = Settings(
+                preset, drafts, steps, block, temperature, top_p, seed, max_new_tokens, refine, verify, race, animate
+            )
             controls.running += 1
             try:
                 for view in chat_turn(cache, message, history, settings, lambda: controls.stop):
@@ -752,21 +895,59 @@ def build_app(config: AppConfig, cache: ModelCache | None = None) -> gr.Blocks:
         def cleared(controls: Controls) -> list:
             controls.stop = True
             controls.wait_idle(CLEAR_WAIT_S)  # its last update goes out before this one
-            return ["", [], "", "", empty["evolution"], empty["accept"], empty["latency"], empty["provenance"], None,
-                    gr.update(maximum=1, value=1), gr.update(maximum=2, value=1), gr.update(value=None)]
+            return [
+                "",
+                [],
+                "",
+                "",
+                empty["evolution"],
+                empty["accept"],
+                empty["latency"],
+                empty["provenance"],
+                None,
+                gr.update(maximum=1, value=1),
+                gr.update(maximum=2, value=1),
+                gr.update(value=None),
+            ]
 
-        inputs = [message, chatbot, preset, drafts, steps, block, temperature, top_p, seed, max_new_tokens, refine,
-                  verify, race_box, animate, controls]
+        inputs = [
+            message,
+            chatbot,
+            preset,
+            drafts,
+            steps,
+            block,
+            temperature,
+            top_p,
+            seed,
+            max_new_tokens,
+            refine,
+            verify,
+            race_box,
+            animate,
+            controls,
+        ]
         chat_event = gr.on([message.submit, send.click], arm, controls, None, queue=False, api_visibility="private")
         chat_event.then(respond, inputs, outputs, api_name="chat", show_progress="minimal")
         stop.click(request_stop, controls, None, queue=False, api_visibility="private")
         clear.click(cleared, controls, outputs, queue=False, api_visibility="private")
         for slider in (round_slider, step_slider):
-            slider.input(scrub_figure, [reply_state, round_slider, step_slider], evolution,
-                         trigger_mode="always_last", concurrency_limit=None, show_progress="hidden",
-                         api_visibility="private")
-        block.change(lambda length, t: gr.update(maximum=length, value=min(t, length)), [block, steps], steps,
-                     queue=False, api_visibility="private")
+            slider.input(
+                scrub_figure,
+                [reply_state, round_slider, step_slider],
+                evolution,
+                trigger_mode="always_last",
+                concurrency_limit=None,
+                show_progress="hidden",
+                api_visibility="private",
+            )
+        block.change(
+            lambda length, t: gr.update(maximum=length, value=min(t, length)),
+            [block, steps],
+            steps,
+            queue=False,
+            api_visibility="private",
+        )
         race_box.change(lambda on: gr.update(visible=on), race_box, plain_box, queue=False, api_visibility="private")
         preset.change(cache.describe, preset, preset_note, queue=False, api_visibility="private")
         demo.load(cache.describe, preset, preset_note, queue=False, api_visibility="private")
@@ -777,16 +958,30 @@ def build_app(config: AppConfig, cache: ModelCache | None = None) -> gr.Blocks:
 def parse_args(argv: list[str] | None = None) -> AppConfig:
     env = os.environ
     parser = argparse.ArgumentParser(description="xPress: the speculative decoding app (Gradio).")
-    parser.add_argument("--target", default=env.get(ENV["target"]),
-                        help=f"target of a custom preset: local directory or Hub id (env {ENV['target']})")
-    parser.add_argument("--drafter", default=env.get(ENV["drafter"]),
-                        help=f"drafter of the custom preset: directory, Hub id or 'none' (env {ENV['drafter']})")
-    parser.add_argument("--device", default=env.get(ENV["device"], "auto"),
-                        help=f"auto, cpu, cuda (env {ENV['device']})")
-    parser.add_argument("--dtype", default=env.get(ENV["dtype"], "auto"),
-                        help=f"auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16 (env {ENV['dtype']})")
-    parser.add_argument("--concurrency", type=int, default=int(env.get(ENV["concurrency"], DEFAULT_CONCURRENCY)),
-                        help=f"requests decoded at the same time (env {ENV['concurrency']})")
+    parser.add_argument(
+        "--target",
+        default=env.get(ENV["target"]),
+        help=f"target of a custom preset: local directory or Hub id (env {ENV['target']})",
+    )
+    parser.add_argument(
+        "--drafter",
+        default=env.get(ENV["drafter"]),
+        help=f"drafter of the custom preset: directory, Hub id or 'none' (env {ENV['drafter']})",
+    )
+    parser.add_argument(
+        "--device", default=env.get(ENV["device"], "auto"), help=f"auto, cpu, cuda (env {ENV['device']})"
+    )
+    parser.add_argument(
+        "--dtype",
+        default=env.get(ENV["dtype"], "auto"),
+        help=f"auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16 (env {ENV['dtype']})",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=int(env.get(ENV["concurrency"], DEFAULT_CONCURRENCY)),
+        help=f"requests decoded at the same time (env {ENV['concurrency']})",
+    )
     args = parser.parse_args(argv)
     if args.concurrency < 1:
         parser.error("--concurrency must be at least 1")
@@ -803,8 +998,11 @@ def main(argv: list[str] | None = None) -> None:
         except XpressError as error:
             print(f"xPress: {error}", file=sys.stderr)  # the page says it again when the preset is used
     demo = build_app(config, cache)
-    demo.launch(server_name=os.environ.get("GRADIO_SERVER_NAME", DEFAULT_HOST),
-                server_port=int(os.environ.get("GRADIO_SERVER_PORT", DEFAULT_PORT)), share=False)
+    demo.launch(
+        server_name=os.environ.get("GRADIO_SERVER_NAME", DEFAULT_HOST),
+        server_port=int(os.environ.get("GRADIO_SERVER_PORT", DEFAULT_PORT)),
+        share=False,
+    )
 
 
 if __name__ == "__main__":

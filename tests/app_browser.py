@@ -34,7 +34,7 @@ def wait_done(page) -> re.Match:
 
 def start_fresh(page) -> None:
     page.click("#clear")
-    page.wait_for_function(f"document.querySelectorAll(\"{BOT}\").length === 0")
+    page.wait_for_function(f'document.querySelectorAll("{BOT}").length === 0')
 
 
 def set_checkbox(page, elem_id: str, on: bool) -> None:
@@ -56,8 +56,9 @@ def send(page, message: str) -> None:
 
 
 def svg_text(page, elem_id: str) -> str:
-    return page.eval_on_selector(f"#{elem_id}", "e => Array.from(e.querySelectorAll('svg text')).map(t => "
-                                                "t.textContent).join(' | ')")
+    return page.eval_on_selector(
+        f"#{elem_id}", "e => Array.from(e.querySelectorAll('svg text')).map(t => t.textContent).join(' | ')"
+    )
 
 
 def open_app(playwright, url: str):

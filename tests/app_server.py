@@ -8,9 +8,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
 OUTPUT = ROOT / "test-output"  # screenshots and server logs (gitignored)
@@ -33,23 +33,29 @@ def serve_app(env: dict[str, str], name: str) -> Iterator[str]:
     """Start ``python app.py`` with ``env`` on a free port; yield its URL; stop it. Its output goes to test-output/."""
     port = free_port()
     OUTPUT.mkdir(exist_ok=True)
-    log = open(OUTPUT / f"{name}.log", "w")
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "GRADIO_ANALYTICS_ENABLED": "False",
-                "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port), **env}
-    process = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=full_env, stdout=log,
-                               stderr=subprocess.STDOUT)
+    full_env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "GRADIO_ANALYTICS_ENABLED": "False",
+        "GRADIO_SERVER_NAME": "127.0.0.1",
+        "GRADIO_SERVER_PORT": str(port),
+        **env,
+    }
     url = f"http://127.0.0.1:{port}/"
-    try:
-        wait_until_serving(url, process)
-        yield url
-    finally:
-        process.terminate()
+    with open(OUTPUT / f"{name}.log", "w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "app.py"], cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT
+        )
         try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
+            wait_until_serving(url, process)
+            yield url
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
 
 def wait_until_serving(url: str, process: subprocess.Popen) -> None:

@@ -30,18 +30,49 @@ WALL = re.compile(r"Wall clock with the UI: ([\d.]+) tokens/s")
 
 
 def cli_tokens_per_s(target: str, drafter: str, settings: dict) -> float:
-    command = [sys.executable, "-m", "xpress_core", "generate", "--prompt", PROMPT, "--chat", "--target", target,
-               "--drafter", drafter, "--device", "cpu", "--json",
-               "-K", str(settings["drafts"]), "-T", str(settings["steps"]), "-L", str(settings["block"]),
-               "--max-new-tokens", str(settings["max_new_tokens"])]
+    command = [
+        sys.executable,
+        "-m",
+        "xpress_core",
+        "generate",
+        "--prompt",
+        PROMPT,
+        "--chat",
+        "--target",
+        target,
+        "--drafter",
+        drafter,
+        "--device",
+        "cpu",
+        "--json",
+        "-K",
+        str(settings["drafts"]),
+        "-T",
+        str(settings["steps"]),
+        "-L",
+        str(settings["block"]),
+        "--max-new-tokens",
+        str(settings["max_new_tokens"]),
+    ]
     out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)["tokens_per_s"]
 
 
 def app_tokens_per_s(client: Client, settings: dict) -> tuple[float, float]:
-    outputs = client.predict(api_name="/chat", message=PROMPT, history=[], preset=app.CUSTOM_PRESET,
-                             temperature=0.0, top_p=1.0, seed=0, refine="parallel", verify="tree", race=False,
-                             animate=False, **settings)
+    outputs = client.predict(
+        api_name="/chat",
+        message=PROMPT,
+        history=[],
+        preset=app.CUSTOM_PRESET,
+        temperature=0.0,
+        top_p=1.0,
+        seed=0,
+        refine="parallel",
+        verify="tree",
+        race=False,
+        animate=False,
+        **settings,
+    )
     status = outputs[2]
     return float(ENGINE.search(status)[1]), float(WALL.search(status)[1])
 
@@ -61,7 +92,7 @@ def main() -> None:
 
         zoo = build_tiny_zoo(Path(tempfile.mkdtemp(prefix="xpress-speed-")))
         args.target, args.drafter = str(zoo["llama"]), str(zoo["drafter_llama"])
-    settings = dict(drafts=args.K, steps=args.T, block=args.L, max_new_tokens=args.max_new_tokens)
+    settings = {"drafts": args.K, "steps": args.T, "block": args.L, "max_new_tokens": args.max_new_tokens}
     env = {"XPRESS_TARGET": args.target, "XPRESS_DRAFTER": args.drafter, "XPRESS_DEVICE": "cpu"}
     cli, engine, wall = [], [], []
     with serve_app(env, "app-speed") as url:

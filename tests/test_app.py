@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import inspect
+import itertools
 import json
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,11 +24,14 @@ TINY, TINY_AR, MISSING = "tiny · diffusion", "tiny · autoregressive", "missing
 
 @pytest.fixture(scope="module")
 def config(zoo):
-    return app.AppConfig(presets=(
-        app.Preset(TINY, str(zoo["llama"]), str(zoo["drafter_llama"])),
-        app.Preset(TINY_AR, str(zoo["llama"]), str(zoo["ar_drafter"])),
-        app.Preset(MISSING, "/nonexistent/xpress-target", "none"),
-    ), device="cpu")
+    return app.AppConfig(
+        presets=(
+            app.Preset(TINY, str(zoo["llama"]), str(zoo["drafter_llama"])),
+            app.Preset(TINY_AR, str(zoo["llama"]), str(zoo["ar_drafter"])),
+            app.Preset(MISSING, "/nonexistent/xpress-target", "none"),
+        ),
+        device="cpu",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +42,10 @@ def cache(config):
 @pytest.fixture(scope="module")
 def oracle_models(zoo):
     """Models loaded apart from the app's cache, for the engine run directly."""
-    return {TINY: load_models(zoo["llama"], zoo["drafter_llama"], device="cpu"),
-            TINY_AR: load_models(zoo["llama"], zoo["ar_drafter"], device="cpu")}
+    return {
+        TINY: load_models(zoo["llama"], zoo["drafter_llama"], device="cpu"),
+        TINY_AR: load_models(zoo["llama"], zoo["ar_drafter"], device="cpu"),
+    }
 
 
 @pytest.fixture(autouse=True)
@@ -66,7 +73,7 @@ def engine_run(models: Models, messages, cfg: DecodeConfig):
 
 
 def settings(**changes) -> app.Settings:
-    base = dict(preset=TINY, drafts=3, steps=2, block=4, max_new_tokens=24)
+    base = {"preset": TINY, "drafts": 3, "steps": 2, "block": 4, "max_new_tokens": 24}
     return app.Settings(**{**base, **changes})
 
 
@@ -76,10 +83,10 @@ def final(views: list[app.View]) -> app.View:
 
 
 CASES = [
-    dict(),
-    dict(temperature=0.9, top_p=0.9, seed=7),
-    dict(temperature=1.0, seed=123, drafts=2, block=8, steps=8, refine="serial", verify="batch"),
-    dict(preset=TINY_AR, drafts=2, block=5, steps=1, temperature=0.7, seed=3),
+    {},
+    {"temperature": 0.9, "top_p": 0.9, "seed": 7},
+    {"temperature": 1.0, "seed": 123, "drafts": 2, "block": 8, "steps": 8, "refine": "serial", "verify": "batch"},
+    {"preset": TINY_AR, "drafts": 2, "block": 5, "steps": 1, "temperature": 0.7, "seed": 3},
 ]
 
 
@@ -87,11 +94,14 @@ CASES = [
 def test_reply_is_what_the_engine_writes(cache, oracle_models, changes):
     chosen = settings(**changes)
     views = list(app.run_chat(cache, "  I want to book a table  ", [], chosen))
-    traces, result = engine_run(oracle_models[chosen.preset], [{"role": "user", "content": "I want to book a table"}],
-                                chosen.decode_config())
+    traces, result = engine_run(
+        oracle_models[chosen.preset], [{"role": "user", "content": "I want to book a table"}], chosen.decode_config()
+    )
     last = final(views)
-    assert last.history == [{"role": "user", "content": "I want to book a table"},
-                            {"role": "assistant", "content": result.text}]
+    assert last.history == [
+        {"role": "user", "content": "I want to book a table"},
+        {"role": "assistant", "content": result.text},
+    ]
     assert last.reply.result.token_ids == result.token_ids
     assert [t.emitted for t in last.reply.traces] == [t.emitted for t in traces]
     assert [t.accepted for t in last.reply.traces] == [t.accepted for t in traces]
@@ -101,11 +111,16 @@ def test_reply_is_what_the_engine_writes(cache, oracle_models, changes):
 
 def test_multi_turn_history_goes_through_the_chat_template(cache, oracle_models, recorded):
     # Gradio 6 sends content as a list of parts.
-    history = [{"role": "user", "content": [{"type": "text", "text": "Find me a flight"}]},
-               {"role": "assistant", "content": [{"type": "text", "text": "Where to?"}]}]
+    history = [
+        {"role": "user", "content": [{"type": "text", "text": "Find me a flight"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "Where to?"}]},
+    ]
     views = list(app.run_chat(cache, "To Chicago", history, settings()))
-    messages = [{"role": "user", "content": "Find me a flight"}, {"role": "assistant", "content": "Where to?"},
-                {"role": "user", "content": "To Chicago"}]
+    messages = [
+        {"role": "user", "content": "Find me a flight"},
+        {"role": "assistant", "content": "Where to?"},
+        {"role": "user", "content": "To Chicago"},
+    ]
     tokenizer = oracle_models[TINY].tokenizer
     assert recorded[0].tolist() == encode_prompt(tokenizer, messages, chat=True).tolist()
     _, result = engine_run(oracle_models[TINY], messages, settings().decode_config())
@@ -123,25 +138,28 @@ def test_race_decodes_plainly_beside_with_the_same_tokens(cache, oracle_models):
     assert {t.name for t in last.latency.data} >= {"speculative tokens/s", "plain tokens/s"}
 
 
-@pytest.mark.parametrize("changes,expected", [
-    (dict(drafts=9), "drafts K"),
-    (dict(drafts=2.5), "drafts K"),
-    (dict(drafts=True), "drafts K"),
-    (dict(drafts=float("nan")), "drafts K"),
-    (dict(block=0), "block L"),
-    (dict(block=17), "block L"),
-    (dict(steps=5, block=4), "denoise steps T"),
-    (dict(max_new_tokens=0), "max new tokens"),
-    (dict(max_new_tokens=10**6), "max new tokens"),
-    (dict(seed=-1), "seed"),
-    (dict(seed=None), "seed"),
-    (dict(temperature=-0.5), "temperature"),
-    (dict(temperature="hot"), "temperature"),
-    (dict(top_p=0.0), "top-p"),
-    (dict(top_p=float("nan")), "top-p"),
-    (dict(refine="sideways"), "refine"),
-    (dict(verify="maybe"), "verify"),
-])
+@pytest.mark.parametrize(
+    "changes,expected",
+    [
+        ({"drafts": 9}, "drafts K"),
+        ({"drafts": 2.5}, "drafts K"),
+        ({"drafts": True}, "drafts K"),
+        ({"drafts": float("nan")}, "drafts K"),
+        ({"block": 0}, "block L"),
+        ({"block": 17}, "block L"),
+        ({"steps": 5, "block": 4}, "denoise steps T"),
+        ({"max_new_tokens": 0}, "max new tokens"),
+        ({"max_new_tokens": 10**6}, "max new tokens"),
+        ({"seed": -1}, "seed"),
+        ({"seed": None}, "seed"),
+        ({"temperature": -0.5}, "temperature"),
+        ({"temperature": "hot"}, "temperature"),
+        ({"top_p": 0.0}, "top-p"),
+        ({"top_p": float("nan")}, "top-p"),
+        ({"refine": "sideways"}, "refine"),
+        ({"verify": "maybe"}, "verify"),
+    ],
+)
 def test_out_of_range_settings_are_refused_with_a_message(cache, changes, expected):
     with pytest.raises(XpressError, match=expected):
         list(app.run_chat(cache, "hello", [], settings(**changes)))
@@ -200,15 +218,17 @@ def length(tokenizer, messages) -> int:
 def test_long_history_loses_its_oldest_turns_first(tokenizer):
     turns = []
     for i in range(12):
-        turns += [{"role": "user", "content": f"Question {i}: please book a table for {i} people tonight."},
-                  {"role": "assistant", "content": f"Answer {i}: what time would you like to book?"}]
+        turns += [
+            {"role": "user", "content": f"Question {i}: please book a table for {i} people tonight."},
+            {"role": "assistant", "content": f"Answer {i}: what time would you like to book?"},
+        ]
     messages = turns + [{"role": "user", "content": "And one more for tomorrow."}]
     limit, max_new = 200, 64
     budget = limit - max_new
     prompt = app.fit_prompt(tokenizer, messages, limit, max_new)
     kept = next(messages[i:] for i in range(0, len(messages), 2) if length(tokenizer, messages[i:]) <= budget)
     assert prompt.ids.tolist() == encode_prompt(tokenizer, kept, chat=True).tolist()
-    assert prompt.ids.shape[1] <= budget < length(tokenizer, messages[len(messages) - len(kept) - 2:])
+    assert prompt.ids.shape[1] <= budget < length(tokenizer, messages[len(messages) - len(kept) - 2 :])
     assert f"the {len(messages) - len(kept)} oldest messages were left out" in prompt.notice
 
 
@@ -221,7 +241,7 @@ def test_long_message_keeps_its_end(tokenizer):
     kept = decoded.strip()
     assert text.endswith(kept) and len(kept) < len(text)
     assert prompt.ids.shape[1] <= budget
-    assert length(tokenizer, [{"role": "user", "content": text[-(len(kept) + 1):]}]) > budget  # the longest that fits
+    assert length(tokenizer, [{"role": "user", "content": text[-(len(kept) + 1) :]}]) > budget  # the longest that fits
     assert f"cut to its last {len(kept)} characters" in prompt.notice
 
 
@@ -241,7 +261,7 @@ def test_very_long_message_is_answered_with_a_visible_notice(cache, oracle_model
     kept = models.tokenizer.decode(prompt[0], skip_special_tokens=True).strip()
     budget = 512 - 24  # the tiny target's context minus the reply's room
     assert text.endswith(kept) and prompt.shape[1] <= budget
-    assert length(models.tokenizer, [{"role": "user", "content": text[-(len(kept) + 1):]}]) > budget
+    assert length(models.tokenizer, [{"role": "user", "content": text[-(len(kept) + 1) :]}]) > budget
     result = list(decode(models, prompt, settings().decode_config()))[-1]
     assert final(views).reply.result.token_ids == result.token_ids
 
@@ -252,8 +272,9 @@ def test_very_long_message_is_answered_with_a_visible_notice(cache, oracle_model
 def test_animation_streams_every_denoise_step(cache, oracle_models):
     chosen = settings(animate=True, steps=3, block=6, max_new_tokens=12)
     views = list(app.run_chat(cache, "Once upon a time", [], chosen))
-    traces, _ = engine_run(oracle_models[TINY], [{"role": "user", "content": "Once upon a time"}],
-                           chosen.decode_config())
+    traces, _ = engine_run(
+        oracle_models[TINY], [{"role": "user", "content": "Once upon a time"}], chosen.decode_config()
+    )
     frames = [v.evolution.layout.title.text for v in views if v.evolution is not None and v.accept is None]
     expected = [f"round {t.index} · denoise step {s + 1}/3" for t in traces[1:] for s in range(3)]
     assert [next(e for e in expected if e in f) for f in frames] == expected
@@ -286,8 +307,11 @@ def test_a_stop_request_ends_the_reply_with_what_was_decoded(cache, oracle_model
     requested[0] = True  # the Stop button
     rest = list(chat)
     last = final(rest)
-    _, full = engine_run(oracle_models[TINY], [{"role": "user", "content": "Once upon a time"}],
-                         settings(max_new_tokens=200).decode_config())
+    _, full = engine_run(
+        oracle_models[TINY],
+        [{"role": "user", "content": "Once upon a time"}],
+        settings(max_new_tokens=200).decode_config(),
+    )
     partial = [token for t in last.reply.traces for token in t.emitted]
     assert last.reply.result is None and 0 < len(partial) < full.new_tokens
     assert tuple(partial) == full.token_ids[: len(partial)]
@@ -324,8 +348,11 @@ def next_on_a_new_thread(chat):
 def test_engine_runs_without_autograd_whichever_thread_resumes_it(config, oracle_models, monkeypatch):
     spy = GradSpy()
     models = oracle_models[TINY]
-    loaded = app.Loaded(Models(models.target, models.tokenizer, spy),
-                        Models(models.target, models.tokenizer, NoDrafter()), app.TokenTexts(models.tokenizer))
+    loaded = app.Loaded(
+        Models(models.target, models.tokenizer, spy),
+        Models(models.target, models.tokenizer, NoDrafter()),
+        app.TokenTexts(models.tokenizer),
+    )
     spy_cache = app.ModelCache(config)
     monkeypatch.setattr(spy_cache, "get", lambda name: loaded)
     every_round(monkeypatch)
@@ -362,7 +389,7 @@ def test_text_streams_between_panel_updates(cache, monkeypatch):
     texts = [v for v in views[1:-1] if v.history is not None]
     assert texts and all(v.accept is None and v.evolution is None for v in texts)  # no figures in between
     replies = [v.history[-1]["content"] for v in texts] + [final(views).history[-1]["content"]]
-    assert all(b.startswith(a.rstrip("\ufffd")) for a, b in zip(replies, replies[1:]))  # each a prefix of the next
+    assert all(b.startswith(a.rstrip("\ufffd")) for a, b in itertools.pairwise(replies))  # each a prefix of the next
     assert len(set(replies)) > 3
 
 
@@ -372,14 +399,15 @@ def test_text_streams_between_panel_updates(cache, monkeypatch):
 def test_scrubbing_and_the_jsonl_log_follow_the_reply(cache, oracle_models, tmp_path):
     chosen = settings(steps=2, block=4, max_new_tokens=20)
     reply = final(list(app.run_chat(cache, "I want to book a table", [], chosen))).reply
-    traces, result = engine_run(oracle_models[TINY], [{"role": "user", "content": "I want to book a table"}],
-                                chosen.decode_config())
+    traces, result = engine_run(
+        oracle_models[TINY], [{"role": "user", "content": "I want to book a table"}], chosen.decode_config()
+    )
     assert reply.rounds == result.rounds and reply.max_steps == 2
     title = app.scrub_figure(reply, 2, 1).layout.title.text
     assert "round 2 · denoise step 1/2" in title
     assert "prefill" in app.scrub_figure(reply, 0, 1).layout.annotations[0].text
     assert "Send a message first" in app.scrub_figure(None, 1, 1).layout.annotations[0].text
-    records = [json.loads(line) for line in open(app.log_file(reply, tmp_path))]
+    records = [json.loads(line) for line in Path(app.log_file(reply, tmp_path)).read_text().splitlines()]
     assert [r["round"] for r in records] == list(range(result.rounds + 1))
     assert [r["emitted_tokens"] for r in records] == [list(t.emitted) for t in traces]
     assert [r["accept_len"] for r in records[1:]] == list(result.accept_lens)

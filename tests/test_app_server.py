@@ -35,15 +35,37 @@ def models(zoo):
 
 def request(message: str, **changes) -> dict:
     """The chat endpoint's arguments: the app's defaults on the custom (tiny) preset, with ``changes``."""
-    base = dict(message=message, history=[], preset=app.CUSTOM_PRESET, drafts=3, steps=2, block=4, temperature=0.0,
-                top_p=1.0, seed=0, max_new_tokens=32, refine="parallel", verify="tree", race=False, animate=False)
+    base = {
+        "message": message,
+        "history": [],
+        "preset": app.CUSTOM_PRESET,
+        "drafts": 3,
+        "steps": 2,
+        "block": 4,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "seed": 0,
+        "max_new_tokens": 32,
+        "refine": "parallel",
+        "verify": "tree",
+        "race": False,
+        "animate": False,
+    }
     return {**base, **changes}
 
 
 def config_of(args: dict) -> DecodeConfig:
-    return DecodeConfig(drafts=args["drafts"], steps=args["steps"], block=args["block"],
-                        temperature=args["temperature"], top_p=args["top_p"], seed=args["seed"],
-                        max_new_tokens=args["max_new_tokens"], refine=args["refine"], verify=args["verify"])
+    return DecodeConfig(
+        drafts=args["drafts"],
+        steps=args["steps"],
+        block=args["block"],
+        temperature=args["temperature"],
+        top_p=args["top_p"],
+        seed=args["seed"],
+        max_new_tokens=args["max_new_tokens"],
+        refine=args["refine"],
+        verify=args["verify"],
+    )
 
 
 def engine_text(models, args: dict) -> str:
@@ -90,12 +112,15 @@ def test_four_concurrent_clients_get_their_own_correct_replies(server, models):
     assert all("✓" in status_of(o) for o in outputs)
 
 
-@pytest.mark.parametrize("changes,message", [
-    (dict(drafts=20), "greater than maximum value 8"),  # beyond the slider: Gradio refuses it before the handler
-    (dict(steps=8, block=4), "denoise steps T must be in 1..L=4"),
-    (dict(refine="sideways"), "sideways"),
-    (dict(preset="No such preset"), "No such preset"),
-])
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        ({"drafts": 20}, "greater than maximum value 8"),  # beyond the slider: Gradio refuses it before the handler
+        ({"steps": 8, "block": 4}, "denoise steps T must be in 1..L=4"),
+        ({"refine": "sideways"}, "sideways"),
+        ({"preset": "No such preset"}, "No such preset"),
+    ],
+)
 def test_bad_settings_are_refused_clearly_and_the_app_keeps_serving(server, models, changes, message):
     client = Client(server, verbose=False)
     with pytest.raises(AppError) as refused:

@@ -60,8 +60,18 @@ def models(zoo):
 
 def engine_result(models, message: str, **changes):
     d = app.DEFAULTS
-    cfg = DecodeConfig(**{**dict(drafts=d.drafts, steps=d.steps, block=d.block, temperature=d.temperature,
-                                 top_p=d.top_p, seed=d.seed, max_new_tokens=d.max_new_tokens), **changes})
+    cfg = DecodeConfig(
+        **{
+            "drafts": d.drafts,
+            "steps": d.steps,
+            "block": d.block,
+            "temperature": d.temperature,
+            "top_p": d.top_p,
+            "seed": d.seed,
+            "max_new_tokens": d.max_new_tokens,
+            **changes,
+        }
+    )
     return list(decode(models, encode_prompt(models.tokenizer, message, chat=True), cfg))[-1]
 
 
@@ -84,8 +94,11 @@ def test_a_reply_streams_in_and_the_four_panels_draw_it(page, models):
     send(page, "I want to book a table")
     done = wait_done(page)
     expected = engine_result(models, "I want to book a table", max_new_tokens=12)
-    assert done and (int(done[1]), int(done[2]), done[3]) == (expected.new_tokens, expected.rounds,
-                                                            f"{expected.mean_accept_len:.2f}")
+    assert done and (int(done[1]), int(done[2]), done[3]) == (
+        expected.new_tokens,
+        expected.rounds,
+        f"{expected.mean_accept_len:.2f}",
+    )
     lengths = [n for n in page.evaluate("window.replyLengths") if n > 0]
     assert len(set(lengths)) >= 3, f"the reply did not stream: lengths seen {lengths}"
     assert page.input_value("#message textarea") == ""
@@ -98,7 +111,7 @@ def test_a_reply_streams_in_and_the_four_panels_draw_it(page, models):
     assert "tokens came from accepted drafts" in svg_text(page, "plot-provenance")
     with page.expect_download() as download:
         page.click("#download-log")
-    records = [json.loads(line) for line in open(download.value.path())]
+    records = [json.loads(line) for line in download.value.path().read_text().splitlines()]
     assert [r["round"] for r in records] == list(range(expected.rounds + 1))
     assert [r["accept_len"] for r in records[1:]] == list(expected.accept_lens)
     screenshot(page, "browser-1-reply.png")
@@ -137,8 +150,9 @@ def test_more_drafts_and_a_race_then_scrubbing_the_rounds(page, models):
     steps = page.locator("#step-slider input[type=range]")
     steps.focus()
     steps.press("Home")
-    page.wait_for_function("document.querySelector('#plot-evolution').textContent.includes('round 1 · denoise step "
-                           "1/2')")
+    page.wait_for_function(
+        "document.querySelector('#plot-evolution').textContent.includes('round 1 · denoise step 1/2')"
+    )
     assert "MASK" in svg_text(page, "plot-evolution")  # half the block is still masked after step 1 of 2
     set_checkbox(page, "race", False)
 
@@ -163,7 +177,7 @@ def test_stop_midway_keeps_the_partial_reply_and_clear_empties_the_chat(page, mo
     set_checkbox(page, "animate", False)
     set_number(page, "max-new-tokens", 16)
     send(page, "hello")
-    page.wait_for_function(f"document.querySelectorAll(\"{BOT}\").length === 2")
+    page.wait_for_function(f'document.querySelectorAll("{BOT}").length === 2')
     done = wait_done(page)
     assert int(done[1]) >= 1
 
@@ -171,6 +185,6 @@ def test_stop_midway_keeps_the_partial_reply_and_clear_empties_the_chat(page, mo
     send(page, "Once upon a time")
     page.wait_for_function("/… round ([2-9]|\\d\\d)/.test(document.querySelector('#status').innerText)")
     page.click("#clear")
-    page.wait_for_function(f"document.querySelectorAll(\"{BOT}\").length === 0")
+    page.wait_for_function(f'document.querySelectorAll("{BOT}").length === 0')
     page.wait_for_timeout(1500)
     assert page.locator(BOT).count() == 0 and status(page) == "", "a late update came back after Clear"

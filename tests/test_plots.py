@@ -21,19 +21,50 @@ def token_text(token: int) -> str:
     return f"t{token}"
 
 
-def round_trace(index=1, steps=(), drafts=(), draft_accept_lens=(), accepted=(), emitted=(7,), draft_s=0.001,
-                verify_s=0.002, other_s=0.0005, new_tokens_total=1, elapsed_s=0.01) -> RoundTrace:
-    return RoundTrace(index=index, steps=steps, drafts=drafts, tree_tokens=(), tree_parents=(),
-                      draft_accept_lens=draft_accept_lens, accepted=accepted, emitted=emitted, draft_s=draft_s,
-                      verify_s=verify_s, other_s=other_s, new_tokens_total=new_tokens_total, elapsed_s=elapsed_s,
-                      peak_mem_mb=1.0, cache_len=0, draft_context_len=0)
+def round_trace(
+    index=1,
+    steps=(),
+    drafts=(),
+    draft_accept_lens=(),
+    accepted=(),
+    emitted=(7,),
+    draft_s=0.001,
+    verify_s=0.002,
+    other_s=0.0005,
+    new_tokens_total=1,
+    elapsed_s=0.01,
+) -> RoundTrace:
+    return RoundTrace(
+        index=index,
+        steps=steps,
+        drafts=drafts,
+        tree_tokens=(),
+        tree_parents=(),
+        draft_accept_lens=draft_accept_lens,
+        accepted=accepted,
+        emitted=emitted,
+        draft_s=draft_s,
+        verify_s=verify_s,
+        other_s=other_s,
+        new_tokens_total=new_tokens_total,
+        elapsed_s=elapsed_s,
+        peak_mem_mb=1.0,
+        cache_len=0,
+        draft_context_len=0,
+    )
 
 
 # K=2 drafts, L=3, T=2 steps. Draft 1 is accepted for 2 tokens, draft 2 for none; the target then adds token 11.
 STEP_1 = DenoiseStep(tokens=((5, MASKED, MASKED), (6, MASKED, 9)), confidence=((0.9, 0.0, 0.0), (0.4, 0.0, 0.7)))
 STEP_2 = DenoiseStep(tokens=((5, 7, 8), (6, 3, 9)), confidence=((0.9, 0.8, 0.2), (0.4, 0.3, 0.7)))
-ROUND = round_trace(steps=(STEP_1, STEP_2), drafts=STEP_2.tokens, draft_accept_lens=(2, 0), accepted=(5, 7),
-                    emitted=(5, 7, 11), new_tokens_total=4)
+ROUND = round_trace(
+    steps=(STEP_1, STEP_2),
+    drafts=STEP_2.tokens,
+    draft_accept_lens=(2, 0),
+    accepted=(5, 7),
+    emitted=(5, 7, 11),
+    new_tokens_total=4,
+)
 
 
 def heatmaps(fig: go.Figure) -> tuple[go.Heatmap, go.Heatmap]:
@@ -71,8 +102,10 @@ def test_draft_evolution_last_step_marks_accepted_path_and_first_rejection():
 
 
 def test_draft_evolution_step_is_clamped_and_special_rounds_explain_themselves():
-    assert plots.draft_evolution_figure(ROUND, token_text, step=99).layout.title.text == \
-        plots.draft_evolution_figure(ROUND, token_text).layout.title.text
+    assert (
+        plots.draft_evolution_figure(ROUND, token_text, step=99).layout.title.text
+        == plots.draft_evolution_figure(ROUND, token_text).layout.title.text
+    )
     prefill = plots.draft_evolution_figure(round_trace(index=0), token_text)
     assert not heatmaps_present(prefill) and "prefill" in prefill.layout.annotations[0].text
     plain = plots.draft_evolution_figure(round_trace(index=3), token_text)
@@ -110,8 +143,11 @@ def runs(zoo):
         assert isinstance(events[-1], DecodeResult)
         return events[:-1], events[-1]
 
-    return {"diffusion": run(models), "oracle": run(oracle),
-            "plain": run(Models(models.target, models.tokenizer, NoDrafter()))}
+    return {
+        "diffusion": run(models),
+        "oracle": run(oracle),
+        "plain": run(Models(models.target, models.tokenizer, NoDrafter())),
+    }
 
 
 @pytest.mark.parametrize("name", ["diffusion", "oracle"])

@@ -52,22 +52,38 @@ def cell_label(text: str) -> str:
 def message_figure(title: str, message: str, height: int = 260) -> go.Figure:
     """An empty panel that says why there is nothing to draw."""
     fig = go.Figure()
-    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font=dict(size=14))
-    fig.update_layout(title=title, height=height, xaxis=dict(visible=False), yaxis=dict(visible=False),
-                      margin=dict(l=20, r=20, t=50, b=20))
+    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font={"size": 14})
+    fig.update_layout(
+        title=title,
+        height=height,
+        xaxis={"visible": False},
+        yaxis={"visible": False},
+        margin={"l": 20, "r": 20, "t": 50, "b": 20},
+    )
     return fig
 
 
 def two_panels(left_title: str, right_title: str, split: float) -> dict:
     """Layout of two side-by-side panels (x/y left, x2/y2 right); cheaper to build than ``make_subplots``."""
     gap = 0.08
-    title_at = dict(xref="paper", yref="paper", y=1.0, yanchor="bottom", showarrow=False, font=dict(size=13))
-    return dict(
-        xaxis=dict(domain=[0, split - gap / 2], anchor="y"), yaxis=dict(anchor="x"),
-        xaxis2=dict(domain=[split + gap / 2, 1], anchor="y2"), yaxis2=dict(anchor="x2"),
-        annotations=[dict(text=left_title, x=(split - gap / 2) / 2, **title_at),
-                     dict(text=right_title, x=(1 + split + gap / 2) / 2, **title_at)],
-    )
+    title_at = {
+        "xref": "paper",
+        "yref": "paper",
+        "y": 1.0,
+        "yanchor": "bottom",
+        "showarrow": False,
+        "font": {"size": 13},
+    }
+    return {
+        "xaxis": {"domain": [0, split - gap / 2], "anchor": "y"},
+        "yaxis": {"anchor": "x"},
+        "xaxis2": {"domain": [split + gap / 2, 1], "anchor": "y2"},
+        "yaxis2": {"anchor": "x2"},
+        "annotations": [
+            dict(text=left_title, x=(split - gap / 2) / 2, **title_at),
+            dict(text=right_title, x=(1 + split + gap / 2) / 2, **title_at),
+        ],
+    }
 
 
 # --- 1. Draft evolution --------------------------------------------------------------------------------------------
@@ -83,8 +99,11 @@ def draft_evolution_figure(trace: RoundTrace, token_text: TokenText, step: int |
     rejected token a red one.
     """
     if trace.index == 0:
-        return message_figure(EVOLUTION_TITLE, "Round 0 is the prefill: the target reads the prompt and picks the "
-                                               "first token itself. Drafting starts in round 1.")
+        return message_figure(
+            EVOLUTION_TITLE,
+            "Round 0 is the prefill: the target reads the prompt and picks the "
+            "first token itself. Drafting starts in round 1.",
+        )
     if not trace.drafts:
         return message_figure(EVOLUTION_TITLE, "No drafter: plain decoding verifies one token per round.")
     states = [(s.tokens, s.confidence) for s in trace.steps]
@@ -126,8 +145,10 @@ def draft_evolution_figure(trace: RoundTrace, token_text: TokenText, step: int |
             z_row.append(confidence[k][j])
             masked_row.append(None)
             text_row.append(cell_label(token_text(token)))
-            hover_row.append(f"{where}<br>token {visible_text(repr(token_text(token)))} (id {token})"
-                             f"<br>confidence {confidence[k][j]:.2f}{note}")
+            hover_row.append(
+                f"{where}<br>token {visible_text(repr(token_text(token)))} (id {token})"
+                f"<br>confidence {confidence[k][j]:.2f}{note}"
+            )
         z.append(z_row)
         masked.append(masked_row)
         text.append(text_row)
@@ -135,13 +156,41 @@ def draft_evolution_figure(trace: RoundTrace, token_text: TokenText, step: int |
         hover.append(hover_row)
 
     fig = go.Figure()
-    fig.add_trace(go.Heatmap(z=masked, x=cols, y=rows, colorscale=[[0, MASK_COLOUR], [1, MASK_COLOUR]],
-                             showscale=False, text=masked_text, texttemplate="%{text}", customdata=hover,
-                             hovertemplate="%{customdata}<extra></extra>", xgap=2, ygap=2, name="masked"))
-    fig.add_trace(go.Heatmap(z=z, x=cols, y=rows, zmin=0.0, zmax=1.0, colorscale=CONFIDENCE_SCALE,
-                             colorbar=dict(title="confidence", thickness=12), text=text, texttemplate="%{text}",
-                             textfont=dict(family=FONT), customdata=hover,
-                             hovertemplate="%{customdata}<extra></extra>", xgap=2, ygap=2, name="drafts"))
+    fig.add_trace(
+        go.Heatmap(
+            z=masked,
+            x=cols,
+            y=rows,
+            colorscale=[[0, MASK_COLOUR], [1, MASK_COLOUR]],
+            showscale=False,
+            text=masked_text,
+            texttemplate="%{text}",
+            customdata=hover,
+            hovertemplate="%{customdata}<extra></extra>",
+            xgap=2,
+            ygap=2,
+            name="masked",
+        )
+    )
+    fig.add_trace(
+        go.Heatmap(
+            z=z,
+            x=cols,
+            y=rows,
+            zmin=0.0,
+            zmax=1.0,
+            colorscale=CONFIDENCE_SCALE,
+            colorbar={"title": "confidence", "thickness": 12},
+            text=text,
+            texttemplate="%{text}",
+            textfont={"family": FONT},
+            customdata=hover,
+            hovertemplate="%{customdata}<extra></extra>",
+            xgap=2,
+            ygap=2,
+            name="drafts",
+        )
+    )
     frames = []
     if verified:
         for k in range(k_drafts):
@@ -152,17 +201,31 @@ def draft_evolution_figure(trace: RoundTrace, token_text: TokenText, step: int |
     title = f"{EVOLUTION_TITLE} · round {trace.index} · denoise step {shown + 1}/{last + 1}"
     if verified:
         title += f" · accepted {trace.accept_len} of {length} + 1 from the target"
-    fig.update_layout(title=title, shapes=frames, height=max(220, 90 + 42 * k_drafts),
-                      margin=dict(l=20, r=20, t=50, b=40),
-                      xaxis=dict(title="position in block", type="category", side="bottom"),
-                      yaxis=dict(type="category", autorange="reversed"), plot_bgcolor="white")
+    fig.update_layout(
+        title=title,
+        shapes=frames,
+        height=max(220, 90 + 42 * k_drafts),
+        margin={"l": 20, "r": 20, "t": 50, "b": 40},
+        xaxis={"title": "position in block", "type": "category", "side": "bottom"},
+        yaxis={"type": "category", "autorange": "reversed"},
+        plot_bgcolor="white",
+    )
     return fig
 
 
 def cell_frame(col: int, row: int, colour: str, width: int) -> dict:
     """A frame around one categorical heatmap cell (categories sit at integer coordinates)."""
-    return dict(type="rect", x0=col - 0.5, x1=col + 0.5, y0=row - 0.5, y1=row + 0.5, xref="x", yref="y",
-                line=dict(color=colour, width=width), fillcolor="rgba(0,0,0,0)")
+    return {
+        "type": "rect",
+        "x0": col - 0.5,
+        "x1": col + 0.5,
+        "y0": row - 0.5,
+        "y1": row + 0.5,
+        "xref": "x",
+        "yref": "y",
+        "line": {"color": colour, "width": width},
+        "fillcolor": "rgba(0,0,0,0)",
+    }
 
 
 # --- 2. Accepted length --------------------------------------------------------------------------------------------
@@ -182,31 +245,72 @@ def accept_length_figure(traces: Sequence[RoundTrace]) -> go.Figure:
     if not rounds:
         return message_figure(ACCEPT_TITLE, "No drafting round yet.")
     x = [t.index for t in rounds]
-    dots = [(t.index + (k - (len(t.draft_accept_lens) - 1) / 2) * 0.6 / len(t.draft_accept_lens), n, k + 1)
-            for t in rounds if len(t.draft_accept_lens) > 1 for k, n in enumerate(t.draft_accept_lens)]
+    dots = [
+        (t.index + (k - (len(t.draft_accept_lens) - 1) / 2) * 0.6 / len(t.draft_accept_lens), n, k + 1)
+        for t in rounds
+        if len(t.draft_accept_lens) > 1
+        for k, n in enumerate(t.draft_accept_lens)
+    ]
     longest = max(len(d) for t in rounds for d in (t.drafts or ((),)))
     counts = [sum(t.accept_len == n for t in rounds) for n in range(longest + 1)]
     tau = running_tau(rounds)
     fig = go.Figure()
     if dots:  # spread the drafts' dots inside their round
         dot_x, dot_y, draft = zip(*dots)
-        fig.add_trace(go.Scatter(x=dot_x, y=dot_y, customdata=draft, mode="markers", name="single drafts",
-                                 marker=dict(color=DRAFT_COLOUR, size=6),
-                                 hovertemplate="draft %{customdata}: %{y} accepted<extra></extra>"))
-    fig.add_trace(go.Scatter(x=x, y=[t.accept_len for t in rounds], mode="lines+markers", name="accepted (chosen path)",
-                             line=dict(color=ACCEPTED_COLOUR, width=2),
-                             hovertemplate="round %{x}: %{y} accepted<extra></extra>"))
-    fig.add_trace(go.Scatter(x=x, y=tau, mode="lines", name="running τ (tokens per round)",
-                             line=dict(color="black", dash="dash"), hovertemplate="τ = %{y:.2f}<extra></extra>"))
-    fig.add_trace(go.Bar(x=list(range(longest + 1)), y=counts, xaxis="x2", yaxis="y2", marker_color=ACCEPTED_COLOUR,
-                         showlegend=False, hovertemplate="%{y} rounds accepted %{x}<extra></extra>"))
+        fig.add_trace(
+            go.Scatter(
+                x=dot_x,
+                y=dot_y,
+                customdata=draft,
+                mode="markers",
+                name="single drafts",
+                marker={"color": DRAFT_COLOUR, "size": 6},
+                hovertemplate="draft %{customdata}: %{y} accepted<extra></extra>",
+            )
+        )
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=[t.accept_len for t in rounds],
+            mode="lines+markers",
+            name="accepted (chosen path)",
+            line={"color": ACCEPTED_COLOUR, "width": 2},
+            hovertemplate="round %{x}: %{y} accepted<extra></extra>",
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=tau,
+            mode="lines",
+            name="running τ (tokens per round)",
+            line={"color": "black", "dash": "dash"},
+            hovertemplate="τ = %{y:.2f}<extra></extra>",
+        )
+    )
+    fig.add_trace(
+        go.Bar(
+            x=list(range(longest + 1)),
+            y=counts,
+            xaxis="x2",
+            yaxis="y2",
+            marker_color=ACCEPTED_COLOUR,
+            showlegend=False,
+            hovertemplate="%{y} rounds accepted %{x}<extra></extra>",
+        )
+    )
     layout = two_panels("per draft (dots) and the chosen path", "histogram", split=0.72)
     layout["xaxis"].update(title="round")
     layout["yaxis"].update(title="draft tokens accepted", rangemode="tozero")
     layout["xaxis2"].update(title="accepted length", dtick=1)
     layout["yaxis2"].update(title="rounds", rangemode="tozero")
-    fig.update_layout(title=f"{ACCEPT_TITLE} · τ = {tau[-1]:.2f} tokens per round", height=330,
-                      margin=dict(l=50, r=20, t=70, b=40), legend=dict(orientation="h", y=-0.25), **layout)
+    fig.update_layout(
+        title=f"{ACCEPT_TITLE} · τ = {tau[-1]:.2f} tokens per round",
+        height=330,
+        margin={"l": 50, "r": 20, "t": 70, "b": 40},
+        legend={"orientation": "h", "y": -0.25},
+        **layout,
+    )
     return fig
 
 
@@ -225,17 +329,35 @@ def latency_figure(traces: Sequence[RoundTrace], plain: Sequence[RoundTrace] = (
         return message_figure(LATENCY_TITLE, "No round yet.")
     fig = go.Figure()
     x = [t.index for t in traces]
-    stages = {"draft": [t.draft_s for t in traces], "verify": [t.verify_s for t in traces],
-              "other": [t.other_s for t in traces]}
+    stages = {
+        "draft": [t.draft_s for t in traces],
+        "verify": [t.verify_s for t in traces],
+        "other": [t.other_s for t in traces],
+    }
     for stage, seconds in stages.items():
-        fig.add_trace(go.Bar(x=x, y=[1000 * s for s in seconds], name=stage, marker_color=STAGE_COLOURS[stage],
-                             hovertemplate=f"round %{{x}}: {stage} %{{y:.2f}} ms<extra></extra>"))
+        fig.add_trace(
+            go.Bar(
+                x=x,
+                y=[1000 * s for s in seconds],
+                name=stage,
+                marker_color=STAGE_COLOURS[stage],
+                hovertemplate=f"round %{{x}}: {stage} %{{y:.2f}} ms<extra></extra>",
+            )
+        )
     series = [("speculative", traces, SPECULATIVE_COLOUR)] + ([("plain", plain, PLAIN_COLOUR)] if plain else [])
     for name, run, colour in series:
-        fig.add_trace(go.Scatter(x=[t.new_tokens_total for t in run], y=[tokens_per_s(t) for t in run],
-                                 xaxis="x2", yaxis="y2", mode="lines", name=f"{name} tokens/s",
-                                 line=dict(color=colour, width=2),
-                                 hovertemplate=f"{name}: %{{y:.1f}} tokens/s after %{{x}} tokens<extra></extra>"))
+        fig.add_trace(
+            go.Scatter(
+                x=[t.new_tokens_total for t in run],
+                y=[tokens_per_s(t) for t in run],
+                xaxis="x2",
+                yaxis="y2",
+                mode="lines",
+                name=f"{name} tokens/s",
+                line={"color": colour, "width": 2},
+                hovertemplate=f"{name}: %{{y:.1f}} tokens/s after %{{x}} tokens<extra></extra>",
+            )
+        )
     title = f"{LATENCY_TITLE} · {tokens_per_s(traces[-1]):.1f} tokens/s"
     if plain and tokens_per_s(plain[-1]) > 0:
         title += f" vs plain {tokens_per_s(plain[-1]):.1f}"
@@ -244,8 +366,14 @@ def latency_figure(traces: Sequence[RoundTrace], plain: Sequence[RoundTrace] = (
     layout["yaxis"].update(title="ms")
     layout["xaxis2"].update(title="tokens generated")
     layout["yaxis2"].update(rangemode="tozero")
-    fig.update_layout(title=title, barmode="stack", height=330, margin=dict(l=50, r=20, t=70, b=40),
-                      legend=dict(orientation="h", y=-0.25), **layout)
+    fig.update_layout(
+        title=title,
+        barmode="stack",
+        height=330,
+        margin={"l": 50, "r": 20, "t": 70, "b": 40},
+        legend={"orientation": "h", "y": -0.25},
+        **layout,
+    )
     return fig
 
 
@@ -294,16 +422,34 @@ def provenance_figure(traces: Sequence[RoundTrace], token_text: TokenText) -> go
         if not items:
             continue
         lines, starts, widths, labels, colours, hovers = zip(*items)
-        fig.add_trace(go.Bar(
-            orientation="h", y=list(lines), base=list(starts), x=list(widths), text=list(labels),
-            textposition="inside", insidetextanchor="middle", textangle=0, textfont=dict(family=FONT, color="black"),
-            marker=dict(color=list(colours), line=dict(color="white", width=1)), name=source,
-            customdata=list(hovers), hovertemplate="%{customdata}<extra></extra>", width=0.9))
+        fig.add_trace(
+            go.Bar(
+                orientation="h",
+                y=list(lines),
+                base=list(starts),
+                x=list(widths),
+                text=list(labels),
+                textposition="inside",
+                insidetextanchor="middle",
+                textangle=0,
+                textfont={"family": FONT, "color": "black"},
+                marker={"color": list(colours), "line": {"color": "white", "width": 1}},
+                name=source,
+                customdata=list(hovers),
+                hovertemplate="%{customdata}<extra></extra>",
+                width=0.9,
+            )
+        )
     drafted = sum(o.source == FROM_DRAFT for o in origins)
     fig.update_layout(
         title=f"{PROVENANCE_TITLE} · {drafted} of {len(origins)} tokens came from accepted drafts",
-        barmode="overlay", height=110 + 26 * (line + 1), margin=dict(l=20, r=20, t=50, b=20),
-        uniformtext=dict(minsize=9, mode="show"), plot_bgcolor="white",
-        legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"),
-        xaxis=dict(visible=False, range=[0, WRAP_CHARS]), yaxis=dict(visible=False, autorange="reversed"))
+        barmode="overlay",
+        height=110 + 26 * (line + 1),
+        margin={"l": 20, "r": 20, "t": 50, "b": 20},
+        uniformtext={"minsize": 9, "mode": "show"},
+        plot_bgcolor="white",
+        legend={"orientation": "h", "y": 1.02, "x": 1, "xanchor": "right", "yanchor": "bottom"},
+        xaxis={"visible": False, "range": [0, WRAP_CHARS]},
+        yaxis={"visible": False, "autorange": "reversed"},
+    )
     return fig
