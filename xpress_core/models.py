@@ -72,7 +72,7 @@ def load_causal_lm(kind: str, spec: str, device: torch.device, dtype: torch.dtyp
         model = AutoModelForCausalLM.from_pretrained(spec, dtype=dtype)
     except (OSError, ValueError) as error:
         raise _describe_missing(kind, spec, error) from error
-    return model.to(device).eval()
+    return freeze(model.to(device))
 
 
 def load_target(spec: str | Path, device: torch.device, dtype: torch.dtype):
@@ -111,7 +111,7 @@ def load_drafter(spec: str | Path, target, tokenizer, device: torch.device, dtyp
     vocab = target.get_input_embeddings().weight.shape[0]
     if is_diffusion_drafter(spec):
         check_tokenizer_match("drafter", spec, tokenizer)
-        model = XpressDrafter.from_pretrained(spec, dtype=dtype).to(device).eval()
+        model = freeze(XpressDrafter.from_pretrained(spec, dtype=dtype).to(device))
         cfg = model.config
         hidden = target.get_input_embeddings().weight.shape[1]
         if cfg.vocab_size != vocab or cfg.hidden_size != hidden:
@@ -132,6 +132,14 @@ def load_drafter(spec: str | Path, target, tokenizer, device: torch.device, dtyp
             f"drafter {spec!r} has vocabulary size {model.config.vocab_size}, the target {target.config.vocab_size}"
         )
     return AutoregressiveDrafter(model, banned)
+
+
+def freeze(model: torch.nn.Module) -> torch.nn.Module:
+    """Inference only: no parameter needs a gradient, so no consumer builds autograd graphs, even one that resumes
+    the decode generator on another thread (grad mode is per thread; ``torch.no_grad`` does not follow it)."""
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    return model.eval()
 
 
 def load_models(
