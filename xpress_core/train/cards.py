@@ -54,11 +54,17 @@ def sample_chats(asset: Path, max_new_tokens: int = 80) -> str:
 def target_card(asset: Path, command: str) -> str:
     s = read_json(asset / "training_summary.json")
     cfg = read_json(asset / "config.json")
+    interim = (
+        f"\n**Interim export** of the training checkpoint at step {s.get('steps')}: the full run goes on and will "
+        "replace these weights.\n"
+        if s.get("exported_checkpoint")
+        else ""
+    )
     return f"""# xPress embedded target
 
 A `LlamaForCausalLM` chat model trained from scratch by `python -m xpress_core train target`; any tool that loads
 Llama checkpoints loads it. Replies end with the end-of-turn token `<|end|>`.
-
+{interim}
 | | |
 |---|---|
 | parameters | {s.get("parameters", 0) / 1e6:.2f} M |
@@ -121,6 +127,7 @@ Command: `{command}`
 
 
 def write_cards(assets: Path, commands: dict[str, str]) -> None:
+    """Write README.md into assets/target, assets/drafter and assets/ar_drafter."""
     (assets / "target" / "README.md").write_text(target_card(assets / "target", commands["target"]))
     for name, kind in (("drafter", "diffusion"), ("ar_drafter", "autoregressive")):
         if (assets / name).exists():

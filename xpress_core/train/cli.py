@@ -80,6 +80,15 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--max-new-tokens", type=int, default=64)
     ev.add_argument("--out", type=Path, help="write the scores as JSON here")
 
+    cards = steps.add_parser("cards", help="write the model cards of the assets from their summaries and scores")
+    cards.add_argument("--assets", type=Path, default=Path("assets"))
+    cards.add_argument(
+        "--commands",
+        type=Path,
+        required=True,
+        help="JSON {target, drafter, ar_drafter}: the exact training command of each asset",
+    )
+
 
 def run_eval(args: argparse.Namespace) -> dict:
     from dataclasses import asdict
@@ -135,6 +144,11 @@ def run_train(args: argparse.Namespace) -> int:
             AutoTokenizer.from_pretrained(args.tokenizer), args.corpus, args.workdir, args.out, cfg, shape
         )
         print(json.dumps(summary))
+    elif args.step == "cards":
+        from .cards import write_cards
+
+        write_cards(args.assets, json.loads(args.commands.read_text()))
+        print(json.dumps({"assets": str(args.assets)}))
     elif args.step == "eval":
         print(json.dumps(run_eval(args)))
     else:
