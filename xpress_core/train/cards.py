@@ -47,7 +47,8 @@ def sample_chats(asset: Path, max_new_tokens: int = 80) -> str:
     for prompt in SAMPLE_PROMPTS:
         ids = encode_prompt(models.tokenizer, prompt, chat=True)
         reply = list(decode(models, ids, DecodeConfig(max_new_tokens=max_new_tokens)))[-1].text
-        lines.append(f"> **User:** {prompt}\n>\n> **Assistant:** {reply.strip()}\n")
+        quoted = reply.strip().replace("\n", "\n> ")  # keep multi-line replies inside the quote
+        lines.append(f"> **User:** {prompt}\n>\n> **Assistant:** {quoted}\n")
     return "\n".join(lines)
 
 
@@ -105,6 +106,9 @@ sampled at temperature 0.8); random anchors, masked at a random ratio (half of t
 The classic baseline: a {cfg.get("num_hidden_layers")}-layer `LlamaForCausalLM` with the target's tokenizer (hidden
 {cfg.get("hidden_size")}), distilled on the same target-written sequences as the diffusion drafter, starting from
 the target's token embedding. transformers' assisted generation takes it as `assistant_model`."""
+    if read_json(asset.parent / "target" / "training_summary.json").get("exported_checkpoint"):
+        head += ("\n\n**Interim**: trained for the interim export of the target (see its card); it is retrained "
+                 "once the target's full run ends.")
     return f"""{head}
 
 | | |

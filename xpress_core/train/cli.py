@@ -70,6 +70,9 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         if name == "drafter":
             step.add_argument("--block", type=int, default=16)
             step.add_argument("--anchors", type=int, default=4, help="blocks per sequence per step")
+            step.add_argument(
+                "--decay", type=float, default=8.0, help="loss weight of block position j: exp(-(j-1)/decay)"
+            )
             step.add_argument("--init", help="start from this drafter directory instead of a fresh one")
 
     ev = steps.add_parser("eval", help="tau and tokens/s of a drafter on 50 held-out sgd_dev chats (model cards)")
@@ -185,5 +188,14 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
         init_drafter(args.target, init_dir, layers=args.layers, block=args.block)
     drafter = XpressDrafter.from_pretrained(init_dir)
     return train_drafter(
-        drafter, target, seqs, args.prompt_len, cfg, args.workdir, args.out, tokenizer, anchors=args.anchors
+        drafter,
+        target,
+        seqs,
+        args.prompt_len,
+        cfg,
+        args.workdir,
+        args.out,
+        tokenizer,
+        anchors=args.anchors,
+        decay=args.decay,
     )

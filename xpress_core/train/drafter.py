@@ -56,7 +56,7 @@ def make_blocks(
     return DrafterBatch(block_ids, masked.reshape(b, -1), positions, mask[:, None])
 
 
-def drafter_loss(drafter: XpressDrafter, target, seqs: torch.Tensor, batch: DrafterBatch) -> torch.Tensor:
+def drafter_loss(drafter: XpressDrafter, target, seqs: torch.Tensor, batch: DrafterBatch, decay: float) -> torch.Tensor:
     with torch.no_grad():
         out = target(input_ids=seqs, output_hidden_states=True)
         features = torch.cat([out.hidden_states[i + 1] for i in drafter.config.tapped_layers], dim=-1)
@@ -64,8 +64,15 @@ def drafter_loss(drafter: XpressDrafter, target, seqs: torch.Tensor, batch: Draf
     context = drafter.context_kv(features, torch.arange(s).expand(b, -1))
     embeds = drafter.embed_block(batch.block_ids, batch.masked)
     logits = drafter(embeds, batch.positions, context, batch.attention_mask.to(embeds.dtype))
-    labels = batch.block_ids.masked_fill(~batch.masked, -100)
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+    losses = F.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), batch.block_ids.reshape(-1), reduction="none"
+    )
+    # Acceptance stops at the first wrong token, so early block positions matter most: weight position j by
+    # exp(-(j - 1) / decay) (DFlash weights its loss the same way), masked positions only.
+    span = drafter.config.block_size + 1
+    offset = (torch.arange(batch.masked.shape[1]) % span).clamp(min=1).float()
+    weights = torch.exp(-(offset - 1) / decay) * batch.masked.float()
+    return (losses.view_as(weights) * weights).sum() / weights.sum()
 
 
 @torch.no_grad()
@@ -97,6 +104,7 @@ def train_drafter(
     out_dir: Path,
     tokenizer,
     anchors: int = 4,
+    decay: float = 8.0,
 ) -> dict:
     """Train ``drafter`` (bound to the frozen ``target``) on distilled sequences (N, S); save to ``out_dir``."""
     for p in target.parameters():
@@ -110,7 +118,11 @@ def train_drafter(
         rows = torch.from_numpy(rng.choice(train_seqs.shape[0], size=cfg.batch_size, replace=False))
         batch_seqs = train_seqs[rows]
         return drafter_loss(
-            drafter, target, batch_seqs, make_blocks(batch_seqs, first_anchor, block, anchors, rng, torch.float32)
+            drafter,
+            target,
+            batch_seqs,
+            make_blocks(batch_seqs, first_anchor, block, anchors, rng, torch.float32),
+            decay,
         )
 
     summary = train(
