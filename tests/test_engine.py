@@ -262,3 +262,19 @@ def test_stop_strings_trim_text_and_tokens(zoo):
     assert cut.stop_reason == "stop_string"
     assert cut.text == full.text[: full.text.find(stop)]
     assert list(cut.token_ids) == list(full.token_ids[: cut.new_tokens])
+
+
+def test_bfloat16_runs_and_plain_decoding_equals_generate(zoo):
+    """bf16: plain decoding through the engine is HF's computation exactly; with a drafter, tree verification
+    rounds differently from one-token steps in bf16, so only the prefill token is compared."""
+    for drafter in ("none", zoo["drafter_llama"]):
+        models = load_models(zoo["llama"], drafter, device="cpu", dtype="bfloat16")
+        assert models.target.dtype == torch.bfloat16
+        prompt_ids = encode_prompt(models.tokenizer, PROMPTS[0], chat=True)
+        ref = hf_greedy(models, prompt_ids)
+        traces, result = run(models, prompt_ids, DecodeConfig(drafts=3, steps=2, block=4, max_new_tokens=NEW))
+        check_invariants(traces, prompt_ids.shape[1], result)
+        if drafter == "none":
+            assert list(result.token_ids) == ref
+        else:
+            assert result.token_ids[0] == ref[0] and result.new_tokens == NEW
