@@ -107,8 +107,10 @@ The classic baseline: a {cfg.get("num_hidden_layers")}-layer `LlamaForCausalLM` 
 {cfg.get("hidden_size")}), distilled on the same target-written sequences as the diffusion drafter, starting from
 the target's token embedding. transformers' assisted generation takes it as `assistant_model`."""
     if read_json(asset.parent / "target" / "training_summary.json").get("exported_checkpoint"):
-        head += ("\n\n**Interim**: trained for the interim export of the target (see its card); it is retrained "
-                 "once the target's full run ends.")
+        head += (
+            "\n\n**Interim**: trained for the interim export of the target (see its card); it is retrained "
+            "once the target's full run ends."
+        )
     return f"""{head}
 
 | | |
