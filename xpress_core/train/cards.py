@@ -72,7 +72,7 @@ Llama checkpoints loads it. Replies end with the end-of-turn token `<|end|>`.
 | architecture | hidden {cfg.get("hidden_size")}, {cfg.get("num_hidden_layers")} layers, {cfg.get("num_attention_heads")} heads \
 ({cfg.get("num_key_value_heads")} KV heads), MLP {cfg.get("intermediate_size")}, tied embeddings |
 | tokenizer | byte-level BPE, {cfg.get("vocab_size")} tokens, chat template in `tokenizer_config.json` |
-| training | {s.get("steps")} steps, {s.get("tokens_seen", 0) / 1e6:.1f} M tokens seen, {minutes(s.get("wall_s", 0))} on 2 CPU cores, bf16 autocast |
+| training | {s.get("steps")} steps, {s.get("tokens_seen", 0) / 1e6:.1f} M tokens seen, {minutes(s.get("wall_s", 0))} of wall time on a 2-core CPU shared with other work part of the time, bf16 autocast |
 | validation loss per token (`sgd_dev`) | {s.get("val_loss_sgd_dev")} |
 
 Command: `{command}`
@@ -116,7 +116,7 @@ the target's token embedding. transformers' assisted generation takes it as `ass
 | | |
 |---|---|
 | parameters (own) | {s.get("parameters", 0) / 1e6:.2f} M |
-| training | {s.get("steps")} steps, {minutes(s.get("wall_s", 0))} on 2 CPU cores |
+| training | {s.get("steps")} steps, {minutes(s.get("wall_s", 0))} of wall time on a shared 2-core CPU |
 
 Command: `{command}`
 
