@@ -56,10 +56,16 @@ def make_blocks(
     return DrafterBatch(block_ids, masked.reshape(b, -1), positions, mask[:, None])
 
 
+@torch.no_grad()
+def target_features(target, seqs: torch.Tensor, tapped_layers: list[int]) -> torch.Tensor:
+    """The tapped layers' hidden states (B, S, n_tapped*H). The base model alone: training needs no target logits,
+    and the LM head over the whole vocabulary is a fifth of the target's cost here."""
+    out = target.base_model(input_ids=seqs, output_hidden_states=True)
+    return torch.cat([out.hidden_states[i + 1] for i in tapped_layers], dim=-1)
+
+
 def drafter_loss(drafter: XpressDrafter, target, seqs: torch.Tensor, batch: DrafterBatch, decay: float) -> torch.Tensor:
-    with torch.no_grad():
-        out = target(input_ids=seqs, output_hidden_states=True)
-        features = torch.cat([out.hidden_states[i + 1] for i in drafter.config.tapped_layers], dim=-1)
+    features = target_features(target, seqs, drafter.config.tapped_layers)
     b, s = seqs.shape
     context = drafter.context_kv(features, torch.arange(s).expand(b, -1))
     embeds = drafter.embed_block(batch.block_ids, batch.masked)
@@ -86,8 +92,7 @@ def masked_accuracy(drafter: XpressDrafter, target, seqs: torch.Tensor, first_an
         b.positions,
         b.attention_mask,
     )
-    out = target(input_ids=seqs, output_hidden_states=True)
-    features = torch.cat([out.hidden_states[i + 1] for i in drafter.config.tapped_layers], dim=-1)
+    features = target_features(target, seqs, drafter.config.tapped_layers)
     context = drafter.context_kv(features, torch.arange(seqs.shape[1]).expand(seqs.shape[0], -1))
     logits = drafter(drafter.embed_block(b.block_ids, b.masked), b.positions, context, b.attention_mask)
     right = (logits.argmax(-1) == b.block_ids) & b.masked
