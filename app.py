@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import gradio as gr
@@ -195,6 +196,11 @@ class Loaded:
     speculative: Models
     plain: Models  # the same target without a drafter: the Race
     token_text: TokenTexts
+
+    @property
+    def block_limit(self) -> int:
+        """The largest block L the UI offers: the drafter's trained block size, if it has one, within the UI's cap."""
+        return min(UI_MAX_BLOCK, self.speculative.drafter.max_block or UI_MAX_BLOCK)
 
 
 class ModelCache:
@@ -373,6 +379,21 @@ def cut_last_message(tokenizer, messages: list[dict[str, str]], budget: int):
             high = mid - 1
     kept = head + [{"role": "user", "content": text[-low:]}]
     return kept, encode_prompt(tokenizer, kept, chat=True)
+
+
+def check_block(block: int, loaded: Loaded, preset: str) -> None:
+    """Refuse a block L beyond what the preset's drafter was trained for, before any decoding starts."""
+    if block > loaded.block_limit:
+        raise XpressError(
+            f"block L={block} is longer than the drafter of “{preset}” was trained for: choose L ≤ {loaded.block_limit}"
+        )
+
+
+def block_slider(cache: ModelCache, preset: str, value) -> dict:
+    """The block L slider capped at the preset's limit once its models are loaded (the drafter's trained block size is
+    known then); the UI's cap before."""
+    limit = cache.get(preset).block_limit if cache.is_loaded(preset) else UI_MAX_BLOCK
+    return gr.update(maximum=limit, value=min(int(value), limit))
 
 
 # --- One reply -----------------------------------------------------------------------------------------------------
@@ -595,6 +616,7 @@ def run_chat(
     if not cache.is_loaded(settings.preset):
         yield View(message="", status=f"Loading “{settings.preset}”…")
     loaded = cache.get(settings.preset)
+    check_block(cfg.block, loaded, settings.preset)
     past = history_messages(history)
     prompt = fit_prompt(
         loaded.speculative.tokenizer,
@@ -928,7 +950,7 @@ def build_app(config: AppConfig, cache: ModelCache | None = None) -> gr.Blocks:
             controls,
         ]
         chat_event = gr.on([message.submit, send.click], arm, controls, None, queue=False, api_visibility="private")
-        chat_event.then(respond, inputs, outputs, api_name="chat", show_progress="minimal")
+        reply_event = chat_event.then(respond, inputs, outputs, api_name="chat", show_progress="minimal")
         stop.click(request_stop, controls, None, queue=False, api_visibility="private")
         clear.click(cleared, controls, outputs, queue=False, api_visibility="private")
         for slider in (round_slider, step_slider):
@@ -951,6 +973,10 @@ def build_app(config: AppConfig, cache: ModelCache | None = None) -> gr.Blocks:
         race_box.change(lambda on: gr.update(visible=on), race_box, plain_box, queue=False, api_visibility="private")
         preset.change(cache.describe, preset, preset_note, queue=False, api_visibility="private")
         demo.load(cache.describe, preset, preset_note, queue=False, api_visibility="private")
+        # Block L never offers more than the drafter was trained for: capped whenever the preset's models may have
+        # just loaded (a reply, a page load, another preset).
+        for cap_trigger in (reply_event.then, preset.change, demo.load):
+            cap_trigger(partial(block_slider, cache), [preset, block], block, queue=False, api_visibility="private")
     demo.queue(default_concurrency_limit=config.concurrency, max_size=QUEUE_SIZE)
     return demo
 

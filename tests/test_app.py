@@ -422,3 +422,28 @@ def test_building_the_app_loads_no_model(config, monkeypatch):
     demo = app.build_app(config)
     chat = next(d for d in demo.fns.values() if d.api_name == "chat")
     assert len(chat.inputs) == 15 and demo._queue.default_concurrency_limit == config.concurrency  # 14 + controls
+
+
+# --- block L and the drafter's trained block size ------------------------------------------------------------------
+
+
+def test_block_beyond_the_drafters_trained_size_is_refused_before_decoding(cache, oracle_models, recorded):
+    trained = oracle_models[TINY].drafter.model.config.block_size  # 8 for the tiny drafter
+    with pytest.raises(XpressError, match=f"block L={trained + 1} is longer than .* choose L ≤ {trained}"):
+        list(app.run_chat(cache, "hello", [], settings(block=trained + 1)))
+    assert recorded == []  # refused up front, not halfway through the engine
+    # The autoregressive drafter has no trained block size: any L within the UI's cap is decoded.
+    chosen = settings(preset=TINY_AR, block=trained + 4, steps=1)
+    _, result = engine_run(oracle_models[TINY_AR], [{"role": "user", "content": "hello"}], chosen.decode_config())
+    assert final(list(app.run_chat(cache, "hello", [], chosen))).reply.result.token_ids == result.token_ids
+
+
+def test_block_slider_is_capped_once_the_models_are_loaded(config, oracle_models):
+    fresh = app.ModelCache(config)
+    assert app.block_slider(fresh, TINY, 12) == {"__type__": "update", "maximum": app.UI_MAX_BLOCK, "value": 12}
+    fresh.get(TINY)
+    trained = oracle_models[TINY].drafter.model.config.block_size
+    assert app.block_slider(fresh, TINY, 12) == {"__type__": "update", "maximum": trained, "value": trained}
+    assert app.block_slider(fresh, TINY, 3)["value"] == 3
+    fresh.get(TINY_AR)
+    assert app.block_slider(fresh, TINY_AR, 12) == {"__type__": "update", "maximum": app.UI_MAX_BLOCK, "value": 12}
