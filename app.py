@@ -24,12 +24,14 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import gradio as gr
 import torch
 
-from xpress_core import plots
+from xpress_core import bench, plots
+from xpress_core.bench_figures import HEATMAP_METRICS, heatmap
 from xpress_core.config import REFINE_MODES, VERIFY_MODES, DecodeConfig
 from xpress_core.drafters.base import NoDrafter
 from xpress_core.engine import Models, context_limit, decode
@@ -46,6 +48,7 @@ from xpress_core.models import (
     resolve_dtype,
 )
 from xpress_core.trace import DecodeResult, RoundTrace, write_jsonl
+from xpress_core.train.cli import DEFAULT_DATA
 
 ENV = {
     "target": "XPRESS_TARGET",  # a custom preset's target: local directory or Hub id
@@ -195,6 +198,11 @@ class Loaded:
     speculative: Models
     plain: Models  # the same target without a drafter: the Race
     token_text: TokenTexts
+
+    @property
+    def block_limit(self) -> int:
+        """The largest block L the UI offers: the drafter's trained block size, if it has one, within the UI's cap."""
+        return min(UI_MAX_BLOCK, self.speculative.drafter.max_block or UI_MAX_BLOCK)
 
 
 class ModelCache:
@@ -373,6 +381,21 @@ def cut_last_message(tokenizer, messages: list[dict[str, str]], budget: int):
             high = mid - 1
     kept = head + [{"role": "user", "content": text[-low:]}]
     return kept, encode_prompt(tokenizer, kept, chat=True)
+
+
+def check_block(block: int, loaded: Loaded, preset: str) -> None:
+    """Refuse a block L beyond what the preset's drafter was trained for, before any decoding starts."""
+    if block > loaded.block_limit:
+        raise XpressError(
+            f"block L={block} is longer than the drafter of “{preset}” was trained for: choose L ≤ {loaded.block_limit}"
+        )
+
+
+def block_slider(cache: ModelCache, preset: str, value) -> dict:
+    """The block L slider capped at the preset's limit once its models are loaded (the drafter's trained block size is
+    known then); the UI's cap before."""
+    limit = cache.get(preset).block_limit if cache.is_loaded(preset) else UI_MAX_BLOCK
+    return gr.update(maximum=limit, value=min(int(value), limit))
 
 
 # --- One reply -----------------------------------------------------------------------------------------------------
@@ -595,6 +618,7 @@ def run_chat(
     if not cache.is_loaded(settings.preset):
         yield View(message="", status=f"Loading “{settings.preset}”…")
     loaded = cache.get(settings.preset)
+    check_block(cfg.block, loaded, settings.preset)
     past = history_messages(history)
     prompt = fit_prompt(
         loaded.speculative.tokenizer,
@@ -677,6 +701,183 @@ class Controls:
 chat_turn = spaces.GPU(run_chat) if spaces is not None else run_chat
 
 
+# --- Sweep ---------------------------------------------------------------------------------------------------------
+# The Sweep tab: a small (K, T) grid measured live on the preset's models by the benchmark's own ``bench.sweep``
+# (transformers generate as the plain-decoding baseline, every output checked against it), drawn with the
+# benchmark's heatmap builders.
+
+HELD_OUT, CHAT_BOX = "held-out prompts", "the chat box text"
+SWEEP_SOURCES = (HELD_OUT, CHAT_BOX)
+SWEEP_MAX_PROMPTS = 8
+SWEEP_MAX_NEW_TOKENS = 256
+# Grid settings x prompts at most: with the warm-up and the baseline, a sweep on the embedded models then stays
+# within a few minutes on a 2-core CPU Space.
+SWEEP_MAX_RUNS = 48
+
+SWEEP_HELP = """Measures tokens/s and τ over a grid of drafts K × denoise steps T at one block length L, on the model
+preset chosen in the Chat tab, against plain decoding (transformers `generate`) on the same prompts. Every setting
+first runs once to warm up, then once per prompt, greedy; each output is compared with plain decoding's. Replies
+being decoded meanwhile share the machine and slow the numbers down."""
+
+
+@dataclass(frozen=True)
+class SweepRequest:
+    """The Sweep tab's controls as the UI (or an API client) sends them; checked by ``grid`` and ``run_sweep``."""
+
+    preset: str = ""
+    drafts: tuple[int, ...] = (1, 4)  # K values
+    steps: tuple[int, ...] = (1, 2)  # T values; those above L are left out
+    block: int = 8  # L
+    source: str = HELD_OUT
+    prompts: int = 2  # held-out prompts to run (the chat box text is one prompt)
+    max_new_tokens: int = 64
+
+    def grid(self) -> tuple[DecodeConfig, ...]:
+        """The (K, T) settings at block L, greedy, parallel refinement and tree verification."""
+        whole = {
+            "block L": (self.block, 1, UI_MAX_BLOCK),
+            "prompts": (self.prompts, 1, SWEEP_MAX_PROMPTS),
+            "max new tokens": (self.max_new_tokens, 1, SWEEP_MAX_NEW_TOKENS),
+        }
+        whole |= {f"drafts K={k}": (k, 1, UI_MAX_DRAFTS) for k in self.drafts or ()}
+        whole |= {f"denoise steps T={t}": (t, 1, UI_MAX_BLOCK) for t in self.steps or ()}
+        for name, (value, low, high) in whole.items():
+            if not (is_number(value) and float(value).is_integer() and low <= value <= high):
+                raise XpressError(f"{name} must be a whole number in {low}..{high}, got {value!r}")
+        if not self.drafts or not self.steps:
+            raise XpressError("Pick at least one value of drafts K and one of denoise steps T.")
+        if self.source not in SWEEP_SOURCES:
+            raise XpressError(f"prompts come from {' or '.join(SWEEP_SOURCES)}, got {self.source!r}")
+        steps = sorted({int(t) for t in self.steps if t <= self.block})
+        if not steps:
+            raise XpressError(f"Every denoise steps value T is above the block L={self.block}: pick T ≤ L.")
+        grid = tuple(
+            DecodeConfig(drafts=int(k), steps=t, block=int(self.block)) for k in sorted(set(self.drafts)) for t in steps
+        )
+        runs = len(grid) * self.prompt_count
+        if runs > SWEEP_MAX_RUNS:
+            raise XpressError(
+                f"{len(grid)} settings × {self.prompt_count} prompts = {runs} runs is more than the {SWEEP_MAX_RUNS} a "
+                f"sweep may take here: pick fewer values or prompts."
+            )
+        return tuple(c.validate() for c in grid)
+
+    @property
+    def prompt_count(self) -> int:
+        return int(self.prompts) if self.source == HELD_OUT else 1
+
+
+@dataclass(frozen=True)
+class SweepView:
+    """The Sweep tab's update. ``None`` leaves a component as it is."""
+
+    status: str
+    tokens_per_s: object | None = None  # plotly figures
+    tau: object | None = None
+    table: str | None = None  # markdown
+    run: bench.BenchRun | None = None
+
+
+class SweepCancelled(Exception):
+    """Raised from the sweep's progress callback to end it between runs. Not an XpressError: the benchmark reports
+    those as settings it could not run and goes on."""
+
+
+def sweep_prompts(request: SweepRequest, message: str | None, data_dir: Path) -> tuple[tuple, str | None]:
+    """The prompts to sweep on, and a note when the held-out chats are not there (a Space has no data folder)."""
+    if request.source == CHAT_BOX:
+        text = (message or "").strip()
+        if not text:
+            raise XpressError(
+                "The chat box is empty: type a prompt there (no need to send it), or use held-out prompts."
+            )
+        return (text,), None
+    if (data_dir / bench.SGD_DEV).exists():
+        return bench.spread(bench.default_prompts(data_dir), request.prompts), None
+    note = f"no held-out chats here ({data_dir / bench.SGD_DEV} is missing): the built-in story requests stand in"
+    return bench.spread(bench.story_prompts(), request.prompts), note
+
+
+def run_sweep(
+    cache: ModelCache,
+    request: SweepRequest,
+    message: str | None,
+    progress: bench.Progress | None = None,
+    stop_requested: Callable[[], bool] = never,
+    data_dir: Path = DEFAULT_DATA,
+) -> SweepView:
+    """Run the Sweep tab's grid with ``bench.sweep`` and build its heatmaps and table.
+
+    ``progress`` gets (runs done, runs in all, setting); ``stop_requested`` is polled after every run and ends the
+    sweep there.
+    """
+    grid = request.grid()
+    prompts, note = sweep_prompts(request, message, data_dir)
+    loaded = cache.get(request.preset)
+    check_block(request.block, loaded, request.preset)
+    if isinstance(loaded.speculative.drafter, NoDrafter):
+        raise XpressError(f"“{request.preset}” has no drafter: there is nothing to sweep.")
+    reached = [0, 0]
+
+    def report(done: int, total: int, label: str) -> None:
+        reached[:] = done, total
+        if progress:
+            progress(done, total, label)
+        if stop_requested():
+            raise SweepCancelled
+
+    try:
+        run = bench.sweep(
+            loaded.speculative, prompts, grid, max_new_tokens=int(request.max_new_tokens), progress=report
+        )
+    except SweepCancelled:
+        return SweepView(f"■ Sweep stopped after {reached[0]} of {reached[1]} runs: nothing measured to show.")
+    return SweepView(
+        status=sweep_status(run, len(prompts), note),
+        tokens_per_s=heatmap(run.summaries, "tokens_per_s"),
+        tau=heatmap(run.summaries, "tau"),
+        table=sweep_table(run),
+        run=run,
+    )
+
+
+def sweep_status(run: bench.BenchRun, prompts: int, note: str | None) -> str:
+    xpress = [s for s in run.summaries if s.setting.method == bench.XPRESS]
+    lines = [f"⚠ {note}."] if note else []
+    if xpress:
+        best = max(xpress, key=lambda s: s.tokens_per_s)
+        lines.append(
+            f"✓ **settings: {len(xpress)} · prompts: {prompts} · best {best.setting.label}: "
+            f"{best.tokens_per_s:.1f} tokens/s, ×{best.speedup:.2f} over plain decoding, τ = {best.tau:.2f}**"
+        )
+    lines += [f"⚠ {name} not run: {why}" for name, why in run.skipped]
+    if run.mismatches:
+        lines.append(f"✗ {len(run.mismatches)} outputs differ from plain decoding's (see the table).")
+    elif xpress:
+        lines.append("Every output equals plain decoding's, token for token.")
+    return "\n\n".join(lines)
+
+
+def sweep_table(run: bench.BenchRun) -> str:
+    """One row per setting, plain decoding first (the speedups divide by its tokens/s), then by K and T."""
+
+    def order(s: bench.Summary) -> tuple[int, ...]:
+        d = s.setting.decode
+        return (0,) if d is None else (1, d.drafts, d.steps)
+
+    rows = sorted(run.summaries, key=order)
+    lines = ["| setting | tokens/s | speedup | τ | same tokens as plain |", "|---|---|---|---|---|"]
+    for s in rows:
+        name = "plain decoding (transformers generate)" if s.setting.method == bench.REFERENCE else s.setting.label
+        same = f"{s.checked - s.mismatches}/{s.checked}" if s.checked else "-"
+        lines.append(f"| {name} | {s.tokens_per_s:.1f} | ×{s.speedup:.2f} | {s.tau:.2f} | {same} |")
+    return "\n".join(lines)
+
+
+# ZeroGPU attaches a GPU for each sweep, as for each reply.
+sweep_turn = spaces.GPU(run_sweep) if spaces is not None else run_sweep
+
+
 # --- Layout and wiring ---------------------------------------------------------------------------------------------
 
 
@@ -691,7 +892,13 @@ def build_app(config: AppConfig, cache: ModelCache | None = None) -> gr.Blocks:
         "provenance": plots.message_figure(plots.PROVENANCE_TITLE, "The reply's tokens appear here.", height=160),
     }
 
-    with gr.Blocks(title="xPress", analytics_enabled=False, delete_cache=(3600, 3600)) as demo:
+    # The chat is the first tab; the Sweep tab is added beside it below (re-entering the Blocks), which keeps the
+    # chat's layout as it was.
+    with (
+        gr.Blocks(title="xPress", analytics_enabled=False, delete_cache=(3600, 3600)) as demo,
+        gr.Tabs() as tabs,
+        gr.Tab("Chat", id="chat"),
+    ):
         reply_state = gr.State(None)
         controls = gr.State(Controls())
         gr.Markdown(INTRO)
@@ -928,7 +1135,7 @@ def build_app(config: AppConfig, cache: ModelCache | None = None) -> gr.Blocks:
             controls,
         ]
         chat_event = gr.on([message.submit, send.click], arm, controls, None, queue=False, api_visibility="private")
-        chat_event.then(respond, inputs, outputs, api_name="chat", show_progress="minimal")
+        reply_event = chat_event.then(respond, inputs, outputs, api_name="chat", show_progress="minimal")
         stop.click(request_stop, controls, None, queue=False, api_visibility="private")
         clear.click(cleared, controls, outputs, queue=False, api_visibility="private")
         for slider in (round_slider, step_slider):
@@ -951,8 +1158,131 @@ def build_app(config: AppConfig, cache: ModelCache | None = None) -> gr.Blocks:
         race_box.change(lambda on: gr.update(visible=on), race_box, plain_box, queue=False, api_visibility="private")
         preset.change(cache.describe, preset, preset_note, queue=False, api_visibility="private")
         demo.load(cache.describe, preset, preset_note, queue=False, api_visibility="private")
+        # Block L never offers more than the drafter was trained for: capped whenever the preset's models may have
+        # just loaded (a reply, a page load, another preset).
+        for cap_trigger in (reply_event.then, preset.change, demo.load):
+            cap_trigger(partial(block_slider, cache), [preset, block], block, queue=False, api_visibility="private")
+    with demo, tabs, gr.Tab("Sweep", id="sweep") as sweep:
+        sweep_tab(demo, sweep, cache, preset, message, block)
     demo.queue(default_concurrency_limit=config.concurrency, max_size=QUEUE_SIZE)
     return demo
+
+
+def sweep_tab(
+    demo: gr.Blocks, tab: gr.Tab, cache: ModelCache, preset: gr.Dropdown, message: gr.Textbox, chat_block: gr.Slider
+) -> None:
+    """The Sweep tab's layout and events, inside ``tab``; the preset, the chat box and the chat's block L slider are
+    the Chat tab's."""
+    defaults = SweepRequest()
+    controls = gr.State(Controls())
+    gr.Markdown(SWEEP_HELP)
+    with gr.Row():
+        drafts = gr.CheckboxGroup(
+            list(range(1, UI_MAX_DRAFTS + 1)), value=list(defaults.drafts), label="Drafts K", elem_id="sweep-drafts"
+        )
+        steps = gr.CheckboxGroup(
+            list(range(1, UI_MAX_BLOCK + 1)),
+            value=list(defaults.steps),
+            label="Denoise steps T",
+            info="Values above L are left out.",
+            elem_id="sweep-steps",
+        )
+    with gr.Row():
+        block = gr.Slider(
+            1, UI_MAX_BLOCK, value=defaults.block, step=1, precision=0, label="Block L", elem_id="sweep-block"
+        )
+        source = gr.Radio(list(SWEEP_SOURCES), value=defaults.source, label="Prompts", elem_id="sweep-source")
+        count = gr.Slider(
+            1,
+            SWEEP_MAX_PROMPTS,
+            value=defaults.prompts,
+            step=1,
+            precision=0,
+            label="Held-out prompts",
+            info="How many, spread over the benchmark's held-out chats and story requests.",
+            elem_id="sweep-prompts",
+            visible=defaults.source == HELD_OUT,
+        )
+        max_new_tokens = gr.Slider(
+            1,
+            SWEEP_MAX_NEW_TOKENS,
+            value=defaults.max_new_tokens,
+            step=1,
+            precision=0,
+            label="Max new tokens",
+            elem_id="sweep-max-new-tokens",
+        )
+    with gr.Row():
+        run = gr.Button("Run sweep", variant="primary", elem_id="sweep-run")
+        stop = gr.Button("Stop", variant="stop", elem_id="sweep-stop")
+    status = gr.Markdown(elem_id="sweep-status")
+    with gr.Column():  # full width each: the heatmaps' titles are long
+        tokens_plot = gr.Plot(
+            plots.message_figure(HEATMAP_METRICS["tokens_per_s"], "Run a sweep: tokens/s over (K, T) appear here."),
+            label="tokens/s",
+            elem_id="sweep-heatmap-tokens",
+        )
+        tau_plot = gr.Plot(
+            plots.message_figure(HEATMAP_METRICS["tau"], "Run a sweep: τ over (K, T) appears here."),
+            label="τ",
+            elem_id="sweep-heatmap-tau",
+        )
+    table = gr.Markdown(elem_id="sweep-table")
+
+    def sweep(
+        preset,
+        drafts,
+        steps,
+        block,
+        source,
+        count,
+        max_new_tokens,
+        message,
+        controls: Controls,
+        progress=gr.Progress(),  # noqa: B008 (Gradio finds the progress tracker by this default value)
+    ):
+        request = SweepRequest(preset, tuple(drafts or ()), tuple(steps or ()), block, source, count, max_new_tokens)
+        progress(0, desc="Loading the models and the prompts…")
+        try:
+            view = sweep_turn(
+                cache,
+                request,
+                message,
+                lambda done, total, label: progress((done, total), desc=f"runs · last: {label}", unit="runs"),
+                lambda: controls.stop,
+            )
+        except XpressError as error:
+            raise gr.Error(str(error)) from error
+        fields = [view.status, view.tokens_per_s, view.tau, view.table]
+        return [gr.skip() if value is None else value for value in fields]
+
+    def arm(controls: Controls) -> None:
+        controls.stop = False
+
+    def request_stop(controls: Controls) -> None:
+        controls.stop = True
+
+    started = run.click(arm, controls, None, queue=False, api_visibility="private")
+    # One sweep at a time: two at once would each measure the other's load.
+    finished = started.then(
+        sweep,
+        [preset, drafts, steps, block, source, count, max_new_tokens, message, controls],
+        [status, tokens_plot, tau_plot, table],
+        api_name="sweep",
+        concurrency_limit=1,
+        concurrency_id="sweep",
+    )
+    stop.click(request_stop, controls, None, queue=False, api_visibility="private")
+    source.change(
+        lambda chosen: gr.update(visible=chosen == HELD_OUT), source, count, queue=False, api_visibility="private"
+    )
+    # Both block L sliders are capped once a sweep has loaded the models; this one also whenever the tab is opened (a
+    # reply may have loaded them).
+    cap = partial(block_slider, cache)
+    for slider in (block, chat_block):
+        finished.then(cap, [preset, slider], slider, queue=False, api_visibility="private")
+    for cap_trigger in (tab.select, preset.change, demo.load):
+        cap_trigger(cap, [preset, block], block, queue=False, api_visibility="private")
 
 
 def parse_args(argv: list[str] | None = None) -> AppConfig:

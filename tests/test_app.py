@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import app
+from xpress_core import bench
 from xpress_core.config import DecodeConfig
 from xpress_core.drafters.base import NoDrafter
 from xpress_core.engine import Models, decode
@@ -422,3 +423,141 @@ def test_building_the_app_loads_no_model(config, monkeypatch):
     demo = app.build_app(config)
     chat = next(d for d in demo.fns.values() if d.api_name == "chat")
     assert len(chat.inputs) == 15 and demo._queue.default_concurrency_limit == config.concurrency  # 14 + controls
+
+
+# --- block L and the drafter's trained block size ------------------------------------------------------------------
+
+
+def test_block_beyond_the_drafters_trained_size_is_refused_before_decoding(cache, oracle_models, recorded):
+    trained = oracle_models[TINY].drafter.model.config.block_size  # 8 for the tiny drafter
+    with pytest.raises(XpressError, match=f"block L={trained + 1} is longer than .* choose L ≤ {trained}"):
+        list(app.run_chat(cache, "hello", [], settings(block=trained + 1)))
+    assert recorded == []  # refused up front, not halfway through the engine
+    # The autoregressive drafter has no trained block size: any L within the UI's cap is decoded.
+    chosen = settings(preset=TINY_AR, block=trained + 4, steps=1)
+    _, result = engine_run(oracle_models[TINY_AR], [{"role": "user", "content": "hello"}], chosen.decode_config())
+    assert final(list(app.run_chat(cache, "hello", [], chosen))).reply.result.token_ids == result.token_ids
+
+
+def test_block_slider_is_capped_once_the_models_are_loaded(config, oracle_models):
+    fresh = app.ModelCache(config)
+    assert app.block_slider(fresh, TINY, 12) == {"__type__": "update", "maximum": app.UI_MAX_BLOCK, "value": 12}
+    fresh.get(TINY)
+    trained = oracle_models[TINY].drafter.model.config.block_size
+    assert app.block_slider(fresh, TINY, 12) == {"__type__": "update", "maximum": trained, "value": trained}
+    assert app.block_slider(fresh, TINY, 3)["value"] == 3
+    fresh.get(TINY_AR)
+    assert app.block_slider(fresh, TINY_AR, 12) == {"__type__": "update", "maximum": app.UI_MAX_BLOCK, "value": 12}
+
+
+# --- the Sweep tab -------------------------------------------------------------------------------------------------
+
+
+def sweep_request(**changes) -> app.SweepRequest:
+    base = {"preset": TINY, "drafts": (1, 2), "steps": (1, 2), "block": 4, "source": app.CHAT_BOX, "max_new_tokens": 8}
+    return app.SweepRequest(**{**base, **changes})
+
+
+def heatmap_cells(fig) -> dict[tuple[int, int], float]:
+    """(K, T) -> the value a heatmap draws, read from the figure."""
+    (trace,) = fig.data
+    return {(int(k), int(t)): z for k, row in zip(trace.y, trace.z) for t, z in zip(trace.x, row)}
+
+
+def test_sweep_draws_what_bench_sweep_measured(cache, oracle_models, monkeypatch):
+    runs, real_sweep = [], bench.sweep
+
+    def recording_sweep(*args, **kwargs):
+        runs.append(real_sweep(*args, **kwargs))
+        return runs[-1]
+
+    monkeypatch.setattr(app.bench, "sweep", recording_sweep)
+    seen = []
+    view = app.run_sweep(cache, sweep_request(), "  Book a table for two.  ", lambda *p: seen.append(p))
+    (run,) = runs
+    assert view.run is run
+    settings_run = {
+        (s.setting.decode.drafts, s.setting.decode.steps): s for s in run.summaries if s.setting.method == bench.XPRESS
+    }
+    assert set(settings_run) == {(1, 1), (1, 2), (2, 1), (2, 2)}
+    assert heatmap_cells(view.tokens_per_s) == {key: s.tokens_per_s for key, s in settings_run.items()}
+    assert heatmap_cells(view.tau) == {key: s.tau for key, s in settings_run.items()}
+    # τ does not depend on timing: bench.sweep run directly on the same prompt gives the same heatmap.
+    oracle = bench.sweep(oracle_models[TINY], ["Book a table for two."], "K=1,2 T=1,2 L=4", max_new_tokens=8)
+    assert heatmap_cells(view.tau) == {
+        (s.setting.decode.drafts, s.setting.decode.steps): s.tau
+        for s in oracle.summaries
+        if s.setting.method == bench.XPRESS
+    }
+    assert seen[-1][0] == seen[-1][1] == 5 * 2  # (baseline + 4 settings) x (warm-up + 1 prompt)
+    assert run.mismatches == () and "Every output equals plain decoding's" in view.status
+    reference = next(s for s in run.summaries if s.setting.method == bench.REFERENCE)
+    rows = view.table.splitlines()[2:]
+    assert rows[0] == f"| plain decoding (transformers generate) | {reference.tokens_per_s:.1f} | ×1.00 | 1.00 | - |"
+    assert rows[1:] == [
+        f"| {s.setting.label} | {s.tokens_per_s:.1f} | ×{s.speedup:.2f} | {s.tau:.2f} | 1/1 |"
+        for _, s in sorted(settings_run.items())
+    ]
+
+
+def test_a_preset_without_a_drafter_has_nothing_to_sweep(zoo):
+    plain = app.ModelCache(app.AppConfig((app.Preset("plain", str(zoo["llama"]), "none"),), device="cpu"))
+    with pytest.raises(XpressError, match="“plain” has no drafter: there is nothing to sweep"):
+        app.run_sweep(plain, sweep_request(preset="plain"), "hello")
+
+
+def test_sweep_on_held_out_prompts(cache, tmp_path, monkeypatch):
+    """The benchmark's held-out prompts, spread; without the data folder the built-in story requests stand in."""
+    used, real_sweep = [], bench.sweep
+    monkeypatch.setattr(
+        app.bench,
+        "sweep",
+        lambda models, prompts, grid, **kw: used.append(prompts) or real_sweep(models, prompts, grid, **kw),
+    )
+    request = sweep_request(source=app.HELD_OUT, prompts=2, drafts=(1,), steps=(1,), max_new_tokens=4)
+    view = app.run_sweep(cache, request, "", data_dir=tmp_path / "missing")
+    assert [p.name for p in used[-1]] == ["story-0", "story-5"]
+    assert "built-in story requests stand in" in view.status
+    (tmp_path / "sgd").mkdir()
+    dialogues = [f"User: hello {i}\nAssistant: hi {i}\nUser: book {i}\n" for i in range(10)]
+    (tmp_path / bench.SGD_DEV).write_text("\n".join(dialogues))
+    view = app.run_sweep(cache, request, "", data_dir=tmp_path)
+    assert [p.name for p in used[-1]] == [p.name for p in bench.spread(bench.default_prompts(tmp_path), 2)]
+    assert "stand in" not in view.status
+
+
+@pytest.mark.parametrize(
+    "changes,message,expected",
+    [
+        ({"drafts": ()}, "hi", "Pick at least one value of drafts K"),
+        ({"steps": []}, "hi", "Pick at least one value of drafts K and one of denoise steps T"),
+        ({"steps": (8,), "block": 4}, "hi", "Every denoise steps value T is above the block L=4"),
+        ({"drafts": (9,)}, "hi", "drafts K=9 must be a whole number in 1..8"),
+        ({"max_new_tokens": 0}, "hi", "max new tokens"),
+        ({"source": "somewhere"}, "hi", "prompts come from"),
+        (
+            {"drafts": tuple(range(1, 9)), "steps": (1, 2, 3, 4), "source": app.HELD_OUT, "prompts": 2},
+            "",
+            "32 settings × 2 prompts = 64 runs is more than the 48",
+        ),
+        ({}, "   ", "The chat box is empty"),
+        ({"block": 9, "steps": (1,)}, "hi", "block L=9 is longer than the drafter of “tiny · diffusion” was trained"),
+        ({"preset": MISSING}, "hi", "“missing” is not available"),
+    ],
+)
+def test_bad_sweeps_are_refused_with_a_message(cache, changes, message, expected):
+    with pytest.raises(XpressError, match=expected):
+        app.run_sweep(cache, sweep_request(**changes), message)
+
+
+def test_a_stopped_sweep_says_so_and_the_next_one_runs(cache):
+    stop = [False]
+
+    def progress(done, total, label):
+        stop[0] = done >= 3  # the Stop button, pressed during the third run
+
+    view = app.run_sweep(cache, sweep_request(), "hello", progress, lambda: stop[0])
+    assert view.status == "■ Sweep stopped after 3 of 10 runs: nothing measured to show."
+    assert view.tokens_per_s is None and view.tau is None and view.run is None  # the last heatmaps stay
+    view = app.run_sweep(cache, sweep_request(drafts=(1,), steps=(1,)), "hello")
+    assert view.status.startswith("✓ **settings: 1 · prompts: 1 · best K=1 T=1 L=4")

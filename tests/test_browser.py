@@ -1,7 +1,8 @@
 """The app in a real browser: Debian's chromium driven by playwright against ``python app.py`` on the tiny models.
 
 A user's session: send a message and watch it stream with the four panels drawn; move the drafts slider, race plain
-decoding and send again; scrub the rounds; stop a generation midway and go on chatting. Reply statistics shown on the
+decoding and send again; scrub the rounds; stop a generation midway and go on chatting; run a (K, T) sweep in the
+Sweep tab, stop one, and ask for an empty one. Reply statistics shown on the
 page are compared with the engine run directly. Screenshots go to test-output/.
 
 Skips when chromium or playwright is missing, unless XPRESS_REQUIRE_BROWSER=1 (CI), where that is a failure.
@@ -29,6 +30,7 @@ from tests.app_browser import (
     wait_done,
 )
 from tests.app_server import OUTPUT, serve_app, zoo_env
+from xpress_core import bench
 from xpress_core.config import DecodeConfig
 from xpress_core.engine import decode
 from xpress_core.models import encode_prompt, load_models
@@ -99,6 +101,8 @@ def test_a_reply_streams_in_and_the_four_panels_draw_it(page, models):
         expected.rounds,
         f"{expected.mean_accept_len:.2f}",
     )
+    # The first reply loaded the models: block L is capped at the tiny drafter's trained block size.
+    page.wait_for_function("document.querySelector('#block input[type=range]').max === '8'")
     lengths = [n for n in page.evaluate("window.replyLengths") if n > 0]
     assert len(set(lengths)) >= 3, f"the reply did not stream: lengths seen {lengths}"
     assert page.input_value("#message textarea") == ""
@@ -188,3 +192,57 @@ def test_stop_midway_keeps_the_partial_reply_and_clear_empties_the_chat(page, mo
     page.wait_for_function(f'document.querySelectorAll("{BOT}").length === 0')
     page.wait_for_timeout(1500)
     assert page.locator(BOT).count() == 0 and status(page) == "", "a late update came back after Clear"
+
+
+def test_a_sweep_runs_live_with_a_progress_bar_draws_its_heatmaps_and_stops(page, models):
+    message = "Book a table for two."
+    page.fill("#message textarea", message)  # the sweep's prompt: typed in the chat box, not sent
+    page.get_by_role("tab", name="Sweep").click()
+    for group, value, on in (("sweep-drafts", "4", False), ("sweep-drafts", "2", True), ("sweep-steps", "2", False)):
+        box = page.locator(f"#{group}").get_by_label(value, exact=True)
+        if box.is_checked() != on:
+            box.click()
+    set_number(page, "sweep-block", 4)
+    set_number(page, "sweep-max-new-tokens", 24)
+    page.locator("#sweep-source").get_by_label(app.CHAT_BOX).check()
+    page.evaluate("""() => {
+        window.progressSeen = [];
+        new MutationObserver(() => {
+            const bar = document.querySelector('#sweep-status .progress-text, #sweep-status .progress-level');
+            if (bar) window.progressSeen.push(bar.textContent);
+        }).observe(document.body, {subtree: true, childList: true, characterData: true});
+    }""")
+    page.click("#sweep-run")
+    page.wait_for_function("document.querySelector('#sweep-status').innerText.includes('✓')")
+    assert page.evaluate("window.progressSeen.length") > 0, "no progress bar was shown"
+    oracle = bench.sweep(models, [message], "K=1,2 T=1 L=4", max_new_tokens=24)
+    xpress = [s for s in oracle.summaries if s.setting.method == bench.XPRESS]
+    page.wait_for_selector("#sweep-heatmap-tau .js-plotly-plot .main-svg")
+    tau = svg_text(page, "sweep-heatmap-tau")
+    assert "L = 4" in tau and "T (denoise steps)" in tau
+    for s in xpress:  # τ does not depend on timing: the cells show the oracle's values
+        assert f"{s.tau:.2f}" in tau
+    assert "L = 4" in svg_text(page, "sweep-heatmap-tokens")
+    table = page.inner_text("#sweep-table")
+    assert "plain decoding (transformers generate)" in table
+    assert all(s.setting.label in table for s in xpress)
+    assert page.locator("#block input[type=range]").get_attribute("max") == "8"  # the tiny drafter's trained block
+    screenshot(page, "browser-4-sweep.png")
+
+    set_number(page, "sweep-max-new-tokens", 256)
+    page.evaluate("window.progressSeen = []")
+    page.click("#sweep-run")
+    page.wait_for_function("window.progressSeen.length > 0")
+    page.click("#sweep-stop")
+    page.wait_for_function("document.querySelector('#sweep-status').innerText.includes('Sweep stopped after')")
+    assert "L = 4" in svg_text(page, "sweep-heatmap-tau")  # the last sweep's heatmaps stay
+
+    page.locator("#sweep-drafts").get_by_label("1", exact=True).uncheck()
+    page.locator("#sweep-drafts").get_by_label("2", exact=True).uncheck()
+    page.click("#sweep-run")
+    page.wait_for_selector(".toast-body:has-text('Pick at least one value of drafts K')")
+    page.locator("#sweep-drafts").get_by_label("1", exact=True).check()
+    set_number(page, "sweep-max-new-tokens", 4)
+    page.click("#sweep-run")
+    page.wait_for_function("document.querySelector('#sweep-status').innerText.includes('settings: 1')")
+    page.get_by_role("tab", name="Chat").click()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 
 import pytest
 import torch
@@ -278,3 +279,37 @@ def test_bfloat16_runs_and_plain_decoding_equals_generate(zoo):
             assert list(result.token_ids) == ref
         else:
             assert result.token_ids[0] == ref[0] and result.new_tokens == NEW
+
+
+def random_drafts(rng: random.Random) -> tuple[int, list[list[int]]]:
+    """A root and K drafts of L tokens over a 3-token vocabulary, so that drafts share prefixes often."""
+    k, length = rng.randint(1, 8), rng.randint(1, 8)
+    return rng.randrange(3), [[rng.randrange(3) for _ in range(length)] for _ in range(k)]
+
+
+def prefixes(tree) -> list[tuple[int, ...]]:
+    """Each node's draft tokens from the root down (the root's is empty): what identifies a node in a trie."""
+    out: list[tuple[int, ...]] = []
+    for node, parent in enumerate(tree.parents):
+        out.append(() if parent == -1 else out[parent] + (tree.tokens[node],))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_tree_mask_and_children_equal_a_direct_construction_on_random_tries(seed):
+    rng = random.Random(seed)
+    root, drafts = random_drafts(rng)
+    tree = build_tree(root, drafts)
+    paths = prefixes(tree)
+    assert len(set(paths)) == len(paths) == tree.size + 1  # shared prefixes are one node
+    for node, path in enumerate(paths):
+        # node j is visible from node i iff j's tokens are a prefix of i's: j is i or one of its ancestors
+        expected = {j for j, other in enumerate(paths) if path[: len(other)] == other}
+        for past, dtype in ((0, torch.float32), (rng.randint(1, 9), torch.bfloat16)):
+            row = tree_attention_mask(tree, past, dtype, "cpu")[0, 0, node]
+            want = torch.full((past + len(paths),), torch.finfo(dtype).min, dtype=dtype)
+            want[:past] = 0
+            want[[past + j for j in expected]] = 0
+            assert torch.equal(row, want), (seed, node)
+        kids = {tree.tokens[c]: c for c, parent in enumerate(tree.parents) if parent == node}
+        assert dict(tree.children(node)) == kids

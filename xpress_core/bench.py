@@ -435,8 +435,12 @@ def default_prompts(data_dir: Path, sgd: int = SGD_PROMPTS, stories: int = len(S
         while turns[-1]["role"] != "user":  # the prompt ends with the user's turn: the reply is the assistant's
             turns = turns[:-1]
         chats.append(Prompt(f"sgd_dev-{i}", tuple((m["role"], m["content"]) for m in turns), chat=True))
-    story_prompts = [Prompt(f"story-{i}", (("user", text),), chat=True) for i, text in enumerate(STORY_REQUESTS)]
-    return tuple(chats + story_prompts[:stories])
+    return tuple(chats) + story_prompts(stories)
+
+
+def story_prompts(count: int = len(STORY_REQUESTS)) -> tuple[Prompt, ...]:
+    """The first ``count`` story requests: held out too, and built in (they need no data folder)."""
+    return tuple(Prompt(f"story-{i}", (("user", text),), chat=True) for i, text in enumerate(STORY_REQUESTS[:count]))
 
 
 def read_prompt_file(path: Path) -> tuple[Prompt, ...]:

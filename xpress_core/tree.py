@@ -6,7 +6,10 @@ before children, so ``[root] + nodes`` is a valid input order for one target for
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
+from types import MappingProxyType
 
 import torch
 
@@ -26,8 +29,18 @@ class DraftTree:
         """Draft nodes, root excluded."""
         return len(self.tokens) - 1
 
-    def children(self, node: int) -> dict[int, int]:
-        return {self.tokens[c]: c for c in range(1, len(self.tokens)) if self.parents[c] == node}
+    def children(self, node: int) -> Mapping[int, int]:
+        """Child token -> child node."""
+        return self.child_map[node]
+
+    @cached_property
+    def child_map(self) -> tuple[Mapping[int, int], ...]:
+        """Per node, child token -> child node (read-only); built once per tree, since the acceptance walk asks at
+        every step. A cached_property stores into the instance's __dict__, which a frozen dataclass allows."""
+        kids: list[dict[int, int]] = [{} for _ in self.tokens]
+        for node in range(1, len(self.tokens)):
+            kids[self.parents[node]][self.tokens[node]] = node
+        return tuple(MappingProxyType(k) for k in kids)
 
 
 def build_tree(root: int, drafts: list[list[int]]) -> DraftTree:
@@ -56,16 +69,19 @@ def tree_attention_mask(tree: DraftTree, past: int, dtype: torch.dtype, device) 
     A float mask (0 / finfo.min) rather than bool: bool masks are silently misread by some eager attention paths.
     """
     n = len(tree.tokens)
-    allowed = torch.zeros(n, n, dtype=torch.bool)
-    for node in range(n):
-        ancestor = node
-        while ancestor != -1:
-            allowed[node, ancestor] = True
-            ancestor = tree.parents[ancestor]
-    mask = torch.full((n, past + n), torch.finfo(dtype).min, dtype=dtype)
+    # Walk every node up the tree at once: step d holds each node's ancestor d levels up. The root is made its own
+    # parent, so a walk that reaches it stays there and marks it again, which changes nothing.
+    parent = torch.tensor(tree.parents, device=device).clamp_(min=0)  # (N+1,)
+    up = [torch.arange(n, device=device)]
+    for _ in range(max(tree.depths)):
+        up.append(parent[up[-1]])
+    ancestors = torch.stack(up)  # (depth+1, N+1): column i lists node i, its parent, ..., the root
+    allowed = torch.zeros(n, n, dtype=torch.bool, device=device)
+    allowed[up[0].expand_as(ancestors), ancestors] = True
+    mask = torch.full((n, past + n), torch.finfo(dtype).min, dtype=dtype, device=device)
     mask[:, :past] = 0
     mask[:, past:].masked_fill_(allowed, 0)
-    return mask.to(device)[None, None]
+    return mask[None, None]
 
 
 def tree_position_ids(tree: DraftTree, past: int, device) -> torch.Tensor:

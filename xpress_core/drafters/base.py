@@ -25,6 +25,8 @@ class Drafter(ABC):
     name: str = "drafter"
     # Target layers (0-based decoder layer outputs) whose hidden states ``commit`` needs; empty = none.
     tapped_layers: tuple[int, ...] = ()
+    # The longest block L it can draft (a diffusion drafter's trained block size); None = any length.
+    max_block: int | None = None
 
     @abstractmethod
     def start(self, prompt_ids: torch.Tensor, features: torch.Tensor | None) -> object:

@@ -32,6 +32,7 @@ class DiffusionDrafter(Drafter):
     def __init__(self, model: XpressDrafter, banned_ids: list[int]):
         self.model = model
         self.tapped_layers = tuple(model.config.tapped_layers)
+        self.max_block = model.config.block_size
         self.banned = banned_token_mask(model.config.vocab_size, banned_ids, model.device)
 
     @torch.no_grad()
@@ -55,10 +56,8 @@ class DiffusionDrafter(Drafter):
 
     @torch.no_grad()
     def draft(self, state: DiffusionState, root: int, cfg: DecodeConfig, generator: torch.Generator) -> Drafts:
-        if cfg.block > self.model.config.block_size:
-            raise XpressError(
-                f"block L={cfg.block} exceeds the drafter's trained block size {self.model.config.block_size}"
-            )
+        if cfg.block > self.max_block:
+            raise XpressError(f"block L={cfg.block} exceeds the drafter's trained block size {self.max_block}")
         k, length, device = cfg.drafts, cfg.block, self.model.device
         tokens = torch.full((k, length), MASKED, dtype=torch.long, device=device)
         committed = torch.zeros((k, length), dtype=torch.bool, device=device)
