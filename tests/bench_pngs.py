@@ -1,0 +1,52 @@
+"""The README's result plots: each Plotly HTML figure of a bench run rendered to PNG in chromium.
+
+    python -m tests.bench_pngs RUN.json [--out assets/results]
+
+The bench writes interactive HTML (plotly.js beside it, offline); a README on the Hub or GitHub shows only images,
+and plotly's static export needs kaleido, which is not a dependency: the test browser draws them instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from tests.app_browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, browser_problem
+
+VIEWPORT = {"width": 1100, "height": 560}
+
+
+def figure_files(run_json: Path) -> dict[str, Path]:
+    """Figure name -> HTML file, from the ``files`` map the bench writes into its JSON."""
+    files = json.loads(run_json.read_text())["files"]
+    return {name: Path(path) for name, path in files.items() if path.endswith(".html")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_json", type=Path, help="the JSON written by `python -m xpress_core bench --json`")
+    parser.add_argument("--out", type=Path, default=Path("assets") / "results")
+    args = parser.parse_args()
+    problem = browser_problem()
+    if problem:
+        raise SystemExit(problem)
+    from playwright.sync_api import sync_playwright
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport=VIEWPORT)
+        page.set_default_timeout(TIMEOUT_MS)
+        for name, html in figure_files(args.run_json).items():
+            page.goto(html.resolve().as_uri())
+            page.wait_for_selector(".plotly .main-svg")
+            page.wait_for_timeout(300)  # the first layout pass settles after the SVG appears
+            out = args.out / f"{name}.png"
+            page.locator(".plotly-graph-div").first.screenshot(path=str(out))
+            print(out)
+        browser.close()
+
+
+if __name__ == "__main__":
+    main()
