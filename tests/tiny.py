@@ -95,9 +95,9 @@ def build_tiny_zoo(root: Path) -> dict[str, Path]:
     return zoo
 
 
-def make_masked_lm(tok, out: Path, seed: int = 2, vocab_size: int | None = None) -> Path:
+def make_masked_lm(tok, out: Path, seed: int = 2, vocab_size: int | None = None, with_tokenizer: bool = True) -> Path:
     """A tiny bidirectional masked LM (BERT) sharing the tokenizer, with its mask token: a standalone diffusion-LM
-    drafter in the LLaDA/MDLM convention (no logit shift)."""
+    drafter in the LLaDA/MDLM convention (no logit shift). ``with_tokenizer=False`` ships none, as MDLM does."""
     torch.manual_seed(seed)
     config = BertConfig(
         vocab_size=vocab_size or len(tok),
@@ -109,7 +109,8 @@ def make_masked_lm(tok, out: Path, seed: int = 2, vocab_size: int | None = None)
         pad_token_id=tok.pad_token_id,
     )
     BertForMaskedLM(config).save_pretrained(out)
-    tok.save_pretrained(out)
+    if with_tokenizer:
+        tok.save_pretrained(out)
     return out
 
 
@@ -152,7 +153,11 @@ def make_dflash_drafter(target_dir: Path, out: Path, layer_ids=(0, 2), block_siz
     def norm(n):
         return 1.0 + rand(n, scale=0.1)
 
-    tensors = {"fc.weight": rand(hidden, len(layer_ids) * hidden), "hidden_norm.weight": norm(hidden), "norm.weight": norm(hidden)}
+    tensors = {
+        "fc.weight": rand(hidden, len(layer_ids) * hidden),
+        "hidden_norm.weight": norm(hidden),
+        "norm.weight": norm(hidden),
+    }
     for i in range(layers):
         p = f"layers.{i}."
         tensors |= {

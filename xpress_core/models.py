@@ -173,7 +173,9 @@ def load_drafter(
     config = read_config_json(spec)
     kind = drafter_kind(config) if options.kind == "auto" else options.kind
     if kind in ("xpress", "dflash"):
-        return load_conditioned_drafter(spec, config if kind == "dflash" else None, target, tokenizer, device, dtype, banned)
+        return load_conditioned_drafter(
+            spec, config if kind == "dflash" else None, target, tokenizer, device, dtype, banned
+        )
     if kind == "diffusion-lm":
         return load_diffusion_lm(spec, config, options, target, tokenizer, device, dtype, banned, access)
     check_tokenizer_match("drafter", spec, tokenizer)

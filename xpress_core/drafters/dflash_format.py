@@ -73,7 +73,9 @@ def dflash_drafter_config(config: dict, spec: str) -> XpressDrafterConfig:
     if rope.get("rope_type", "default") != "default":
         raise XpressError(f"drafter {spec!r} uses rope type {rope['rope_type']!r}; xPress implements the default one")
     layer_ids, mask_id, block = (dflash_value(config, k) for k in ("target_layer_ids", "mask_token_id", "block_size"))
-    missing = [k for k, v in (("target_layer_ids", layer_ids), ("mask_token_id", mask_id), ("block_size", block)) if v is None]
+    missing = [
+        k for k, v in (("target_layer_ids", layer_ids), ("mask_token_id", mask_id), ("block_size", block)) if v is None
+    ]
     if missing:
         raise XpressError(f"drafter {spec!r} is a DFlash checkpoint without {', '.join(missing)} in its config.json")
     return XpressDrafterConfig(

@@ -146,4 +146,3 @@ class DiffusionDrafter(MaskedDiffusionDrafter):
         positions = torch.arange(state.length, state.length + block.shape[1], device=tokens.device).expand(rows, -1)
         context = [(ck.expand(rows, -1, -1, -1), cv.expand(rows, -1, -1, -1)) for ck, cv in state.context]
         return self.model(self.model.embed_block(block, masked), positions, context)[:, 1:]
-
