@@ -28,8 +28,8 @@ class ModelPreset:
     name: str
     target: str  # Hub id or local directory
     drafter: str  # Hub id, local directory or "none"
-    drafter_kind: str  # one of models.DRAFTER_KINDS: how the drafter is loaded
-    hardware: str  # what it needs to run at a useful speed
+    drafter_kind: str = "auto"  # one of models.DRAFTER_KINDS: how the drafter is loaded
+    hardware: str = ""  # what it needs to run at a useful speed
     remote_code: bool = False  # the drafter's model code lives in its Hub repository (needs --trust-remote-code)
 
 
