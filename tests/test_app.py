@@ -203,6 +203,8 @@ def test_hub_presets_describe_their_needs_and_remote_code_needs_opt_in():
         locked.get(remote.name)
     note = locked.describe(dflash.name)
     assert "downloaded from the Hub" in note and dflash.hardware in note
+    own = next(p for p in presets if p.drafter_kind == "xpress")  # ours for Qwen3: a local directory, not trained here
+    assert "does not exist" in locked.describe(own.name)
     trusted = app.ModelCache(app.AppConfig(presets, access=Access(trust_remote_code=True)))
     assert not trusted.describe(remote.name).startswith("⚠")
     assert "downloaded from the Hub" not in trusted.describe(app.EMBEDDED_PRESET)

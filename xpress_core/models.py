@@ -20,7 +20,7 @@ from .drafters.diffusion_lm import FAMILIES, DiffusionLMDrafter, family_conventi
 from .drafters.diffusion_model import XpressDrafter, XpressDrafterConfig, default_tapped_layers
 from .engine import Models, stop_token_ids
 from .errors import XpressError
-from .presets import Access, check_known, remote_code_allowed
+from .presets import Access, check_known, is_local, remote_code_allowed
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 EMBEDDED_TARGET = ASSETS / "target"
@@ -122,10 +122,13 @@ def check_tokenizer_match(kind: str, spec: str, target_tokenizer) -> None:
 
 def check_tokenizer_extends(kind: str, spec: str, target_tokenizer):
     """A diffusion LM may add tokens (its mask) to the target's tokenizer, but every target token must keep its id.
-    Returns the drafter's tokenizer, or None when it ships none (its vocabulary size is still checked)."""
-    if not ships_tokenizer(spec):
+    Returns the drafter's tokenizer, or None when it has none (MDLM: its vocabulary size is still checked)."""
+    if is_local(spec) and not ships_tokenizer(spec):
         return None
-    tokenizer = load_tokenizer(spec)
+    try:
+        tokenizer = load_tokenizer(spec)
+    except XpressError:  # a Hub repository without a tokenizer
+        return None
     vocab = tokenizer.get_vocab()
     if any(vocab.get(token) != i for token, i in target_tokenizer.get_vocab().items()):
         raise XpressError(f"{kind} {spec!r} uses a different tokenizer than the target: drafts would be meaningless")

@@ -47,8 +47,9 @@ class MaskedDiffusionDrafter(Drafter):
         confidence = torch.zeros((k, length), device=device)
         steps = []
         for step in range(1, cfg.steps + 1):
+            # .to(device): with a target spread over GPUs, the shared LM head may sit on another GPU than the drafter.
             logits = torch.cat(
-                [self.denoise(state, root, tokens[rows], committed[rows]) for rows in refine_groups(cfg)]
+                [self.denoise(state, root, tokens[rows], committed[rows]).to(device) for rows in refine_groups(cfg)]
             )
             candidates, candidate_conf, forced = self.choose_tokens(logits, cfg, step, generator)
             newly = self.commit_schedule(candidate_conf, committed, forced, math.ceil(length * step / cfg.steps), cfg)
