@@ -235,6 +235,8 @@ def test_unknown_hub_ids_and_remote_code_need_opt_in(zoo, tmp_path, capsys, monk
     assert "WARNING: running model code" in capsys.readouterr().err
     with pytest.raises(XpressError, match="unknown preset"):
         find_preset("No such preset")
+    assert find_preset("qwen3-8b-dflash") == find_preset("Qwen3-8B · DFlash drafter")
+    assert len({p.key for p in hub_presets()}) == len(hub_presets())
 
 
 def test_cli_refuses_an_unknown_hub_id_and_lists_presets(capsys, monkeypatch):

@@ -22,7 +22,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     from .models import DRAFTER_KINDS
     from .presets import ALLOW_UNKNOWN_ENV, TRUST_REMOTE_CODE_ENV
 
-    parser.add_argument("--preset", help="a Hub preset by name (see `presets`); --target/--drafter override its parts")
+    parser.add_argument("--preset", help="a Hub preset by key (list: `presets`); --target/--drafter override its parts")
     parser.add_argument("--target", help="target: local directory or Hub id [assets/target]")
     parser.add_argument("--drafter", help="drafter directory or Hub id, or 'none' [assets/drafter]")
     parser.add_argument("--drafter-kind", choices=DRAFTER_KINDS, help="how to load the drafter [auto: from its config]")

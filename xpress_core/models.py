@@ -82,7 +82,7 @@ def load_tokenizer(spec: str):
 
 
 def load_pretrained(
-    auto_class, kind: str, spec: str, device: torch.device, dtype: torch.dtype, device_map=None, access=None, **kwargs
+    auto_class, kind: str, spec: str, device: torch.device, dtype: torch.dtype, device_map=None, access=None
 ):
     """Any HF model class from a directory or a Hub id, after the opt-in checks; frozen, on ``device`` or spread
     over the GPUs by accelerate (``device_map="auto"``, for a model larger than one GPU)."""
@@ -91,7 +91,7 @@ def load_pretrained(
     trust = remote_code_allowed(kind, spec, read_config_json(spec), access)
     placement = {"device_map": device_map} if device_map else {}
     try:
-        model = auto_class.from_pretrained(spec, dtype=dtype, trust_remote_code=trust, **placement, **kwargs)
+        model = auto_class.from_pretrained(spec, dtype=dtype, trust_remote_code=trust, **placement)
     except (OSError, ValueError) as error:
         raise _describe_missing(kind, spec, error) from error
     return freeze(model if device_map else model.to(device))
@@ -175,6 +175,8 @@ def load_drafter(
     banned = banned_draft_ids(tokenizer, eos)
     config = read_config_json(spec)
     kind = drafter_kind(config) if options.kind == "auto" else options.kind
+    if kind == "dflash" and config is None:
+        raise XpressError(f"drafter {spec!r} has no readable config.json, so it cannot be read as a DFlash checkpoint")
     if kind in ("xpress", "dflash"):
         return load_conditioned_drafter(
             spec, config if kind == "dflash" else None, target, tokenizer, device, dtype, banned

@@ -31,6 +31,7 @@ class ModelPreset:
     drafter_kind: str = "auto"  # one of models.DRAFTER_KINDS: how the drafter is loaded
     hardware: str = ""  # what it needs to run at a useful speed
     remote_code: bool = False  # the drafter's model code lives in its Hub repository (needs --trust-remote-code)
+    key: str = ""  # short name for the command line (--preset KEY)
 
 
 def hub_presets() -> tuple[ModelPreset, ...]:
@@ -44,6 +45,7 @@ def hub_presets() -> tuple[ModelPreset, ...]:
             "diffusion-lm",
             "GPU (ZeroGPU); about 2.5 GB for both models. Runs on CPU, slowly.",
             remote_code=True,
+            key="qwen3-0.6b-dllm",
         ),
         ModelPreset(
             "GPT-2 · MDLM drafter",
@@ -52,6 +54,7 @@ def hub_presets() -> tuple[ModelPreset, ...]:
             "diffusion-lm",
             "CUDA GPU (mdlm-owt's code uses flash-attention); about 0.6 GB.",
             remote_code=True,
+            key="gpt2-mdlm",
         ),
         ModelPreset(
             "Qwen3-4B · DFlash drafter",
@@ -59,6 +62,7 @@ def hub_presets() -> tuple[ModelPreset, ...]:
             "z-lab/Qwen3-4B-DFlash-b16",
             "dflash",
             "GPU with 16 GB or more (ZeroGPU); about 9 GB for both models.",
+            key="qwen3-4b-dflash",
         ),
         ModelPreset(
             "Qwen3-8B · DFlash drafter",
@@ -66,6 +70,7 @@ def hub_presets() -> tuple[ModelPreset, ...]:
             "z-lab/Qwen3-8B-DFlash-b16",
             "dflash",
             "GPU with 24 GB or more (ZeroGPU), or several GPUs with --device-map auto; about 18 GB.",
+            key="qwen3-8b-dflash",
         ),
         ModelPreset(
             "Qwen3-0.6B · your xPress drafter",
@@ -73,6 +78,7 @@ def hub_presets() -> tuple[ModelPreset, ...]:
             own_drafter,
             "xpress",
             f"CPU or GPU; train it first: train drafter --target Qwen/Qwen3-0.6B --out {own_drafter}",
+            key="qwen3-0.6b-xpress",
         ),
     )
 
@@ -82,10 +88,11 @@ def known_hub_ids() -> frozenset[str]:
 
 
 def find_preset(name: str) -> ModelPreset:
-    presets = {p.name: p for p in hub_presets()}
-    if name not in presets:
-        raise XpressError(f"unknown preset {name!r}; choose one of: {', '.join(presets)}")
-    return presets[name]
+    """A Hub preset by its key (``qwen3-8b-dflash``) or its full name."""
+    for preset in hub_presets():
+        if name in (preset.key, preset.name):
+            return preset
+    raise XpressError(f"unknown preset {name!r}; choose one of: {', '.join(p.key for p in hub_presets())}")
 
 
 def env_flag(name: str) -> bool:
