@@ -25,7 +25,7 @@ from xpress_core.config import DecodeConfig
 from xpress_core.drafters.diffusion import DiffusionDrafter
 from xpress_core.drafters.diffusion_lm import DiffusionLMDrafter
 from xpress_core.errors import XpressError
-from xpress_core.models import DrafterOptions, encode_prompt, load_models
+from xpress_core.models import DrafterOptions, banned_draft_ids, encode_prompt, load_models
 from xpress_core.presets import Access, check_known, find_preset, hub_presets, known_hub_ids
 from xpress_core.train.tokenizer import train_tokenizer
 
@@ -176,6 +176,14 @@ def test_dflash_block_size_counts_the_root(zoo, real):
     prompt_ids = encode_prompt(models.tokenizer, PROMPTS[0], chat=True)
     with pytest.raises(XpressError, match="trained block size 8"):
         run(models, prompt_ids, DecodeConfig(block=9, max_new_tokens=4))
+
+
+def test_embedding_rows_beyond_the_tokenizer_are_never_drafted(zoo):
+    """Qwen3's embedding has padding rows past its tokenizer, and DFlash's mask token is one of them."""
+    tok = AutoTokenizer.from_pretrained(zoo["tokenizer"])
+    banned = banned_draft_ids(tok, {tok.eos_token_id}, len(tok) + 5)
+    assert set(range(len(tok), len(tok) + 5)) <= set(banned)
+    assert tok.mask_token_id in banned and tok.eos_token_id not in banned
 
 
 def test_mismatched_tokenizer_or_vocabulary_is_refused(zoo, real, tmp_path):

@@ -135,9 +135,10 @@ def check_tokenizer_extends(kind: str, spec: str, target_tokenizer):
     return tokenizer
 
 
-def banned_draft_ids(tokenizer, eos: set[int]) -> list[int]:
-    """Special tokens never proposed in drafts; the end-of-turn/eos tokens stay draftable."""
-    return sorted(set(tokenizer.all_special_ids) - eos)
+def banned_draft_ids(tokenizer, eos: set[int], vocab_size: int) -> list[int]:
+    """Never proposed in drafts: special tokens (the end-of-turn/eos tokens stay draftable), and the padding rows of an
+    embedding larger than the tokenizer (Qwen3: 151,936 rows for 151,669 tokens; DFlash's mask is one of them)."""
+    return sorted((set(tokenizer.all_special_ids) - eos) | set(range(len(tokenizer), vocab_size)))
 
 
 def drafter_kind(config: dict | None) -> str:
@@ -172,7 +173,7 @@ def load_drafter(
     access = access or Access.from_env()
     check_known("drafter", spec, access)
     eos = stop_token_ids(Models(target, tokenizer, NoDrafter()))
-    banned = banned_draft_ids(tokenizer, eos)
+    banned = banned_draft_ids(tokenizer, eos, target.get_input_embeddings().weight.shape[0])
     config = read_config_json(spec)
     kind = drafter_kind(config) if options.kind == "auto" else options.kind
     if kind == "dflash" and config is None:
