@@ -3,7 +3,8 @@
 - a DFlash-format drafter checkpoint (published config fields and parameter names) for a Qwen3 target, checked
   against an independent implementation of the published forward;
 - standalone diffusion-LM drafters: a bidirectional masked LM with its mask token (no logit shift, LLaDA/MDLM
-  convention), one whose mask is an extra last id (MDLM), and a causal LM read with the shifted convention (Dream);
+  convention), one whose mask is an extra last id (MDLM), a toy MDLM-style model loaded through remote code
+  (``forward(input_ids, timesteps)``, bare logits), and a causal LM read with the shifted convention (Dream);
 - the opt-ins for unknown Hub ids and remote code, and the errors for mismatched tokenizers and vocabularies.
 """
 
@@ -19,7 +20,7 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
 from tests.test_engine import check_invariants, hf_greedy, run
-from tests.tiny import SENTENCES, make_dflash_drafter, make_masked_lm
+from tests.tiny import SENTENCES, make_dflash_drafter, make_masked_lm, make_remote_code_mdlm
 from xpress_core.cli import main
 from xpress_core.config import DecodeConfig
 from xpress_core.drafters.diffusion import DiffusionDrafter
@@ -48,6 +49,7 @@ def real(zoo, tmp_path_factory):
         "mlm": make_masked_lm(tok, root / "mlm"),
         # MDLM-style: no tokenizer shipped, one more id than the target's vocabulary, the mask being that last id.
         "mlm_extra_mask": make_masked_lm(tok, root / "mlm_extra_mask", vocab_size=len(tok) + 1, with_tokenizer=False),
+        "remote_mdlm": make_remote_code_mdlm(tok, root / "remote_mdlm"),
         "root": root,
     }
 
@@ -57,6 +59,7 @@ PAIRS = {
     "llama+masked-lm": ("llama", "mlm", DrafterOptions(), DiffusionLMDrafter),
     "qwen3+masked-lm": ("qwen3", "mlm", DrafterOptions(), DiffusionLMDrafter),
     "gpt2+masked-lm-extra-mask-id": ("gpt2", "mlm_extra_mask", "last-id", DiffusionLMDrafter),
+    "gpt2+remote-code-mdlm": ("gpt2", "remote_mdlm", "trust", DiffusionLMDrafter),
     "llama+shifted-causal-lm": (
         "llama",
         "llama",
@@ -69,9 +72,12 @@ PAIRS = {
 def load_pair(zoo, real, name):
     target, drafter, options, drafter_class = PAIRS[name]
     drafter_dir = real[drafter] if drafter in real else zoo[drafter]
+    access = Access(trust_remote_code=options == "trust")
     if options == "last-id":
         options = DrafterOptions(mask_token_id=len(AutoTokenizer.from_pretrained(zoo["tokenizer"])))
-    models = load_models(zoo[target], drafter_dir, device="cpu", drafter_options=options)
+    elif options == "trust":  # MDLM's family rules: the mask is the last id, forward takes timesteps
+        options = DrafterOptions()
+    models = load_models(zoo[target], drafter_dir, device="cpu", drafter_options=options, access=access)
     assert type(models.drafter) is drafter_class
     return models
 

@@ -183,3 +183,68 @@ def _mask_id(target_dir: Path) -> int:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(target_dir).mask_token_id
+
+
+# Repository code of a toy MDLM-style model: model_type "mdlm", forward(input_ids, timesteps) returning bare logits,
+# the mask being one extra last id. It stands in for kuleshov-group/mdlm-owt's own code, which is not vendored here.
+TOY_MDLM_CODE = """
+import torch
+from torch import nn
+from transformers import PretrainedConfig, PreTrainedModel
+
+
+class ToyMDLMConfig(PretrainedConfig):
+    model_type = "mdlm"
+
+    def __init__(self, vocab_size=8, hidden_dim=32, model_length=512, **kwargs):
+        super().__init__(**kwargs)
+        self.vocab_size, self.hidden_dim, self.model_length = vocab_size, hidden_dim, model_length
+
+
+class ToyMDLM(PreTrainedModel):
+    config_class = ToyMDLMConfig
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_dim)
+        self.position = nn.Embedding(config.model_length, config.hidden_dim)
+        self.block = nn.TransformerEncoderLayer(config.hidden_dim, 2, 64, dropout=0.0, batch_first=True)
+        self.sigma = nn.Linear(1, config.hidden_dim)
+        self.out = nn.Linear(config.hidden_dim, config.vocab_size)
+        self.post_init()
+
+    def forward(self, input_ids, timesteps):
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        h = self.embed(input_ids) + self.position(positions) + self.sigma(timesteps[:, None].float())[:, None]
+        return self.out(self.block(h))
+"""
+
+
+def make_remote_code_mdlm(tok, out: Path, seed: int = 4) -> Path:
+    """A local directory whose model class lives in its own code file (trust_remote_code), MDLM-style: no tokenizer
+    shipped, vocabulary = the target's + 1 (the mask)."""
+    import importlib.util
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "modeling_toy_mdlm.py").write_text(TOY_MDLM_CODE)
+    spec = importlib.util.spec_from_file_location("toy_mdlm_for_weights", out / "modeling_toy_mdlm.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    torch.manual_seed(seed)
+    model = module.ToyMDLM(module.ToyMDLMConfig(vocab_size=len(tok) + 1)).eval()
+    save_file(
+        {k: v.contiguous() for k, v in model.state_dict().items()}, out / "model.safetensors", metadata={"format": "pt"}
+    )
+    config = {
+        "architectures": ["ToyMDLM"],
+        "auto_map": {
+            "AutoConfig": "modeling_toy_mdlm.ToyMDLMConfig",
+            "AutoModelForMaskedLM": "modeling_toy_mdlm.ToyMDLM",
+        },
+        "model_type": "mdlm",
+        "vocab_size": len(tok) + 1,
+        "hidden_dim": 32,
+        "model_length": 512,
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
