@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
 from tests.test_engine import check_invariants, hf_greedy, run
-from tests.tiny import SENTENCES, make_dflash_drafter, make_masked_lm, make_remote_code_mdlm
+from tests.tiny import SENTENCES, make_a2d_drafter, make_dflash_drafter, make_masked_lm, make_remote_code_mdlm
 from xpress_core.cli import main
 from xpress_core.config import DecodeConfig
 from xpress_core.drafters.diffusion import DiffusionDrafter
@@ -50,6 +50,7 @@ def real(zoo, tmp_path_factory):
         # MDLM-style: no tokenizer shipped, one more id than the target's vocabulary, the mask being that last id.
         "mlm_extra_mask": make_masked_lm(tok, root / "mlm_extra_mask", vocab_size=len(tok) + 1, with_tokenizer=False),
         "remote_mdlm": make_remote_code_mdlm(tok, root / "remote_mdlm"),
+        "a2d": make_a2d_drafter(tok, root / "a2d"),
         "root": root,
     }
 
@@ -59,6 +60,7 @@ PAIRS = {
     "llama+masked-lm": ("llama", "mlm", DrafterOptions(), DiffusionLMDrafter),
     "qwen3+masked-lm": ("qwen3", "mlm", DrafterOptions(), DiffusionLMDrafter),
     "gpt2+masked-lm-extra-mask-id": ("gpt2", "mlm_extra_mask", "last-id", DiffusionLMDrafter),
+    "llama+a2d-qwen3": ("llama", "a2d", DrafterOptions(), DiffusionLMDrafter),
     "gpt2+remote-code-mdlm": ("gpt2", "remote_mdlm", "trust", DiffusionLMDrafter),
     "llama+shifted-causal-lm": (
         "llama",
@@ -109,6 +111,18 @@ def test_logit_shift_convention(zoo, real):
         assert list(result.token_ids) == hf_greedy(models, prompt_ids, new=NEW)
         full_rounds = [n == 4 for n in result.accept_lens[:-1]]
         assert all(full_rounds) if shift else not any(full_rounds)
+
+
+def test_a2d_drafter_loads_without_remote_code_and_attends_both_ways(zoo, real, monkeypatch):
+    """dllm's A2D config names its own class (auto_map), yet xPress reads it into transformers' Qwen3 without remote
+    code; the attention must then be bidirectional: changing the last token changes the first position's logits."""
+    monkeypatch.delenv("XPRESS_TRUST_REMOTE_CODE", raising=False)
+    models = load_models(zoo["llama"], real["a2d"], device="cpu", access=Access())
+    drafter = models.drafter
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        before, after = drafter.forward(ids)[0, 0], drafter.forward(ids.index_fill(1, torch.tensor([4]), 10))[0, 0]
+    assert not torch.allclose(before, after)
 
 
 def rms(x, weight, eps=1e-6):

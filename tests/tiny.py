@@ -248,3 +248,17 @@ def make_remote_code_mdlm(tok, out: Path, seed: int = 4) -> Path:
     }
     (out / "config.json").write_text(json.dumps(config, indent=2))
     return out
+
+
+def make_a2d_drafter(tok, out: Path, seed: int = 5) -> Path:
+    """A dllm-style A2D checkpoint: Qwen3 weights and parameter names, config marked ``a2d-qwen3`` (whose class lives
+    in the dllm code, named by ``auto_map``; xPress reads it into transformers' Qwen3 with the mask opened)."""
+    make_target("qwen3", tok, out, seed=seed, layers=1)
+    config = json.loads((out / "config.json").read_text())
+    config |= {
+        "model_type": "a2d-qwen3",
+        "architectures": ["A2DQwen3LMHeadModel"],
+        "auto_map": {"AutoModelForMaskedLM": "modeling_qwen3.A2DQwen3LMHeadModel"},
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out

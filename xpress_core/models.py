@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
 from .drafters.autoregressive import AutoregressiveDrafter
@@ -82,16 +82,26 @@ def load_tokenizer(spec: str):
 
 
 def load_pretrained(
-    auto_class, kind: str, spec: str, device: torch.device, dtype: torch.dtype, device_map=None, access=None
+    auto_class,
+    kind: str,
+    spec: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    device_map=None,
+    access=None,
+    config=None,
 ):
     """Any HF model class from a directory or a Hub id, after the opt-in checks; frozen, on ``device`` or spread
-    over the GPUs by accelerate (``device_map="auto"``, for a model larger than one GPU)."""
+    over the GPUs by accelerate (``device_map="auto"``, for a model larger than one GPU). ``config``: read the
+    weights into transformers' own class for this config (no remote code runs then)."""
     access = access or Access.from_env()
     check_known(kind, spec, access)
-    trust = remote_code_allowed(kind, spec, read_config_json(spec), access)
-    placement = {"device_map": device_map} if device_map else {}
+    trust = config is None and remote_code_allowed(kind, spec, read_config_json(spec), access)
+    extra = {"device_map": device_map} if device_map else {}
+    if config is not None:
+        extra["config"] = config
     try:
-        model = auto_class.from_pretrained(spec, dtype=dtype, trust_remote_code=trust, **placement)
+        model = auto_class.from_pretrained(spec, dtype=dtype, trust_remote_code=trust, **extra)
     except (OSError, ValueError) as error:
         raise _describe_missing(kind, spec, error) from error
     return freeze(model if device_map else model.to(device))
@@ -231,13 +241,18 @@ def load_diffusion_lm(
     spec, config, options: DrafterOptions, target, tokenizer, device, dtype, banned, access
 ) -> DiffusionLMDrafter:
     drafter_tokenizer = check_tokenizer_extends("drafter", spec, tokenizer)
-    model = load_pretrained(diffusion_lm_class(config), "drafter", spec, device, dtype, access=access)
+    convention = family_convention((config or {}).get("model_type", ""), options.logit_shift)
+    if convention.architecture:  # an A2D model: its weights in transformers' class of the causal original
+        fields = {k: v for k, v in config.items() if k not in ("model_type", "auto_map", "architectures")}
+        own = AutoConfig.for_model(convention.architecture, **fields)
+        model = load_pretrained(AutoModelForCausalLM, "drafter", spec, device, dtype, access=access, config=own)
+    else:
+        model = load_pretrained(diffusion_lm_class(config), "drafter", spec, device, dtype, access=access)
     width = model.config.vocab_size
     if width < len(tokenizer):
         raise XpressError(
             f"drafter {spec!r} has vocabulary size {width}; the target's tokenizer has {len(tokenizer)} tokens"
         )
-    convention = family_convention(getattr(model.config, "model_type", ""), options.logit_shift)
     mask_id = resolve_mask_token_id(convention, options.mask_token_id, drafter_tokenizer, model.config)
     if not 0 <= mask_id < width:
         raise XpressError(f"drafter {spec!r}: mask token id {mask_id} is outside its vocabulary of {width}")

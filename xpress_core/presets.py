@@ -44,7 +44,6 @@ def hub_presets() -> tuple[ModelPreset, ...]:
             "dllm-hub/Qwen3-0.6B-diffusion-mdlm-v0.1",
             "diffusion-lm",
             "GPU (ZeroGPU); about 2.5 GB for both models. Runs on CPU, slowly.",
-            remote_code=True,
             key="qwen3-0.6b-dllm",
         ),
         ModelPreset(

@@ -13,6 +13,9 @@ reference sampler):
 - *mask token*: the tokenizer's or config's; MDLM has none in the GPT-2 tokenizer and appends it as the last id.
 - *call*: Dream selects bidirectional attention with ``attention_mask="full"``; MDLM's forward takes the noise level
   ``timesteps`` (zero: the released checkpoints are not time-conditioned).
+- *architecture*: dllm's A2D models are a transformers architecture (Qwen3, Llama) with the causal mask removed and
+  the same parameter names, so they load into transformers' own class, without remote code, and an all-zero additive
+  4-D attention mask opens the attention both ways.
 MDLM's substitution step (SUBS: the mask token gets zero probability, decided positions keep their token) holds for
 every family here: the mask token is banned before the softmax, and the refinement never reopens a committed position.
 """
@@ -35,14 +38,15 @@ class LogitConvention:
     full_attention_arg: bool = False  # forward(attention_mask="full") asks for bidirectional attention (Dream)
     timesteps_arg: bool = False  # forward(timesteps=...) takes the noise level (MDLM)
     mask_is_last_id: bool = False  # no mask token in the tokenizer: the mask is the last vocabulary id (MDLM)
+    architecture: str | None = None  # transformers model type holding these weights (A2D: the causal original)
 
 
 FAMILIES: dict[str, LogitConvention] = {
     "dream": LogitConvention(logit_shift=True, full_attention_arg=True),
     "llada": LogitConvention(),
     "mdlm": LogitConvention(timesteps_arg=True, mask_is_last_id=True),
-    "a2d-qwen3": LogitConvention(),
-    "a2d-llama": LogitConvention(),
+    "a2d-qwen3": LogitConvention(architecture="qwen3"),
+    "a2d-llama": LogitConvention(architecture="llama"),
 }
 
 
@@ -116,6 +120,11 @@ class DiffusionLMDrafter(MaskedDiffusionDrafter):
         kwargs = {}
         if self.convention.full_attention_arg:
             kwargs["attention_mask"] = "full"
+        if self.convention.architecture:  # (R, 1, S, S) additive zeros: every position sees every position
+            size = ids.shape[1]
+            kwargs["attention_mask"] = torch.zeros(
+                (ids.shape[0], 1, size, size), dtype=self.model.dtype, device=ids.device
+            )
         if self.convention.timesteps_arg:
             kwargs["timesteps"] = torch.zeros(ids.shape[0], device=ids.device)
         out = self.model(input_ids=ids, **kwargs)
