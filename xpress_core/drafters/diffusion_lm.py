@@ -33,7 +33,7 @@ from .diffusion import MaskedDiffusionDrafter
 
 
 @dataclass(frozen=True)
-class LogitConvention:
+class FamilyConvention:
     logit_shift: bool = False  # logits at position i predict token i + 1 (Dream)
     full_attention_arg: bool = False  # forward(attention_mask="full") asks for bidirectional attention (Dream)
     timesteps_arg: bool = False  # forward(timesteps=...) takes the noise level (MDLM)
@@ -41,22 +41,22 @@ class LogitConvention:
     architecture: str | None = None  # transformers model type holding these weights (A2D: the causal original)
 
 
-FAMILIES: dict[str, LogitConvention] = {
-    "dream": LogitConvention(logit_shift=True, full_attention_arg=True),
-    "llada": LogitConvention(),
-    "mdlm": LogitConvention(timesteps_arg=True, mask_is_last_id=True),
-    "a2d-qwen3": LogitConvention(architecture="qwen3"),
-    "a2d-llama": LogitConvention(architecture="llama"),
+FAMILIES: dict[str, FamilyConvention] = {
+    "dream": FamilyConvention(logit_shift=True, full_attention_arg=True),
+    "llada": FamilyConvention(),
+    "mdlm": FamilyConvention(timesteps_arg=True, mask_is_last_id=True),
+    "a2d-qwen3": FamilyConvention(architecture="qwen3"),
+    "a2d-llama": FamilyConvention(architecture="llama"),
 }
 
 
-def family_convention(model_type: str, logit_shift: bool | None) -> LogitConvention:
+def family_convention(model_type: str, logit_shift: bool | None) -> FamilyConvention:
     """The family's convention (plain masked LM when unknown), with an explicit logit-shift choice on top."""
-    convention = FAMILIES.get(model_type, LogitConvention())
+    convention = FAMILIES.get(model_type, FamilyConvention())
     return convention if logit_shift is None else replace(convention, logit_shift=logit_shift)
 
 
-def resolve_mask_token_id(convention: LogitConvention, explicit: int | None, tokenizer, config) -> int:
+def resolve_mask_token_id(convention: FamilyConvention, explicit: int | None, tokenizer, config) -> int:
     """The drafter's mask token: given explicitly, else its tokenizer's, its config's, or the family's rule."""
     for candidate in (explicit, getattr(tokenizer, "mask_token_id", None), getattr(config, "mask_token_id", None)):
         if candidate is not None:
@@ -84,7 +84,7 @@ class DiffusionLMState:
 class DiffusionLMDrafter(MaskedDiffusionDrafter):
     name = "diffusion-lm"
 
-    def __init__(self, model, convention: LogitConvention, mask_token_id: int, vocab_size: int, banned_ids: list[int]):
+    def __init__(self, model, convention: FamilyConvention, mask_token_id: int, vocab_size: int, banned_ids: list[int]):
         """``vocab_size``: token ids drafts may use (those the target can verify); the mask is always banned (SUBS)."""
         self.model, self.convention, self.mask_token_id = model, convention, mask_token_id
         self.device = model.device
