@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
@@ -41,12 +41,15 @@ from xpress_core.models import (
     EMBEDDED_DRAFTER,
     EMBEDDED_TARGET,
     NO_DRAFTER,
+    DrafterOptions,
     encode_prompt,
     load_drafter,
     load_target,
     resolve_device,
     resolve_dtype,
 )
+from xpress_core.presets import ALLOW_UNKNOWN_ENV, TRUST_REMOTE_CODE_ENV, Access, hub_presets, is_local
+from xpress_core.presets import ModelPreset as Preset
 from xpress_core.trace import DecodeResult, RoundTrace, write_jsonl
 from xpress_core.train.cli import DEFAULT_DATA
 
@@ -55,6 +58,9 @@ ENV = {
     "drafter": "XPRESS_DRAFTER",  # its drafter: directory, Hub id or "none"
     "device": "XPRESS_DEVICE",
     "dtype": "XPRESS_DTYPE",
+    "device_map": "XPRESS_DEVICE_MAP",  # "auto": spread the target over all GPUs (accelerate)
+    "allow_unknown": ALLOW_UNKNOWN_ENV,  # load Hub ids no preset names
+    "trust_remote_code": TRUST_REMOTE_CODE_ENV,  # allow model code from a model repository (presets that need it)
     "concurrency": "XPRESS_CONCURRENCY",  # requests decoded at the same time; more wait in the queue
 }
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 7860  # overridden by Gradio's GRADIO_SERVER_NAME / GRADIO_SERVER_PORT
@@ -136,19 +142,16 @@ PANEL_HELP = """
 # --- Models --------------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Preset:
-    name: str
-    target: str  # local directory or Hub id
-    drafter: str  # local directory, Hub id or "none"
-
-    def problem(self) -> str | None:
-        """Why the preset cannot load, found without loading anything (a local directory that is missing)."""
-        for role, spec in (("target", self.target), ("drafter", self.drafter)):
-            local = Path(spec).is_absolute() or spec.startswith((".", "~"))
-            if spec != NO_DRAFTER and local and not Path(spec).expanduser().exists():
-                return f"the {role} directory {spec} does not exist"
-        return None
+def preset_problem(preset: Preset, access: Access) -> str | None:
+    """Why the preset cannot load, found without loading anything: a missing local directory, or model code from a
+    repository that the user has not allowed."""
+    for role, spec in (("target", preset.target), ("drafter", preset.drafter)):
+        local = Path(spec).is_absolute() or spec.startswith((".", "~"))
+        if spec != NO_DRAFTER and local and not Path(spec).expanduser().exists():
+            return f"the {role} directory {spec} does not exist"
+    if preset.remote_code and not access.trust_remote_code:
+        return "its drafter runs model code from its repository; start the app with --trust-remote-code if you trust it"
+    return None
 
 
 def unavailable(preset: Preset, problem: str) -> str:
@@ -164,18 +167,21 @@ class AppConfig:
     device: str = "auto"
     dtype: str = "auto"
     concurrency: int = DEFAULT_CONCURRENCY
+    device_map: str | None = None
+    access: Access = field(default_factory=Access)
 
 
 def default_presets(target: str | None = None, drafter: str | None = None) -> tuple[Preset, ...]:
-    """The embedded presets, preceded by a custom one when a target or drafter was given."""
+    """The embedded presets, then the Hub presets (downloaded on first use); a custom one first when a target or
+    drafter was given."""
     embedded = (
         Preset(EMBEDDED_PRESET, str(EMBEDDED_TARGET), str(EMBEDDED_DRAFTER)),
         Preset(EMBEDDED_AR_PRESET, str(EMBEDDED_TARGET), str(EMBEDDED_AR_DRAFTER)),
     )
     if target is None and drafter is None:
-        return embedded
+        return embedded + hub_presets()
     custom = Preset(CUSTOM_PRESET, target or str(EMBEDDED_TARGET), drafter or str(EMBEDDED_DRAFTER))
-    return (custom,) + embedded
+    return (custom,) + embedded + hub_presets()
 
 
 class TokenTexts:
@@ -210,7 +216,8 @@ class ModelCache:
 
     def __init__(self, config: AppConfig):
         self.presets = {p.name: p for p in config.presets}
-        self.device, self.dtype = config.device, config.dtype
+        self.device, self.dtype, self.device_map = config.device, config.dtype, config.device_map
+        self.access = config.access
         self._targets: dict[str, tuple] = {}
         self._loaded: dict[str, Loaded] = {}
         self._lock = threading.Lock()  # one load at a time: two first requests must not load the same model twice
@@ -226,16 +233,19 @@ class ModelCache:
     def describe(self, name: str) -> str:
         """A line about the preset for the UI, without loading it."""
         preset = self.preset(name)
-        problem = preset.problem()
+        problem = preset_problem(preset, self.access)
         if problem:
             return f"⚠ {unavailable(preset, problem)}"
-        return f"target `{preset.target}` · drafter `{preset.drafter}` · loaded on first use"
+        hub = not (is_local(preset.target) and (preset.drafter == NO_DRAFTER or is_local(preset.drafter)))
+        where = "downloaded from the Hub and loaded on first use" if hub else "loaded on first use"
+        needs = f" · needs: {preset.hardware}" if preset.hardware else ""
+        return f"target `{preset.target}` · drafter `{preset.drafter}` · {where}{needs}"
 
     def get(self, name: str) -> Loaded:
         if name in self._loaded:
             return self._loaded[name]
         preset = self.preset(name)
-        problem = preset.problem()
+        problem = preset_problem(preset, self.access)
         if problem:
             raise XpressError(unavailable(preset, problem))
         with self._lock:
@@ -250,9 +260,10 @@ class ModelCache:
         device = resolve_device(self.device)
         dtype = resolve_dtype(self.dtype, device)
         if preset.target not in self._targets:
-            self._targets[preset.target] = load_target(preset.target, device, dtype)
+            self._targets[preset.target] = load_target(preset.target, device, dtype, self.device_map, self.access)
         target, tokenizer = self._targets[preset.target]
-        drafter = load_drafter(preset.drafter, target, tokenizer, device, dtype)
+        options = DrafterOptions(kind=preset.drafter_kind)
+        drafter = load_drafter(preset.drafter, target, tokenizer, target.device, dtype, options, self.access)
         return Loaded(Models(target, tokenizer, drafter), Models(target, tokenizer, NoDrafter()), TokenTexts(tokenizer))
 
 
@@ -1307,6 +1318,21 @@ def parse_args(argv: list[str] | None = None) -> AppConfig:
         help=f"auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16 (env {ENV['dtype']})",
     )
     parser.add_argument(
+        "--device-map",
+        default=env.get(ENV["device_map"]),
+        help=f"'auto': spread the target over all GPUs, for targets larger than one (env {ENV['device_map']})",
+    )
+    parser.add_argument(
+        "--allow-unknown-models",
+        action="store_true",
+        help=f"load Hub ids that no preset names (env {ENV['allow_unknown']}=1)",
+    )
+    parser.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help=f"allow model code from a model's repository, for presets that need it (env {ENV['trust_remote_code']}=1)",
+    )
+    parser.add_argument(
         "--concurrency",
         type=int,
         default=int(env.get(ENV["concurrency"], DEFAULT_CONCURRENCY)),
@@ -1315,7 +1341,10 @@ def parse_args(argv: list[str] | None = None) -> AppConfig:
     args = parser.parse_args(argv)
     if args.concurrency < 1:
         parser.error("--concurrency must be at least 1")
-    return AppConfig(default_presets(args.target, args.drafter), args.device, args.dtype, args.concurrency)
+    access = Access.from_env(args.allow_unknown_models, args.trust_remote_code)
+    return AppConfig(
+        default_presets(args.target, args.drafter), args.device, args.dtype, args.concurrency, args.device_map, access
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,6 +18,7 @@ from xpress_core.drafters.base import NoDrafter
 from xpress_core.engine import Models, decode
 from xpress_core.errors import XpressError
 from xpress_core.models import encode_prompt, load_models
+from xpress_core.presets import Access, hub_presets
 from xpress_core.trace import DecodeResult
 
 TINY, TINY_AR, MISSING = "tiny · diffusion", "tiny · autoregressive", "missing"
@@ -187,9 +188,34 @@ def test_unavailable_preset_gives_a_clear_message_and_the_next_request_works(cac
 
 
 def test_default_presets_put_the_custom_models_first():
-    assert [p.name for p in app.default_presets()] == [app.EMBEDDED_PRESET, app.EMBEDDED_AR_PRESET]
+    hub = [p.name for p in hub_presets()]
+    assert [p.name for p in app.default_presets()] == [app.EMBEDDED_PRESET, app.EMBEDDED_AR_PRESET, *hub]
     custom = app.default_presets(target="/models/t")[0]
     assert (custom.name, custom.target, custom.drafter) == (app.CUSTOM_PRESET, "/models/t", str(app.EMBEDDED_DRAFTER))
+
+
+def test_hub_presets_describe_their_needs_and_remote_code_needs_opt_in():
+    presets = app.default_presets()
+    remote = next(p for p in presets if p.remote_code)
+    dflash = next(p for p in presets if p.drafter_kind == "dflash")
+    locked = app.ModelCache(app.AppConfig(presets))
+    assert locked.describe(remote.name).startswith("⚠") and "--trust-remote-code" in locked.describe(remote.name)
+    with pytest.raises(XpressError, match="--trust-remote-code"):
+        locked.get(remote.name)
+    note = locked.describe(dflash.name)
+    assert "downloaded from the Hub" in note and dflash.hardware in note
+    own = next(p for p in presets if p.drafter_kind == "xpress")  # ours for Qwen3: a local directory, not trained here
+    assert "does not exist" in locked.describe(own.name)
+    trusted = app.ModelCache(app.AppConfig(presets, access=Access(trust_remote_code=True)))
+    assert not trusted.describe(remote.name).startswith("⚠")
+    assert "downloaded from the Hub" not in trusted.describe(app.EMBEDDED_PRESET)
+
+
+def test_app_flags_set_the_opt_ins_and_device_map(monkeypatch):
+    monkeypatch.delenv("XPRESS_ALLOW_UNKNOWN_MODELS", raising=False)
+    monkeypatch.setenv("XPRESS_TRUST_REMOTE_CODE", "1")
+    config = app.parse_args(["--allow-unknown-models", "--device-map", "auto"])
+    assert config.access == Access(allow_unknown=True, trust_remote_code=True) and config.device_map == "auto"
 
 
 def test_env_vars_and_flags_configure_the_app(monkeypatch):

@@ -35,7 +35,7 @@ import torch
 
 from .config import DIVERSITY, REFINE_MODES, SCHEDULES, VERIFY_MODES, DecodeConfig
 from .drafters.base import Drafter, NoDrafter
-from .engine import Models, decode, stop_token_ids
+from .engine import Models, decode, stop_token_ids, wait_for_gpus
 from .errors import XpressError
 from .models import (
     EMBEDDED_AR_DRAFTER,
@@ -479,7 +479,7 @@ def synchronized_clock(device: torch.device) -> Callable[[], float]:
 
     def now() -> float:
         if device.type == "cuda":
-            torch.cuda.synchronize(device)
+            wait_for_gpus()
         return time.perf_counter()
 
     return now

@@ -1,4 +1,4 @@
-"""``python -m xpress_core``: generate, init-drafter, train (and bench).
+"""``python -m xpress_core``: generate, presets, init-drafter, train (and bench).
 
 Every user error becomes one line on stderr and exit code 2; a traceback means a bug.
 """
@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from .bench import add_bench_parser, run_bench
@@ -18,12 +19,48 @@ from .train.cli import add_train_parser, run_train
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
-    from .models import EMBEDDED_DRAFTER, EMBEDDED_TARGET
+    from .models import DRAFTER_KINDS
+    from .presets import ALLOW_UNKNOWN_ENV, TRUST_REMOTE_CODE_ENV
 
-    parser.add_argument("--target", default=str(EMBEDDED_TARGET), help="target: local directory or Hub id")
-    parser.add_argument("--drafter", default=str(EMBEDDED_DRAFTER), help="drafter directory or Hub id, or 'none'")
+    parser.add_argument("--preset", help="a Hub preset by key (list: `presets`); --target/--drafter override its parts")
+    parser.add_argument("--target", help="target: local directory or Hub id [assets/target]")
+    parser.add_argument("--drafter", help="drafter directory or Hub id, or 'none' [assets/drafter]")
+    parser.add_argument("--drafter-kind", choices=DRAFTER_KINDS, help="how to load the drafter [auto: from its config]")
+    parser.add_argument(
+        "--logit-shift",
+        action=argparse.BooleanOptionalAction,
+        help="diffusion-LM drafter: logits at position i predict token i+1 [the family's convention: Dream yes]",
+    )
+    parser.add_argument("--mask-token-id", type=int, help="diffusion-LM drafter: its mask token id [its own]")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     parser.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16")
+    parser.add_argument("--device-map", help="'auto': spread the target over all GPUs (accelerate), for big targets")
+    parser.add_argument(
+        "--allow-unknown-models", action="store_true", help=f"load Hub ids no preset names (env {ALLOW_UNKNOWN_ENV})"
+    )
+    parser.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help=f"allow model code from a model's repository, for presets that need it (env {TRUST_REMOTE_CODE_ENV})",
+    )
+
+
+def model_choice(args: argparse.Namespace) -> dict:
+    """``load_models`` arguments from --preset, --target/--drafter and the drafter and access options."""
+    from .models import EMBEDDED_DRAFTER, EMBEDDED_TARGET, DrafterOptions
+    from .presets import Access, find_preset
+
+    preset = find_preset(args.preset) if args.preset else None
+    kind = args.drafter_kind or (preset.drafter_kind if preset and not args.drafter else "auto")
+    return {
+        "target": args.target or (preset.target if preset else str(EMBEDDED_TARGET)),
+        "drafter": args.drafter or (preset.drafter if preset else str(EMBEDDED_DRAFTER)),
+        "device": args.device,
+        "dtype": args.dtype,
+        "device_map": args.device_map,
+        "drafter_options": DrafterOptions(kind, args.logit_shift, args.mask_token_id),
+        "access": Access.from_env(args.allow_unknown_models, args.trust_remote_code),
+    }
 
 
 def add_decode_args(parser: argparse.ArgumentParser) -> None:
@@ -73,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--log", type=Path, help="write the per-round JSONL log here")
     gen.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
 
+    sub.add_parser("presets", help="list the Hub presets (one JSON object a line)")
+
     init = sub.add_parser("init-drafter", help="write an untrained diffusion drafter for any HF causal-LM target")
     init.add_argument("--target", required=True)
     init.add_argument("--out", type=Path, required=True)
@@ -90,7 +129,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from .trace import DecodeResult, RoundTrace, write_jsonl
 
     cfg = decode_config(args)
-    models = load_models(args.target, args.drafter, args.device, args.dtype)
+    models = load_models(**model_choice(args))
     prompt_ids = encode_prompt(models.tokenizer, args.prompt, chat=args.chat)
     traces: list[RoundTrace] = []
     result: DecodeResult | None = None
@@ -118,6 +157,14 @@ def run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_presets(args: argparse.Namespace) -> int:
+    from .presets import hub_presets
+
+    for preset in hub_presets():
+        print(json.dumps(asdict(preset)))
+    return 0
+
+
 def run_init_drafter(args: argparse.Namespace) -> int:
     from .models import init_drafter
 
@@ -137,7 +184,13 @@ def run_init_drafter(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"generate": run_generate, "init-drafter": run_init_drafter, "train": run_train, "bench": run_bench}
+COMMANDS = {
+    "generate": run_generate,
+    "presets": run_presets,
+    "init-drafter": run_init_drafter,
+    "train": run_train,
+    "bench": run_bench,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

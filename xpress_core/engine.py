@@ -58,6 +58,12 @@ class Verified:
     batch_rows: tuple[int, ...] | None  # batch layout: the row holding each node; None for the tree layout
 
 
+def wait_for_gpus() -> None:
+    """Wait for the queued work of every CUDA device: a target spread over GPUs (device_map) runs on all of them."""
+    for index in range(torch.cuda.device_count()):
+        torch.cuda.synchronize(index)
+
+
 class Clock:
     """Wall clock that waits for queued CUDA work first, so stage timings are real, and that stops while the
     consumer holds a yielded event, so UI rendering never counts as decoding time."""
@@ -68,7 +74,7 @@ class Clock:
 
     def raw(self) -> float:
         if self.cuda:
-            torch.cuda.synchronize()
+            wait_for_gpus()
         return time.perf_counter()
 
     def now(self) -> float:

@@ -5,24 +5,38 @@ Nothing here runs at import time; every loader is called by the CLI, the app, th
 
 from __future__ import annotations
 
-import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
+from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
 from .drafters.autoregressive import AutoregressiveDrafter
 from .drafters.base import Drafter, NoDrafter
+from .drafters.dflash_format import DFLASH_KEY_MAPPING, dflash_drafter_config, is_dflash_config, read_config_json
 from .drafters.diffusion import DiffusionDrafter
+from .drafters.diffusion_lm import FAMILIES, DiffusionLMDrafter, family_convention, resolve_mask_token_id
 from .drafters.diffusion_model import XpressDrafter, XpressDrafterConfig, default_tapped_layers
 from .engine import Models, stop_token_ids
 from .errors import XpressError
+from .presets import Access, check_known, is_local, remote_code_allowed
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 EMBEDDED_TARGET = ASSETS / "target"
 EMBEDDED_DRAFTER = ASSETS / "drafter"
 EMBEDDED_AR_DRAFTER = ASSETS / "ar_drafter"
 NO_DRAFTER = "none"
+# How a drafter is loaded: "auto" reads its config.json. xpress = our target-conditioned drafter; dflash = a published
+# DFlash checkpoint loaded into it; diffusion-lm = a standalone masked-diffusion LM; autoregressive = a small causal LM.
+DRAFTER_KINDS = ("auto", "xpress", "dflash", "diffusion-lm", "autoregressive")
+
+
+@dataclass(frozen=True)
+class DrafterOptions:
+    kind: str = "auto"
+    logit_shift: bool | None = None  # diffusion-lm: None = the family's convention (Dream shifts, others do not)
+    mask_token_id: int | None = None  # diffusion-lm: None = its tokenizer's / config's / family's
 
 
 def resolve_device(device: str) -> torch.device:
@@ -67,71 +81,184 @@ def load_tokenizer(spec: str):
         raise _describe_missing("tokenizer for", spec, error) from error
 
 
-def load_causal_lm(kind: str, spec: str, device: torch.device, dtype: torch.dtype):
+def load_pretrained(
+    auto_class,
+    kind: str,
+    spec: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    device_map=None,
+    access=None,
+    config=None,
+):
+    """Any HF model class from a directory or a Hub id, after the opt-in checks; frozen, on ``device`` or spread
+    over the GPUs by accelerate (``device_map="auto"``, for a model larger than one GPU). ``config``: read the
+    weights into transformers' own class for this config (no remote code runs then)."""
+    access = access or Access.from_env()
+    check_known(kind, spec, access)
+    trust = config is None and remote_code_allowed(kind, spec, read_config_json(spec), access)
+    extra = {"device_map": device_map} if device_map else {}
+    if config is not None:
+        extra["config"] = config
     try:
-        model = AutoModelForCausalLM.from_pretrained(spec, dtype=dtype)
+        model = auto_class.from_pretrained(spec, dtype=dtype, trust_remote_code=trust, **extra)
     except (OSError, ValueError) as error:
         raise _describe_missing(kind, spec, error) from error
-    return freeze(model.to(device))
+    return freeze(model if device_map else model.to(device))
 
 
-def load_target(spec: str | Path, device: torch.device, dtype: torch.dtype):
+def load_causal_lm(kind: str, spec: str, device: torch.device, dtype: torch.dtype, device_map=None, access=None):
+    return load_pretrained(AutoModelForCausalLM, kind, spec, device, dtype, device_map, access)
+
+
+def load_target(spec: str | Path, device: torch.device, dtype: torch.dtype, device_map=None, access=None):
     spec = str(spec)
-    return load_causal_lm("target", spec, device, dtype), load_tokenizer(spec)
+    return load_causal_lm("target", spec, device, dtype, device_map, access), load_tokenizer(spec)
 
 
 def same_vocabulary(a, b) -> bool:
     return a.get_vocab() == b.get_vocab()
 
 
+def ships_tokenizer(spec: str) -> bool:
+    return (Path(spec) / "tokenizer_config.json").exists() or (Path(spec) / "tokenizer.json").exists()
+
+
 def check_tokenizer_match(kind: str, spec: str, target_tokenizer) -> None:
     """A drafter directory that ships a tokenizer must ship the target's."""
-    if not (Path(spec) / "tokenizer_config.json").exists() and not (Path(spec) / "tokenizer.json").exists():
-        return
-    if not same_vocabulary(load_tokenizer(spec), target_tokenizer):
+    if ships_tokenizer(spec) and not same_vocabulary(load_tokenizer(spec), target_tokenizer):
         raise XpressError(f"{kind} {spec!r} uses a different tokenizer than the target: drafts would be meaningless")
 
 
-def banned_draft_ids(tokenizer, eos: set[int]) -> list[int]:
-    """Special tokens never proposed in drafts; the end-of-turn/eos tokens stay draftable."""
-    return sorted(set(tokenizer.all_special_ids) - eos)
+def check_tokenizer_extends(kind: str, spec: str, target_tokenizer):
+    """A diffusion LM may add tokens (its mask) to the target's tokenizer, but every target token must keep its id.
+    Returns the drafter's tokenizer, or None when it has none (MDLM: its vocabulary size is still checked)."""
+    if is_local(spec) and not ships_tokenizer(spec):
+        return None
+    try:
+        tokenizer = load_tokenizer(spec)
+    except XpressError:  # a Hub repository without a tokenizer
+        return None
+    vocab = tokenizer.get_vocab()
+    if any(vocab.get(token) != i for token, i in target_tokenizer.get_vocab().items()):
+        raise XpressError(f"{kind} {spec!r} uses a different tokenizer than the target: drafts would be meaningless")
+    return tokenizer
 
 
-def is_diffusion_drafter(spec: str) -> bool:
-    config = Path(spec) / "config.json"
-    return config.exists() and json.loads(config.read_text()).get("model_type") == XpressDrafterConfig.model_type
+def banned_draft_ids(tokenizer, eos: set[int], vocab_size: int) -> list[int]:
+    """Never proposed in drafts: special tokens (the end-of-turn/eos tokens stay draftable), and the padding rows of an
+    embedding larger than the tokenizer (Qwen3: 151,936 rows for 151,669 tokens; DFlash's mask is one of them)."""
+    return sorted((set(tokenizer.all_special_ids) - eos) | set(range(len(tokenizer), vocab_size)))
 
 
-def load_drafter(spec: str | Path, target, tokenizer, device: torch.device, dtype: torch.dtype) -> Drafter:
+def drafter_kind(config: dict | None) -> str:
+    """The drafter kind its config.json implies (``DRAFTER_KINDS``); a causal LM when nothing else fits."""
+    if config is None:
+        return "autoregressive"  # unreadable: the causal-LM loader reports what is wrong
+    model_type = config.get("model_type")
+    if model_type == XpressDrafterConfig.model_type:
+        return "xpress"
+    if is_dflash_config(config):
+        return "dflash"
+    masked = any(a.endswith("ForMaskedLM") for a in config.get("architectures") or [])
+    if model_type in FAMILIES or masked or "AutoModelForMaskedLM" in (config.get("auto_map") or {}):
+        return "diffusion-lm"
+    return "autoregressive"
+
+
+def load_drafter(
+    spec: str | Path,
+    target,
+    tokenizer,
+    device: torch.device,
+    dtype: torch.dtype,
+    options: DrafterOptions = DrafterOptions(),
+    access: Access | None = None,
+) -> Drafter:
     spec = str(spec)
     if spec == NO_DRAFTER:
         return NoDrafter()
+    if options.kind not in DRAFTER_KINDS:
+        raise XpressError(f"drafter kind must be one of {DRAFTER_KINDS}, got {options.kind!r}")
+    access = access or Access.from_env()
+    check_known("drafter", spec, access)
     eos = stop_token_ids(Models(target, tokenizer, NoDrafter()))
-    banned = banned_draft_ids(tokenizer, eos)
-    vocab = target.get_input_embeddings().weight.shape[0]
-    if is_diffusion_drafter(spec):
-        check_tokenizer_match("drafter", spec, tokenizer)
-        model = freeze(XpressDrafter.from_pretrained(spec, dtype=dtype).to(device))
-        cfg = model.config
-        hidden = target.get_input_embeddings().weight.shape[1]
-        if cfg.vocab_size != vocab or cfg.hidden_size != hidden:
-            raise XpressError(
-                f"drafter {spec!r} was built for vocabulary {cfg.vocab_size} / hidden size {cfg.hidden_size}; "
-                f"the target has {vocab} / {hidden}"
-            )
-        if max(cfg.tapped_layers) >= target.config.num_hidden_layers:
-            raise XpressError(
-                f"drafter {spec!r} taps layers {cfg.tapped_layers}; the target has only "
-                f"{target.config.num_hidden_layers}"
-            )
-        return DiffusionDrafter(model.bind(target), banned)
+    banned = banned_draft_ids(tokenizer, eos, target.get_input_embeddings().weight.shape[0])
+    config = read_config_json(spec)
+    kind = drafter_kind(config) if options.kind == "auto" else options.kind
+    if kind == "dflash" and config is None:
+        raise XpressError(f"drafter {spec!r} has no readable config.json, so it cannot be read as a DFlash checkpoint")
+    if kind in ("xpress", "dflash"):
+        return load_conditioned_drafter(
+            spec, config if kind == "dflash" else None, target, tokenizer, device, dtype, banned
+        )
+    if kind == "diffusion-lm":
+        return load_diffusion_lm(spec, config, options, target, tokenizer, device, dtype, banned, access)
     check_tokenizer_match("drafter", spec, tokenizer)
-    model = load_causal_lm("drafter", spec, device, dtype)
+    model = load_causal_lm("drafter", spec, device, dtype, access=access)
     if model.config.vocab_size != target.config.vocab_size:
         raise XpressError(
             f"drafter {spec!r} has vocabulary size {model.config.vocab_size}, the target {target.config.vocab_size}"
         )
     return AutoregressiveDrafter(model, banned)
+
+
+def load_conditioned_drafter(spec, dflash: dict | None, target, tokenizer, device, dtype, banned) -> DiffusionDrafter:
+    """Our target-conditioned drafter, from its own checkpoint or (``dflash`` = its config.json) a DFlash one."""
+    check_tokenizer_match("drafter", spec, tokenizer)
+    extra = {} if dflash is None else {"config": dflash_drafter_config(dflash, spec), "key_mapping": DFLASH_KEY_MAPPING}
+    try:
+        model = freeze(XpressDrafter.from_pretrained(spec, dtype=dtype, **extra).to(device))
+    except (OSError, ValueError) as error:
+        raise _describe_missing("drafter", spec, error) from error
+    cfg = model.config
+    vocab, hidden = target.get_input_embeddings().weight.shape
+    if cfg.vocab_size != vocab or cfg.hidden_size != hidden:
+        raise XpressError(
+            f"drafter {spec!r} was built for vocabulary {cfg.vocab_size} / hidden size {cfg.hidden_size}; "
+            f"the target has {vocab} / {hidden}"
+        )
+    if max(cfg.tapped_layers) >= target.config.num_hidden_layers:
+        raise XpressError(
+            f"drafter {spec!r} taps layers {cfg.tapped_layers}; the target has only {target.config.num_hidden_layers}"
+        )
+    return DiffusionDrafter(model.bind(target), banned)
+
+
+def diffusion_lm_class(config: dict | None):
+    """The auto class a diffusion LM's repository registers (LLaDA and Dream: AutoModel; MDLM, dllm: masked LM)."""
+    auto_map = (config or {}).get("auto_map") or {}
+    if "AutoModelForMaskedLM" in auto_map:
+        return AutoModelForMaskedLM
+    if "AutoModel" in auto_map:
+        return AutoModel
+    if (config or {}).get("model_type") in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+        return AutoModelForMaskedLM
+    return AutoModelForCausalLM  # a causal LM read with the shifted convention (what Dream inherits)
+
+
+def load_diffusion_lm(
+    spec, config, options: DrafterOptions, target, tokenizer, device, dtype, banned, access
+) -> DiffusionLMDrafter:
+    drafter_tokenizer = check_tokenizer_extends("drafter", spec, tokenizer)
+    convention = family_convention((config or {}).get("model_type", ""), options.logit_shift)
+    if convention.architecture:  # an A2D model: its weights in transformers' class of the causal original
+        fields = {k: v for k, v in config.items() if k not in ("model_type", "auto_map", "architectures")}
+        own = AutoConfig.for_model(convention.architecture, **fields)
+        model = load_pretrained(AutoModelForCausalLM, "drafter", spec, device, dtype, access=access, config=own)
+    else:
+        model = load_pretrained(diffusion_lm_class(config), "drafter", spec, device, dtype, access=access)
+    width = model.config.vocab_size
+    if width < len(tokenizer):
+        raise XpressError(
+            f"drafter {spec!r} has vocabulary size {width}; the target's tokenizer has {len(tokenizer)} tokens"
+        )
+    mask_id = resolve_mask_token_id(convention, options.mask_token_id, drafter_tokenizer, model.config)
+    if not 0 <= mask_id < width:
+        raise XpressError(f"drafter {spec!r}: mask token id {mask_id} is outside its vocabulary of {width}")
+    # Drafts hold only ids the target can verify (its embedding rows); the drafter may know more (its mask).
+    vocab = min(width, target.get_input_embeddings().weight.shape[0])
+    return DiffusionLMDrafter(model, convention, mask_id, vocab, banned)
 
 
 def freeze(model: torch.nn.Module) -> torch.nn.Module:
@@ -147,11 +274,18 @@ def load_models(
     drafter: str | Path = EMBEDDED_DRAFTER,
     device: str = "auto",
     dtype: str = "auto",
+    device_map: str | None = None,
+    drafter_options: DrafterOptions = DrafterOptions(),
+    access: Access | None = None,
 ) -> Models:
+    """``device_map="auto"`` spreads the target over the GPUs (accelerate); the drafter goes where its input is."""
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    target_model, tokenizer = load_target(target, dev, dt)
-    return Models(target_model, tokenizer, load_drafter(drafter, target_model, tokenizer, dev, dt))
+    access = access or Access.from_env()
+    target_model, tokenizer = load_target(target, dev, dt, device_map, access)
+    drafter_device = target_model.device if device_map else dev
+    drafter_model = load_drafter(drafter, target_model, tokenizer, drafter_device, dt, drafter_options, access)
+    return Models(target_model, tokenizer, drafter_model)
 
 
 def encode_prompt(tokenizer, prompt: str | list[dict[str, str]], chat: bool) -> torch.Tensor:

@@ -5,6 +5,9 @@
 - A block ``[root, MASK x L]`` attends bidirectionally to itself and to the whole context.
 - The token embedding and the LM head are the target's own, frozen and not saved with the drafter: the drafter
   shares the tokenizer by construction, and ``bind(target)`` attaches them after loading.
+- Two options make the same module run published DFlash checkpoints (``dflash_format.py``): per-head RMSNorm on
+  queries and keys (``qk_norm``, as Qwen3 and DFlash have), and masked positions embedded as the target's embedding of
+  the mask token instead of a learned vector (``learned_mask=False``).
 """
 
 from __future__ import annotations
@@ -36,6 +39,10 @@ class XpressDrafterConfig(PreTrainedConfig):
         target_num_layers: int = 0,
         noise: str = "mask",
         initializer_range: float = 0.02,
+        head_dim: int | None = None,
+        qk_norm: bool = False,
+        learned_mask: bool = True,
+        attention_bias: bool = False,
         **kwargs,
     ):
         self.hidden_size = hidden_size
@@ -53,11 +60,12 @@ class XpressDrafterConfig(PreTrainedConfig):
         self.target_num_layers = target_num_layers
         self.noise = noise
         self.initializer_range = initializer_range
+        # Qwen3-family models fix head_dim apart from hidden_size / heads (Qwen3-4B: 2560 / 32 heads, head_dim 128).
+        self.head_dim = head_dim or hidden_size // num_attention_heads
+        self.qk_norm = qk_norm
+        self.learned_mask = learned_mask
+        self.attention_bias = attention_bias
         super().__init__(**kwargs)
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
 
 
 # Lets AutoConfig/AutoTokenizer read a drafter directory's config.json (idempotent).
@@ -98,20 +106,24 @@ class DrafterAttention(nn.Module):
     def __init__(self, cfg: XpressDrafterConfig):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden_size, self.heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, self.heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=bias)
+        # Per-head norms before the rotation (Qwen3 / DFlash); identity for our own drafters.
+        self.q_norm = nn.RMSNorm(self.head_dim, eps=cfg.rms_norm_eps) if cfg.qk_norm else nn.Identity()
+        self.k_norm = nn.RMSNorm(self.head_dim, eps=cfg.rms_norm_eps) if cfg.qk_norm else nn.Identity()
 
     def project_kv(self, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
         b, s, _ = x.shape
-        k = self.k_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(b, s, self.kv_heads, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         return rotate(k, cos, sin), v
 
     def forward(self, h, cos, sin, ctx_k, ctx_v, mask):
         b, q_len, _ = h.shape
-        q = rotate(self.q_proj(h).view(b, q_len, self.heads, self.head_dim).transpose(1, 2), cos, sin)
+        q = rotate(self.q_norm(self.q_proj(h).view(b, q_len, self.heads, self.head_dim)).transpose(1, 2), cos, sin)
         k, v = self.project_kv(h, cos, sin)
         k, v = torch.cat([ctx_k, k], dim=2), torch.cat([ctx_v, v], dim=2)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.kv_heads != self.heads)
@@ -147,7 +159,8 @@ class XpressDrafter(PreTrainedModel):
         n_tapped = len(config.tapped_layers)
         self.fc = nn.Linear(n_tapped * config.hidden_size, config.hidden_size, bias=False)
         self.context_norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.mask_embedding = nn.Parameter(torch.zeros(config.hidden_size))
+        # DFlash-format drafters embed masked positions as the target's embedding of the mask token instead.
+        self.mask_embedding = nn.Parameter(torch.zeros(config.hidden_size)) if config.learned_mask else None
         self.layers = nn.ModuleList(DrafterLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary = Rotary(config.head_dim, config.rope_theta)
@@ -156,7 +169,7 @@ class XpressDrafter(PreTrainedModel):
 
     def _init_weights(self, module):
         super()._init_weights(module)
-        if module is self:
+        if module is self and self.mask_embedding is not None:
             init.normal_(self.mask_embedding, mean=0.0, std=self.config.initializer_range)
         if isinstance(module, Rotary):
             # Not in the checkpoint (non-persistent): from_pretrained builds on the meta device, so without this the
@@ -188,6 +201,8 @@ class XpressDrafter(PreTrainedModel):
 
     def embed_block(self, tokens: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
         """(B, Q) token ids and (B, Q) masked flags -> (B, Q, H) embeddings, masked positions get the mask vector."""
+        if self.mask_embedding is None:
+            return self.shared[0](torch.where(masked, self.config.mask_token_id, tokens)).to(self.norm.weight.dtype)
         embeds = self.shared[0](tokens.clamp(min=0)).to(self.mask_embedding.dtype)
         return torch.where(masked[..., None], self.mask_embedding.expand_as(embeds), embeds)
 
