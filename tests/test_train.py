@@ -160,3 +160,12 @@ def test_drafters_train_and_decode_exactly(pipeline):
         ref = models.target.generate(prompt, max_new_tokens=20, do_sample=False)[0, prompt.shape[1] :].tolist()
         result = list(decode(models, prompt, DecodeConfig(drafts=2, steps=2, block=8, max_new_tokens=20)))[-1]
         assert list(result.token_ids) == ref
+
+
+def test_card_counts_every_training_stage_of_a_continued_drafter():
+    from xpress_core.train.cards import training_time
+
+    first = {"steps": 2400, "wall_s": 1800.0}
+    assert training_time(first) == "2400 steps, 30 min of wall time"
+    continued = {"steps": 2000, "wall_s": 1200.0, "continued_from": first}
+    assert training_time(continued) == "4400 steps in 2 runs (2400 + 2000), 50 min of wall time"

@@ -83,6 +83,17 @@ Command: `{command}`
 {DATA_CREDITS}"""
 
 
+def training_time(summary: dict) -> str:
+    """Steps and wall time over every stage (a drafter trained with ``--init`` continues an earlier one)."""
+    stages = []
+    while summary:
+        stages.append(summary)
+        summary = summary.get("continued_from")
+    steps, wall = sum(st.get("steps", 0) for st in stages), sum(st.get("wall_s", 0) for st in stages)
+    split = f" in {len(stages)} runs ({' + '.join(str(st.get('steps')) for st in reversed(stages))})" if len(stages) > 1 else ""
+    return f"{steps} steps{split}, {minutes(wall)} of wall time"
+
+
 def drafter_card(asset: Path, command: str, kind: str) -> str:
     s = read_json(asset / "training_summary.json")
     scores = read_json(asset / "eval.json")
@@ -116,7 +127,7 @@ the target's token embedding. transformers' assisted generation takes it as `ass
 | | |
 |---|---|
 | parameters (own) | {s.get("parameters", 0) / 1e6:.2f} M |
-| training | {s.get("steps")} steps, {minutes(s.get("wall_s", 0))} of wall time on a shared 2-core CPU |
+| training | {training_time(s)} on a shared 2-core CPU |
 
 Command: `{command}`
 

@@ -198,4 +198,10 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
         tokenizer,
         anchors=args.anchors,
         decay=args.decay,
+        continued_from=read_summary(Path(args.init)) if args.init else None,
     )
+
+
+def read_summary(drafter_dir: Path) -> dict | None:
+    path = drafter_dir / "training_summary.json"
+    return json.loads(path.read_text()) if path.exists() else None

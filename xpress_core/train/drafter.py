@@ -110,6 +110,7 @@ def train_drafter(
     tokenizer,
     anchors: int = 4,
     decay: float = 8.0,
+    continued_from: dict | None = None,
 ) -> dict:
     """Train ``drafter`` (bound to the frozen ``target``) on distilled sequences (N, S); save to ``out_dir``."""
     for p in target.parameters():
@@ -142,6 +143,8 @@ def train_drafter(
     summary["heldout_block_accuracy_T1"] = round(masked_accuracy(drafter, target, held_out, first_anchor, anchors), 4)
     summary["parameters"] = sum(p.numel() for p in drafter.parameters())
     summary["distilled_sequences"] = int(seqs.shape[0])
+    if continued_from:  # the --init drafter's own summary: the card then reports the whole training
+        summary["continued_from"] = continued_from
     out_dir.mkdir(parents=True, exist_ok=True)
     drafter.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
