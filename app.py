@@ -39,6 +39,7 @@ from xpress_core.errors import XpressError
 from xpress_core.models import (
     EMBEDDED_AR_DRAFTER,
     EMBEDDED_DRAFTER,
+    EMBEDDED_GAUSS_DRAFTER,
     EMBEDDED_TARGET,
     NO_DRAFTER,
     DrafterOptions,
@@ -86,12 +87,16 @@ CLEAR_WAIT_S = 5.0  # Clear waits this long at most for a running reply to notic
 
 SPECULATIVE, PLAIN = "speculative", "plain"
 EMBEDDED_PRESET = "Embedded · diffusion drafter"
+EMBEDDED_GAUSS_PRESET = "Embedded · gaussian diffusion drafter"
 EMBEDDED_AR_PRESET = "Embedded · autoregressive drafter"
 CUSTOM_PRESET = "Custom (--target / --drafter)"
 EMPTY_MESSAGE = "Type a message first: an empty or blank message has nothing to answer."
 
 HELP = {
-    "preset": "Target LM + drafter. Loaded on first use, then shared read-only by all users.",
+    "preset": (
+        "Target LM + drafter. Loaded on first use, then shared read-only by all users. The diffusion drafters: "
+        "masked (positions start as MASK) or gaussian (token embeddings start as Gaussian noise)."
+    ),
     "drafts": "K candidate drafts per round, refined together and verified together as one token tree.",
     "block": "L tokens per draft: a round accepts at most L draft tokens, plus one token from the target.",
     "steps": (
@@ -130,6 +135,7 @@ PANEL_HELP = """
 - **Draft evolution**: rows are the K drafts, columns the L block positions. Grey cells are still masked; colour is
   the drafter's confidence. After the last step the cells the target accepted get a green frame and each draft's first
   rejected token a red one; ★ marks the draft on the chosen path. Scrub any round and step with the sliders.
+  With the gaussian drafter no cell is masked: every step shows each position's nearest token at that noise level.
 - **Accepted length**: draft tokens accepted per round (grey dots: each draft; green: the chosen path), the running
   τ (tokens emitted per round, the speed-up's upper bound) and a histogram.
 - **Latency**: time per round split into draft / verify / other (round 0 is the prompt's prefill), and tokens/s so far,
@@ -176,6 +182,7 @@ def default_presets(target: str | None = None, drafter: str | None = None) -> tu
     drafter was given."""
     embedded = (
         Preset(EMBEDDED_PRESET, str(EMBEDDED_TARGET), str(EMBEDDED_DRAFTER)),
+        Preset(EMBEDDED_GAUSS_PRESET, str(EMBEDDED_TARGET), str(EMBEDDED_GAUSS_DRAFTER)),
         Preset(EMBEDDED_AR_PRESET, str(EMBEDDED_TARGET), str(EMBEDDED_AR_DRAFTER)),
     )
     if target is None and drafter is None:

@@ -21,7 +21,7 @@ from xpress_core.models import encode_prompt, load_models
 from xpress_core.presets import Access, hub_presets
 from xpress_core.trace import DecodeResult
 
-TINY, TINY_AR, MISSING = "tiny · diffusion", "tiny · autoregressive", "missing"
+TINY, TINY_GAUSS, TINY_AR, MISSING = "tiny · diffusion", "tiny · gaussian", "tiny · autoregressive", "missing"
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +29,7 @@ def config(zoo):
     return app.AppConfig(
         presets=(
             app.Preset(TINY, str(zoo["llama"]), str(zoo["drafter_llama"])),
+            app.Preset(TINY_GAUSS, str(zoo["llama"]), str(zoo["gauss_llama"])),
             app.Preset(TINY_AR, str(zoo["llama"]), str(zoo["ar_drafter"])),
             app.Preset(MISSING, "/nonexistent/xpress-target", "none"),
         ),
@@ -46,6 +47,7 @@ def oracle_models(zoo):
     """Models loaded apart from the app's cache, for the engine run directly."""
     return {
         TINY: load_models(zoo["llama"], zoo["drafter_llama"], device="cpu"),
+        TINY_GAUSS: load_models(zoo["llama"], zoo["gauss_llama"], device="cpu"),
         TINY_AR: load_models(zoo["llama"], zoo["ar_drafter"], device="cpu"),
     }
 
@@ -89,6 +91,7 @@ CASES = [
     {"temperature": 0.9, "top_p": 0.9, "seed": 7},
     {"temperature": 1.0, "seed": 123, "drafts": 2, "block": 8, "steps": 8, "refine": "serial", "verify": "batch"},
     {"preset": TINY_AR, "drafts": 2, "block": 5, "steps": 1, "temperature": 0.7, "seed": 3},
+    {"preset": TINY_GAUSS, "drafts": 3, "block": 6, "steps": 3, "temperature": 0.8, "seed": 5},
 ]
 
 
@@ -189,7 +192,12 @@ def test_unavailable_preset_gives_a_clear_message_and_the_next_request_works(cac
 
 def test_default_presets_put_the_custom_models_first():
     hub = [p.name for p in hub_presets()]
-    assert [p.name for p in app.default_presets()] == [app.EMBEDDED_PRESET, app.EMBEDDED_AR_PRESET, *hub]
+    assert [p.name for p in app.default_presets()] == [
+        app.EMBEDDED_PRESET,
+        app.EMBEDDED_GAUSS_PRESET,
+        app.EMBEDDED_AR_PRESET,
+        *hub,
+    ]
     custom = app.default_presets(target="/models/t")[0]
     assert (custom.name, custom.target, custom.drafter) == (app.CUSTOM_PRESET, "/models/t", str(app.EMBEDDED_DRAFTER))
 

@@ -9,7 +9,14 @@ import pytest
 
 from xpress_core.config import DecodeConfig
 from xpress_core.engine import decode
-from xpress_core.models import EMBEDDED_AR_DRAFTER, EMBEDDED_DRAFTER, EMBEDDED_TARGET, encode_prompt, load_models
+from xpress_core.models import (
+    EMBEDDED_AR_DRAFTER,
+    EMBEDDED_DRAFTER,
+    EMBEDDED_GAUSS_DRAFTER,
+    EMBEDDED_TARGET,
+    encode_prompt,
+    load_models,
+)
 
 ASSETS = EMBEDDED_TARGET.parent
 PROMPTS = [
@@ -22,16 +29,16 @@ PROMPTS = [
 def test_assets_budget_and_cards():
     size = sum(f.stat().st_size for f in ASSETS.rglob("*") if f.is_file())
     assert size < 60 * 2**20
-    for folder in (EMBEDDED_TARGET, EMBEDDED_DRAFTER, EMBEDDED_AR_DRAFTER):
+    for folder in (EMBEDDED_TARGET, EMBEDDED_DRAFTER, EMBEDDED_GAUSS_DRAFTER, EMBEDDED_AR_DRAFTER):
         card = (folder / "README.md").read_text()
         assert "CC BY-SA 4.0" in card and "CDLA-Sharing-1.0" in card
         assert (folder / "training_summary.json").exists()
-    for folder in (EMBEDDED_DRAFTER, EMBEDDED_AR_DRAFTER):
+    for folder in (EMBEDDED_DRAFTER, EMBEDDED_GAUSS_DRAFTER, EMBEDDED_AR_DRAFTER):
         scores = json.loads((folder / "eval.json").read_text())["scores"]
         assert scores and all(s["tau"] >= 1.0 for s in scores)
 
 
-@pytest.mark.parametrize("drafter", [EMBEDDED_DRAFTER, EMBEDDED_AR_DRAFTER, Path("none")])
+@pytest.mark.parametrize("drafter", [EMBEDDED_DRAFTER, EMBEDDED_GAUSS_DRAFTER, EMBEDDED_AR_DRAFTER, Path("none")])
 def test_embedded_models_decode_exactly_like_generate(drafter):
     models = load_models(EMBEDDED_TARGET, str(drafter), device="cpu")
     assert models.tokenizer.chat_template

@@ -112,6 +112,23 @@ def test_draft_evolution_step_is_clamped_and_special_rounds_explain_themselves()
     assert not heatmaps_present(plain) and "No drafter" in plain.layout.annotations[0].text
 
 
+def test_draft_evolution_of_the_gaussian_drafter_shows_nearest_tokens_per_noise_level():
+    noisy = DenoiseStep(tokens=((5, 4, 2), (6, 3, 9)), confidence=((0.5, 0.1, 0.2), (0.4, 0.3, 0.6)), noise_level=1.0)
+    clean = DenoiseStep(tokens=((5, 7, 8), (6, 3, 9)), confidence=((0.9, 0.8, 0.2), (0.4, 0.3, 0.7)), noise_level=0.5)
+    trace = round_trace(
+        steps=(noisy, clean), drafts=clean.tokens, draft_accept_lens=(2, 0), accepted=(5, 7), emitted=(5, 7, 11)
+    )
+    fig = plots.draft_evolution_figure(trace, token_text, step=0)
+    masked, drafts = heatmaps(fig)
+    assert all(cell is None for row in masked.z for cell in row)  # nothing is masked in the continuous drafter
+    assert [list(row) for row in drafts.text] == [["t5", "t4", "t2"], ["t6", "t3", "t9"]]
+    assert drafts.z[0][1] == pytest.approx(0.1)
+    assert "nearest tokens from noise t=1.00" in fig.layout.title.text
+    assert "nearest token at noise t=1.00: 't4'" in drafts.customdata[0][1]
+    last = plots.draft_evolution_figure(trace, token_text)
+    assert "t=0.50" in last.layout.title.text and "accepted 2 of 3" in last.layout.title.text
+
+
 def heatmaps_present(fig: go.Figure) -> bool:
     return any(isinstance(t, go.Heatmap) for t in fig.data)
 

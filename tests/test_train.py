@@ -93,7 +93,11 @@ def pipeline(tmp_path_factory):
     ]
     out["target_half"] = train_cli("target", *common, "--steps", "40")  # stops at 40: a checkpoint to resume from
     out["target"] = train_cli("target", *common, "--steps", "80")
-    for step in ("drafter", "ar-drafter"):
+    for name, step, extra in (
+        ("drafter", "drafter", ["--block", "8"]),
+        ("gauss", "drafter", ["--block", "8", "--noise", "gaussian"]),
+        ("ar-drafter", "ar-drafter", []),
+    ):
         args = [
             "--target",
             str(root / "target"),
@@ -102,9 +106,9 @@ def pipeline(tmp_path_factory):
             "--distill-dir",
             str(root / "distill"),
             "--workdir",
-            str(root / f"{step}_w"),
+            str(root / f"{name}_w"),
             "--out",
-            str(root / step),
+            str(root / name),
             "--sequences",
             "128",
             "--prompt-len",
@@ -118,7 +122,7 @@ def pipeline(tmp_path_factory):
             "--lr",
             "3e-3",
         ]
-        out[step] = train_cli(step, *args, *(["--block", "8"] if step == "drafter" else []))
+        out[name] = train_cli(step, *args, *extra)
     return out
 
 
@@ -152,9 +156,10 @@ def test_target_loss_goes_down_and_resumes(pipeline):
 
 def test_drafters_train_and_decode_exactly(pipeline):
     root = pipeline["root"]
-    assert losses(root / "drafter_w")[-1] < losses(root / "drafter_w")[0]
-    assert losses(root / "ar-drafter_w")[-1] < losses(root / "ar-drafter_w")[0]
-    for drafter in (root / "drafter", root / "ar-drafter"):
+    for name in ("drafter", "gauss", "ar-drafter"):
+        assert losses(root / f"{name}_w")[-1] < losses(root / f"{name}_w")[0], name
+    assert json.loads((root / "gauss" / "config.json").read_text())["noise"] == "gaussian"
+    for drafter in (root / "drafter", root / "gauss", root / "ar-drafter"):
         models = load_models(root / "target", drafter, device="cpu")
         prompt = encode_prompt(models.tokenizer, "I want to book a table", chat=True)
         ref = models.target.generate(prompt, max_new_tokens=20, do_sample=False)[0, prompt.shape[1] :].tolist()

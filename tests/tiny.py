@@ -84,12 +84,16 @@ def make_target(kind: str, tok, out: Path, seed: int = 0, layers: int = 3):
 
 
 def build_tiny_zoo(root: Path) -> dict[str, Path]:
-    """tokenizer, three targets, a diffusion drafter and an AR drafter for the llama target."""
+    """tokenizer, three targets, a masked diffusion drafter for each, gaussian ones for llama and qwen3, and an AR
+    drafter for the llama target."""
     tok = make_tokenizer(root / "tokenizer")
     zoo = {kind: make_target(kind, tok, root / kind) for kind in ("llama", "gpt2", "qwen3")}
     for kind in ("llama", "gpt2", "qwen3"):
         init_drafter(zoo[kind], root / f"drafter_{kind}", layers=1, block=8)
         zoo[f"drafter_{kind}"] = root / f"drafter_{kind}"
+    for kind in ("llama", "qwen3"):
+        init_drafter(zoo[kind], root / f"gauss_{kind}", layers=1, block=8, noise="gaussian")
+        zoo[f"gauss_{kind}"] = root / f"gauss_{kind}"
     zoo["ar_drafter"] = make_target("llama", tok, root / "ar_drafter", seed=1, layers=1)
     zoo["tokenizer"] = root / "tokenizer"
     return zoo

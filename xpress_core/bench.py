@@ -40,6 +40,7 @@ from .errors import XpressError
 from .models import (
     EMBEDDED_AR_DRAFTER,
     EMBEDDED_DRAFTER,
+    EMBEDDED_GAUSS_DRAFTER,
     EMBEDDED_TARGET,
     check_tokenizer_match,
     encode_prompt,
@@ -860,7 +861,11 @@ QUICK = Preset(QUICK_GRID, ASSISTED_TOKENS_QUICK, LOOKUP_TOKENS_QUICK, 64, 1, QU
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bench = sub.add_parser("bench", help="measure tokens/s against transformers generate, assisted, prompt lookup")
     bench.add_argument("--target", default=str(EMBEDDED_TARGET), help="target: local dir or Hub id")
-    bench.add_argument("--drafter", default=str(EMBEDDED_DRAFTER), help="diffusion drafter for the xpress method")
+    bench.add_argument(
+        "--drafter",
+        default=str(EMBEDDED_DRAFTER),
+        help=f"diffusion drafter for the xpress method (masked; the gaussian one: {EMBEDDED_GAUSS_DRAFTER})",
+    )
     bench.add_argument("--ar-drafter", default=str(EMBEDDED_AR_DRAFTER), help="assistant model for hf-assisted")
     bench.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     bench.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16")
@@ -1016,6 +1021,7 @@ def write_outputs(stages: Sequence[Stage], args: argparse.Namespace, models: Ben
         "args": {k: v if isinstance(v, (int, float, bool, type(None))) else str(v) for k, v in vars(args).items()},
         "machine": machine_info(models),
         "models": {"target": args.target, "drafter": args.drafter, "ar_drafter": args.ar_drafter,
+                   "drafter_noise": getattr(models.drafter, "noise", None),
                    "target_params": sum(p.numel() for p in models.target.parameters())},
         "stages": [{"name": st.name, "prompts": [p.name for p in st.prompts],
                     "plan": {**asdict(st.plan), "settings": [s.name for s in st.plan.settings]}} for st in stages],

@@ -13,7 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .bench import add_bench_parser, run_bench
-from .config import DIVERSITY, REFINE_MODES, SCHEDULES, VERIFY_MODES, DecodeConfig
+from .config import DIVERSITY, NOISE_TYPES, REFINE_MODES, SCHEDULES, VERIFY_MODES, DecodeConfig
 from .errors import XpressError
 from .train.cli import add_train_parser, run_train
 
@@ -117,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--out", type=Path, required=True)
     init.add_argument("--layers", type=int, default=1)
     init.add_argument("--block", type=int, default=16)
+    init.add_argument("--noise", choices=NOISE_TYPES, default="mask", help="the drafter's noise type")
 
     add_train_parser(sub)
     add_bench_parser(sub)
@@ -170,7 +171,7 @@ def run_init_drafter(args: argparse.Namespace) -> int:
 
     if args.layers < 1 or args.block < 1:
         raise XpressError("--layers and --block must be >= 1")
-    model = init_drafter(args.target, args.out, layers=args.layers, block=args.block)
+    model = init_drafter(args.target, args.out, layers=args.layers, block=args.block, noise=args.noise)
     print(
         json.dumps(
             {
@@ -178,6 +179,7 @@ def run_init_drafter(args: argparse.Namespace) -> int:
                 "parameters": sum(p.numel() for p in model.parameters()),
                 "tapped_layers": model.config.tapped_layers,
                 "block_size": model.config.block_size,
+                "noise": model.config.noise,
             }
         )
     )

@@ -11,6 +11,7 @@ REFINE_MODES = ("parallel", "serial")
 VERIFY_MODES = ("tree", "batch")
 SCHEDULES = ("confidence", "left-to-right")
 DIVERSITY = ("branch-first", "branch-uncertain", "gumbel", "none")
+NOISE_TYPES = ("mask", "gaussian")  # the diffusion drafter's noise (a property of a trained drafter, not of a request)
 
 MAX_DRAFTS = 16
 MAX_BLOCK = 32

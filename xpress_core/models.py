@@ -15,7 +15,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_N
 from .drafters.autoregressive import AutoregressiveDrafter
 from .drafters.base import Drafter, NoDrafter
 from .drafters.dflash_format import DFLASH_KEY_MAPPING, dflash_drafter_config, is_dflash_config, read_config_json
-from .drafters.diffusion import DiffusionDrafter
+from .drafters.diffusion import TargetConditionedDrafter, diffusion_drafter
 from .drafters.diffusion_lm import FAMILIES, DiffusionLMDrafter, family_convention, resolve_mask_token_id
 from .drafters.diffusion_model import XpressDrafter, XpressDrafterConfig, default_tapped_layers
 from .engine import Models, stop_token_ids
@@ -25,6 +25,7 @@ from .presets import Access, check_known, is_local, remote_code_allowed
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 EMBEDDED_TARGET = ASSETS / "target"
 EMBEDDED_DRAFTER = ASSETS / "drafter"
+EMBEDDED_GAUSS_DRAFTER = ASSETS / "drafter_gauss"
 EMBEDDED_AR_DRAFTER = ASSETS / "ar_drafter"
 NO_DRAFTER = "none"
 # How a drafter is loaded: "auto" reads its config.json. xpress = our target-conditioned drafter; dflash = a published
@@ -203,7 +204,7 @@ def load_drafter(
     return AutoregressiveDrafter(model, banned)
 
 
-def load_conditioned_drafter(spec, dflash: dict | None, target, tokenizer, device, dtype, banned) -> DiffusionDrafter:
+def load_conditioned_drafter(spec, dflash: dict | None, target, tokenizer, device, dtype, banned) -> TargetConditionedDrafter:
     """Our target-conditioned drafter, from its own checkpoint or (``dflash`` = its config.json) a DFlash one."""
     check_tokenizer_match("drafter", spec, tokenizer)
     extra = {} if dflash is None else {"config": dflash_drafter_config(dflash, spec), "key_mapping": DFLASH_KEY_MAPPING}
@@ -222,7 +223,7 @@ def load_conditioned_drafter(spec, dflash: dict | None, target, tokenizer, devic
         raise XpressError(
             f"drafter {spec!r} taps layers {cfg.tapped_layers}; the target has only {target.config.num_hidden_layers}"
         )
-    return DiffusionDrafter(model.bind(target), banned)
+    return diffusion_drafter(model.bind(target), banned)
 
 
 def diffusion_lm_class(config: dict | None):
@@ -303,8 +304,18 @@ def encode_prompt(tokenizer, prompt: str | list[dict[str, str]], chat: bool) -> 
     return torch.tensor([ids])
 
 
-def init_drafter(target_spec: str | Path, out: Path, layers: int = 1, block: int = 16, seed: int = 0) -> XpressDrafter:
-    """An untrained diffusion drafter sized for any HF causal-LM target (the start of training, and for tests)."""
+def init_drafter(
+    target_spec: str | Path,
+    out: Path,
+    layers: int = 1,
+    block: int = 16,
+    seed: int = 0,
+    noise: str = "mask",
+    clean_rms: float = 1.0,
+) -> XpressDrafter:
+    """An untrained diffusion drafter sized for any HF causal-LM target (the start of training, and for tests).
+
+    ``noise``: "mask" or "gaussian"; ``clean_rms``: the gaussian drafter's clean-embedding scale (see its config)."""
     target, tokenizer = load_target(target_spec, torch.device("cpu"), torch.float32)
     embed = target.get_input_embeddings().weight
     tcfg = target.config
@@ -322,6 +333,8 @@ def init_drafter(target_spec: str | Path, out: Path, layers: int = 1, block: int
         target_name_or_path=str(target_spec),
         target_num_layers=tcfg.num_hidden_layers,
         rope_theta=float(getattr(tcfg, "rope_theta", None) or 10000.0),
+        noise=noise,
+        clean_rms=clean_rms,
     )
     torch.manual_seed(seed)
     model = XpressDrafter(config)

@@ -14,7 +14,7 @@ from itertools import accumulate
 
 import plotly.graph_objects as go
 
-from .trace import MASKED, RoundTrace
+from .trace import MASKED, DenoiseStep, RoundTrace
 
 TokenText = Callable[[int], str]
 
@@ -94,7 +94,8 @@ EVOLUTION_TITLE = "Draft evolution"
 def draft_evolution_figure(trace: RoundTrace, token_text: TokenText, step: int | None = None) -> go.Figure:
     """K drafts x L positions after denoise step ``step`` (0-based; None = the last one) of one round.
 
-    Cells show the token text coloured by the drafter's confidence; masked cells are grey. After the last step (the
+    Cells show the token text coloured by the drafter's confidence; masked cells are grey. With the gaussian drafter
+    no cell is masked: each shows its position's nearest token at that step's noise level. After the last step (the
     drafts as the verifier saw them) the cells on the accepted path get a green frame and each draft's first
     rejected token a red one.
     """
@@ -106,12 +107,13 @@ def draft_evolution_figure(trace: RoundTrace, token_text: TokenText, step: int |
         )
     if not trace.drafts:
         return message_figure(EVOLUTION_TITLE, "No drafter: plain decoding verifies one token per round.")
-    states = [(s.tokens, s.confidence) for s in trace.steps]
+    states = list(trace.steps)
     if not states:  # a drafter that reports no intermediate steps: show its final drafts, confidence unknown
-        states = [(trace.drafts, tuple(tuple(1.0 for _ in row) for row in trace.drafts))]
+        states = [DenoiseStep(trace.drafts, tuple(tuple(1.0 for _ in row) for row in trace.drafts))]
     last = len(states) - 1
     shown = last if step is None else min(max(step, 0), last)
-    tokens, confidence = states[shown]
+    tokens, confidence, noise_level = states[shown].tokens, states[shown].confidence, states[shown].noise_level
+    token_kind = "token" if noise_level is None else f"nearest token at noise t={noise_level:.2f}:"
     verified = shown == last
     k_drafts, length = len(tokens), len(tokens[0])
     bonus = trace.emitted[len(trace.accepted)] if len(trace.emitted) > len(trace.accepted) else None
@@ -146,7 +148,7 @@ def draft_evolution_figure(trace: RoundTrace, token_text: TokenText, step: int |
             masked_row.append(None)
             text_row.append(cell_label(token_text(token)))
             hover_row.append(
-                f"{where}<br>token {visible_text(repr(token_text(token)))} (id {token})"
+                f"{where}<br>{token_kind} {visible_text(repr(token_text(token)))} (id {token})"
                 f"<br>confidence {confidence[k][j]:.2f}{note}"
             )
         z.append(z_row)
@@ -199,6 +201,8 @@ def draft_evolution_figure(trace: RoundTrace, token_text: TokenText, step: int |
             if accept_lens[k] < length:
                 frames.append(cell_frame(accept_lens[k], k, REJECTED_COLOUR, width))
     title = f"{EVOLUTION_TITLE} · round {trace.index} · denoise step {shown + 1}/{last + 1}"
+    if noise_level is not None:
+        title += f" · nearest tokens from noise t={noise_level:.2f}"
     if verified:
         title += f" · accepted {trace.accept_len} of {length} + 1 from the target"
     fig.update_layout(

@@ -22,6 +22,9 @@ MASKED = -1  # token id shown for a position the drafter has not committed yet
 class DenoiseStep:
     tokens: tuple[tuple[int, ...], ...]  # (K, L) committed tokens after this step, MASKED where still masked
     confidence: tuple[tuple[float, ...], ...]  # (K, L) drafter probability of each position's current best token
+    # Gaussian drafter: the noise level t this step denoised (1 = pure noise); its tokens are every position's
+    # nearest token (the LM head's argmax of the step's clean estimate), none masked. None for the masked drafter.
+    noise_level: float | None = None
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,14 @@
-"""Drafting with masked diffusion: K drafts x L positions refined over T denoise steps.
+"""Drafting with block diffusion: K drafts x L positions refined over T denoise steps.
 
-Each step runs one drafter forward per refine group (all K rows at once = parallel refinement; one row at a time =
-serial), then picks tokens and commits ``ceil(L*s/T)`` positions in total after step s, most confident first or left
-to right. Token choice happens on the (K, L, V) logits of all rows together, so parallel and serial refinement make
-the same drafts.
+``MaskedDiffusionDrafter`` holds the masked refinement once: each step runs one drafter forward per refine group (all
+K rows at once = parallel refinement; one row at a time = serial), then picks tokens and commits ``ceil(L*s/T)``
+positions in total after step s, most confident first or left to right. Token choice happens on the (K, L, V) logits
+of all rows together, so parallel and serial refinement make the same drafts. A masked family only says how one
+forward turns a block of committed/masked positions into logits (``denoise``): our target-conditioned drafter below,
+or a standalone diffusion LM that re-reads the context (``diffusion_lm.py``).
 
-``MaskedDiffusionDrafter`` holds that refinement once; a drafter family only says how one forward turns a block of
-committed/masked positions into logits (``denoise``): the target-conditioned drafter below, or a standalone diffusion
-LM that re-reads the context (``diffusion_lm.py``).
+Our drafter's two noise types share its context cache (``TargetConditionedDrafter``): masked (``DiffusionDrafter``)
+and Gaussian (``GaussianDiffusionDrafter``); ``diffusion_drafter`` picks the sampler from the model's config.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import math
 from abc import abstractmethod
 from dataclasses import dataclass
+from itertools import pairwise
 
 import torch
 
@@ -22,7 +24,12 @@ from ..config import DecodeConfig
 from ..errors import XpressError
 from ..trace import MASKED, DenoiseStep
 from .base import Drafter, Drafts, banned_token_mask, refine_groups
-from .diffusion_model import ContextKV, XpressDrafter
+from .diffusion_model import ContextKV, XpressDrafter, add_noise, signal_share
+
+
+def allowed_logits(logits: torch.Tensor, banned: torch.Tensor) -> torch.Tensor:
+    """fp32 logits over the drafter vocabulary (the first ``len(banned)`` ids) with the banned tokens at -inf."""
+    return logits.float()[..., : banned.shape[0]].masked_fill(banned, float("-inf"))
 
 
 class MaskedDiffusionDrafter(Drafter):
@@ -64,8 +71,7 @@ class MaskedDiffusionDrafter(Drafter):
 
         Returns candidates (K, L), their confidence (K, L) and the (K, L) positions forced to commit now (branches).
         """
-        logits = logits.float()[..., : self.banned.shape[0]].masked_fill(self.banned, float("-inf"))
-        probs = logits.softmax(-1)  # (K, L, V)
+        probs = allowed_logits(logits, self.banned).softmax(-1)  # (K, L, V)
         scores = probs.log()
         if cfg.diversity == "gumbel" and cfg.drafts > 1:
             uniform = torch.rand(probs.shape, generator=generator, device=generator.device).to(probs.device)
@@ -103,10 +109,11 @@ class DiffusionState:
     length: int  # S: committed tokens in the context (= target cache length)
 
 
-class DiffusionDrafter(MaskedDiffusionDrafter):
-    """The target-conditioned drafter (ours, or a DFlash checkpoint loaded into it): context = tapped target features."""
+class TargetConditionedDrafter(Drafter):
+    """The context cache of an ``XpressDrafter`` (fused target features as keys/values) and its block forward."""
 
     name = "diffusion"
+    noise: str  # the model's noise type, one of config.NOISE_TYPES
 
     def __init__(self, model: XpressDrafter, banned_ids: list[int]):
         self.model = model
@@ -114,10 +121,6 @@ class DiffusionDrafter(MaskedDiffusionDrafter):
         self.tapped_layers = tuple(model.config.tapped_layers)
         self.max_block = model.config.block_size
         self.banned = banned_token_mask(model.config.vocab_size, banned_ids, model.device)
-
-    def check_block(self, cfg: DecodeConfig) -> None:
-        if cfg.block > self.max_block:
-            raise XpressError(f"block L={cfg.block} exceeds the drafter's trained block size {self.max_block}")
 
     @torch.no_grad()
     def start(self, prompt_ids, features):
@@ -138,11 +141,89 @@ class DiffusionDrafter(MaskedDiffusionDrafter):
     def context_length(self, state: DiffusionState) -> int:
         return state.length
 
+    def check_block(self, cfg: DecodeConfig) -> None:
+        if cfg.block > self.max_block:
+            raise XpressError(f"block L={cfg.block} exceeds the drafter's trained block size {self.max_block}")
+
+    def block_logits(self, state: DiffusionState, block_embeds: torch.Tensor) -> torch.Tensor:
+        """One drafter forward on R blocks ``[root, L positions]`` (R, L+1, H) after the context -> (R, L, V)."""
+        rows, span, _ = block_embeds.shape
+        positions = torch.arange(state.length, state.length + span, device=block_embeds.device).expand(rows, -1)
+        context = [(ck.expand(rows, -1, -1, -1), cv.expand(rows, -1, -1, -1)) for ck, cv in state.context]
+        return self.model(block_embeds, positions, context)[:, 1:]
+
+
+class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
+    """The masked drafter (ours, or a DFlash checkpoint loaded into it): positions start as MASK and are committed by
+    the schedule; the context cache comes from ``TargetConditionedDrafter``, the refinement from
+    ``MaskedDiffusionDrafter``."""
+
+    noise = "mask"
+
     def denoise(self, state: DiffusionState, root: int, tokens: torch.Tensor, committed: torch.Tensor) -> torch.Tensor:
         """One drafter forward on the rows' blocks ``[root, tokens or MASK]`` -> (R, L, V) logits."""
         rows = tokens.shape[0]
         block = torch.cat([torch.full((rows, 1), root, device=tokens.device), tokens], dim=1)
         masked = torch.cat([torch.zeros((rows, 1), dtype=torch.bool, device=tokens.device), ~committed], dim=1)
-        positions = torch.arange(state.length, state.length + block.shape[1], device=tokens.device).expand(rows, -1)
-        context = [(ck.expand(rows, -1, -1, -1), cv.expand(rows, -1, -1, -1)) for ck, cv in state.context]
-        return self.model(self.model.embed_block(block, masked), positions, context)[:, 1:]
+        return self.block_logits(state, self.model.embed_block(block, masked))
+
+
+class GaussianDiffusionDrafter(TargetConditionedDrafter):
+    """The continuous drafter (the seed article's variant): K blocks of pure Gaussian noise in the (unit-RMS) token
+    embedding space, denoised by T DDIM steps (Song et al. 2021, eta = 0) from t = 1 to t = 0.
+
+    Each step: one drafter forward (all K rows at once in parallel refinement) predicts the clean tokens' logits;
+    the nearest token at every position (the LM head's argmax) and its embedding are the clean estimate x0_hat, and
+    the block moves to the next noise level along the same noise direction. Snapping x0_hat to a token embedding
+    (the "clamping trick" of Diffusion-LM, Li et al. 2022) keeps every step's input on the training distribution
+    (noised embeddings of real tokens); a probability-weighted mean embedding would be a blur the drafter never saw.
+    The last step's tokens are the drafts. The K drafts differ only through their independent starting noise, drawn
+    from the drafter's seeded generator, so the same seed gives the same drafts; the schedule and diversity
+    settings of the masked drafter do not apply.
+    """
+
+    noise = "gaussian"
+
+    @torch.no_grad()
+    def draft(self, state: DiffusionState, root: int, cfg: DecodeConfig, generator: torch.Generator) -> Drafts:
+        self.check_block(cfg)
+        shape = (cfg.drafts, cfg.block, self.model.config.hidden_size)
+        device = self.model.device
+        x = torch.randn(shape, generator=generator, device=generator.device).to(device, self.model.dtype)  # x_1
+        levels = noise_levels(cfg.steps)
+        root_embed = self.model.token_embeddings(torch.tensor([[root]], device=device))  # (1, 1, H), clean
+        steps = []
+        for t, t_next in pairwise(levels):
+            logits = torch.cat([self.denoise(state, root_embed, x[rows], t) for rows in refine_groups(cfg)])
+            probs = allowed_logits(logits, self.banned).softmax(-1)  # (K, L, V)
+            conf, tokens = probs.max(-1)
+            x = ddim_step(x, self.model.token_embeddings(tokens), t, t_next)
+            steps.append(DenoiseStep(tuple(map(tuple, tokens.tolist())), tuple(map(tuple, conf.tolist())), t))
+        return Drafts(tokens=steps[-1].tokens, steps=tuple(steps))
+
+    def denoise(self, state: DiffusionState, root_embed: torch.Tensor, x: torch.Tensor, t: float) -> torch.Tensor:
+        """One drafter forward on the rows' blocks ``[root, x_t]`` (x: (R, L, H)) -> (R, L, V) logits."""
+        rows, length, _ = x.shape
+        block = torch.cat([root_embed.expand(rows, -1, -1), x], dim=1)
+        levels = torch.full((rows, length + 1), t, device=x.device)
+        levels[:, 0] = 0.0  # the root is given clean
+        return self.block_logits(state, self.model.embed_noisy_block(block, levels))
+
+
+def noise_levels(steps: int) -> list[float]:
+    """T + 1 evenly spaced noise levels from pure noise to clean: T = 2 -> [1.0, 0.5, 0.0]."""
+    return [1.0 - s / steps for s in range(steps + 1)]
+
+
+def ddim_step(x: torch.Tensor, clean: torch.Tensor, t: float, t_next: float) -> torch.Tensor:
+    """Deterministic DDIM update (eta = 0) from level t to t_next given the clean estimate: the noise implied by
+    x_t and x0_hat, eps_hat = (x_t - sqrt(a_t) x0_hat) / sqrt(1 - a_t), is kept and rescaled to level t_next."""
+    a = float(signal_share(torch.tensor(t)))
+    eps = (x - math.sqrt(a) * clean) / math.sqrt(1.0 - a)  # t > 0 at every step, so 1 - a > 0
+    return add_noise(clean, eps, torch.full(x.shape[:-1], t_next, device=x.device))
+
+
+def diffusion_drafter(model: XpressDrafter, banned_ids: list[int]) -> TargetConditionedDrafter:
+    """The sampler for the drafter's noise type (its config says which)."""
+    sampler = GaussianDiffusionDrafter if model.config.noise == "gaussian" else DiffusionDrafter
+    return sampler(model, banned_ids)

@@ -1,4 +1,4 @@
-"""The target-conditioned masked block-diffusion drafter (DESIGN 3; the DFlash family, arXiv 2602.06036).
+"""The target-conditioned block-diffusion drafter (DESIGN 3; the DFlash family, arXiv 2602.06036).
 
 - Hidden states of a few tapped target layers, for the context tokens, are fused by one linear layer and injected as
   keys/values into every drafter layer (computed once per committed token and cached across rounds).
@@ -8,15 +8,32 @@
 - Two options make the same module run published DFlash checkpoints (``dflash_format.py``): per-head RMSNorm on
   queries and keys (``qk_norm``, as Qwen3 and DFlash have), and masked positions embedded as the target's embedding of
   the mask token instead of a learned vector (``learned_mask=False``).
+
+Two noise types (``config.noise``), one architecture:
+
+- ``mask``: a block ``[root, MASK x L]``; masked positions get a learned mask vector (discrete diffusion).
+- ``gaussian``: the seed article's continuous variant. Block positions hold noisy token embeddings
+  ``x_t = sqrt(a(t)) e + sqrt(1 - a(t)) eps`` (DDPM forward process, Ho et al. 2020) plus a timestep embedding, with
+  the cosine schedule ``a(t) = cos(pi t / 2)^2`` (Nichol & Dhariwal 2021): ``t = 1`` is pure noise, ``t = 0`` clean.
+  The clean embeddings ``e`` are the target's token embeddings rescaled to one RMS per coordinate,
+  ``config.clean_rms``, whatever the target's own scale (ours: rows of norm about 1.2 in 256 dimensions). That RMS
+  sets the signal-to-noise ratio of the whole schedule: a token is told apart from the others by all H coordinates
+  together, so its SNR at level t is about ``H clean_rms^2 a / (1 - a)``. At ``clean_rms = 1`` (unit-variance, like
+  the noise) a 256-wide embedding is still readable at ``t = 0.9``; at ``1 / sqrt(H)`` (unit norm) the token SNR is
+  ``a / (1 - a)``, 1 at ``t = 0.5``. The drafter predicts the clean tokens' logits (x0-prediction).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import AutoConfig, PreTrainedConfig, PreTrainedModel
 from transformers import initialization as init
+
+from ..config import NOISE_TYPES
 
 
 class XpressDrafterConfig(PreTrainedConfig):
@@ -38,6 +55,7 @@ class XpressDrafterConfig(PreTrainedConfig):
         target_name_or_path: str = "",
         target_num_layers: int = 0,
         noise: str = "mask",
+        clean_rms: float = 1.0,
         initializer_range: float = 0.02,
         head_dim: int | None = None,
         qk_norm: bool = False,
@@ -45,6 +63,10 @@ class XpressDrafterConfig(PreTrainedConfig):
         attention_bias: bool = False,
         **kwargs,
     ):
+        if noise not in NOISE_TYPES:
+            raise ValueError(f"drafter noise must be one of {NOISE_TYPES}, got {noise!r}")
+        if clean_rms <= 0:
+            raise ValueError(f"clean_rms must be > 0, got {clean_rms}")
         self.hidden_size = hidden_size
         self.num_hidden_layers = num_hidden_layers
         self.num_attention_heads = num_attention_heads
@@ -59,6 +81,7 @@ class XpressDrafterConfig(PreTrainedConfig):
         self.target_name_or_path = target_name_or_path
         self.target_num_layers = target_num_layers
         self.noise = noise
+        self.clean_rms = clean_rms  # gaussian noise: RMS per coordinate of the clean embeddings (noise has 1)
         self.initializer_range = initializer_range
         # Qwen3-family models fix head_dim apart from hidden_size / heads (Qwen3-4B: 2560 / 32 heads, head_dim 128).
         self.head_dim = head_dim or hidden_size // num_attention_heads
@@ -146,6 +169,36 @@ class DrafterLayer(nn.Module):
         return h + self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+def signal_share(t: torch.Tensor) -> torch.Tensor:
+    """a(t) = cos(pi t / 2)^2, the cosine schedule: the share of the clean signal's variance left at noise level t."""
+    return torch.cos(t * (math.pi / 2)).pow(2)
+
+
+def add_noise(clean: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """x_t = sqrt(a(t)) clean + sqrt(1 - a(t)) noise; clean/noise (B, Q, H), t (B, Q) per position (0 = clean)."""
+    a = signal_share(t.to(clean.dtype))[..., None]
+    return a.sqrt() * clean + (1 - a).clamp(min=0).sqrt() * noise
+
+
+def timestep_features(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sinusoidal features of the noise level (B, Q) -> (B, Q, dim), as in DDPM's timestep embedding."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=t.device, dtype=torch.float32) / half)
+    angles = (t.float() * 1000.0)[..., None] * freqs  # t in [0, 1] read as a step count out of 1000
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+class TimestepEmbedding(nn.Module):
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.fc_in = nn.Linear(hidden_size, hidden_size)
+        self.fc_out = nn.Linear(hidden_size, hidden_size)
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        x = timestep_features(t, self.fc_in.in_features).to(self.fc_in.weight.dtype)
+        return self.fc_out(F.silu(self.fc_in(x)))
+
+
 ContextKV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (B, kv_heads, S, head_dim) keys and values
 
 
@@ -159,8 +212,13 @@ class XpressDrafter(PreTrainedModel):
         n_tapped = len(config.tapped_layers)
         self.fc = nn.Linear(n_tapped * config.hidden_size, config.hidden_size, bias=False)
         self.context_norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        # DFlash-format drafters embed masked positions as the target's embedding of the mask token instead.
-        self.mask_embedding = nn.Parameter(torch.zeros(config.hidden_size)) if config.learned_mask else None
+        # Each noise type owns only the input it uses: the mask vector, or the timestep embedding. DFlash-format
+        # drafters embed masked positions as the target's embedding of the mask token instead of a learned vector.
+        self.mask_embedding = None
+        if config.noise == "mask" and config.learned_mask:
+            self.mask_embedding = nn.Parameter(torch.zeros(config.hidden_size))
+        elif config.noise == "gaussian":
+            self.time_embedding = TimestepEmbedding(config.hidden_size)
         self.layers = nn.ModuleList(DrafterLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary = Rotary(config.head_dim, config.rope_theta)
@@ -205,6 +263,17 @@ class XpressDrafter(PreTrainedModel):
             return self.shared[0](torch.where(masked, self.config.mask_token_id, tokens)).to(self.norm.weight.dtype)
         embeds = self.shared[0](tokens.clamp(min=0)).to(self.mask_embedding.dtype)
         return torch.where(masked[..., None], self.mask_embedding.expand_as(embeds), embeds)
+
+    def token_embeddings(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, Q) ids -> (B, Q, H) the target's embeddings rescaled to RMS ``clean_rms`` per coordinate (the clean
+        signal of the gaussian drafter; its scale against the noise is the module docstring's SNR)."""
+        embeds = self.shared[0](tokens.clamp(min=0)).to(self.fc.weight.dtype)
+        unit = embeds * torch.rsqrt(embeds.pow(2).mean(-1, keepdim=True) + self.config.rms_norm_eps)
+        return unit * self.config.clean_rms
+
+    def embed_noisy_block(self, noisy: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """Gaussian drafter input: noisy embeddings (B, Q, H) at noise levels (B, Q) -> (B, Q, H) block embeddings."""
+        return noisy + self.time_embedding(t)
 
     def forward(
         self,

@@ -99,11 +99,24 @@ def drafter_card(asset: Path, command: str, kind: str) -> str:
     scores = read_json(asset / "eval.json")
     cfg = read_json(asset / "config.json")
     rows = "\n".join(
-        f"| {r['drafts']} | {r['steps']} | {r['block']} | {r['tau']:.2f} | {r['tokens_per_s']:.0f} | "
+        f"| {r['drafts']} | {r['steps']} | {r['block']} | {r['tau']:.2f} | {draft_ms(r)} | {r['tokens_per_s']:.0f} | "
         f"{r['plain_tokens_per_s']:.0f} | {r['speedup']:.2f}x |"
         for r in scores.get("scores", [])
     )
-    if kind == "diffusion":
+    if kind == "gaussian":
+        head = f"""# xPress embedded gaussian diffusion drafter
+
+The continuous variant of the diffusion drafter (`XpressDrafter` with `"noise": "gaussian"`): {cfg.get("num_hidden_layers")} layer(s),
+hidden {cfg.get("hidden_size")}, block size {cfg.get("block_size")}, tapped target layers {cfg.get("tapped_layers")}.
+It reuses the target's embedding and LM head (not stored here), so it only works with `assets/target`. A block
+starts as Gaussian noise in the token-embedding space (the target's embeddings rescaled to RMS
+{cfg.get("clean_rms")} per coordinate against unit-variance noise) and `T` DDIM steps (cosine schedule
+`a(t) = cos(pi t / 2)^2`, x0-prediction through the LM head, the clean estimate snapped to its nearest token)
+denoise it; `K` drafts start from independent noise. Trained by self-distillation on
+the same data as the masked drafter: the target wrote {s.get("distilled_sequences")} continuations of corpus prompts
+(half greedy, half sampled at temperature 0.8); random anchors, each block noised at a random level `t` (half of
+the blocks at `t = 1`, pure noise), cross-entropy on the clean tokens."""
+    elif kind == "diffusion":
         head = f"""# xPress embedded diffusion drafter
 
 A target-conditioned masked block-diffusion drafter (`XpressDrafter`): {cfg.get("num_hidden_layers")} layer(s),
@@ -136,16 +149,21 @@ Command: `{command}`
 {scores.get("prompts", 0)} held-out `sgd_dev` chats, greedy, {scores.get("max_new_tokens", 0)} new tokens, on this
 2-core CPU. tau = tokens per drafting round (accepted draft tokens + the target's own token).
 
-| K | T | L | tau | tokens/s | plain tokens/s | speedup |
-|---|---|---|---|---|---|---|
+| K | T | L | tau | draft ms/round | tokens/s | plain tokens/s | speedup |
+|---|---|---|---|---|---|---|---|
 {rows}
 
 {DATA_CREDITS}"""
 
 
+def draft_ms(score: dict) -> str:
+    """Drafting time per round; scores measured before it was recorded show a dash."""
+    return f"{score['draft_ms_per_round']:.1f}" if "draft_ms_per_round" in score else "–"
+
+
 def write_cards(assets: Path, commands: dict[str, str]) -> None:
-    """Write README.md into assets/target, assets/drafter and assets/ar_drafter."""
+    """Write README.md into assets/target and each drafter asset present (drafter, drafter_gauss, ar_drafter)."""
     (assets / "target" / "README.md").write_text(target_card(assets / "target", commands["target"]))
-    for name, kind in (("drafter", "diffusion"), ("ar_drafter", "autoregressive")):
+    for name, kind in (("drafter", "diffusion"), ("drafter_gauss", "gaussian"), ("ar_drafter", "autoregressive")):
         if (assets / name).exists():
             (assets / name / "README.md").write_text(drafter_card(assets / name, commands[name], kind))

@@ -6,6 +6,9 @@ import argparse
 import json
 from pathlib import Path
 
+from ..config import NOISE_TYPES
+from ..errors import XpressError
+
 DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 DEFAULT_WORK = Path("runs")
 
@@ -74,14 +77,31 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
                 "--decay", type=float, default=8.0, help="loss weight of block position j: exp(-(j-1)/decay)"
             )
             step.add_argument("--init", help="start from this drafter directory instead of a fresh one")
+            step.add_argument(
+                "--noise",
+                choices=NOISE_TYPES,
+                default="mask",
+                help="mask: discrete masked diffusion; gaussian: noised token embeddings (the continuous variant)",
+            )
+            step.add_argument(
+                "--clean-rms",
+                type=float,
+                default=1.0,
+                help="gaussian: RMS per coordinate of the clean embeddings against unit noise (lower = noisier steps)",
+            )
 
     ev = steps.add_parser("eval", help="tau and tokens/s of a drafter on 50 held-out sgd_dev chats (model cards)")
     ev.add_argument("--target", default=str(Path("assets") / "target"))
-    ev.add_argument("--drafter", default=str(Path("assets") / "drafter"))
+    ev.add_argument(
+        "--drafter",
+        nargs="+",
+        default=[str(Path("assets") / "drafter")],
+        help="one drafter, or several of one kind to compare (they take turns prompt by prompt)",
+    )
     ev.add_argument("--data", type=Path, default=DEFAULT_DATA)
     ev.add_argument("--prompts", type=int, default=50)
     ev.add_argument("--max-new-tokens", type=int, default=64)
-    ev.add_argument("--out", type=Path, help="write the scores as JSON here")
+    ev.add_argument("--out", type=Path, nargs="+", help="write each drafter's scores as JSON here (one per drafter)")
 
     cards = steps.add_parser("cards", help="write the model cards of the assets from their summaries and scores")
     cards.add_argument("--assets", type=Path, default=Path("assets"))
@@ -89,33 +109,46 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         "--commands",
         type=Path,
         required=True,
-        help="JSON {target, drafter, ar_drafter}: the exact training command of each asset",
+        help="JSON {target, drafter, drafter_gauss, ar_drafter}: the exact training command of each asset",
     )
 
 
-def run_eval(args: argparse.Namespace) -> dict:
+def run_eval(args: argparse.Namespace) -> list[dict]:
     from dataclasses import asdict
 
-    from ..models import load_models
+    import torch
+
+    from ..engine import Models
+    from ..models import load_drafter, load_target
     from .evaluate import AR_DRAFT_LENGTHS, CARD_SETTINGS, evaluate, heldout_prompt_ids
 
-    models = load_models(args.target, args.drafter, device="cpu")
-    prompts = heldout_prompt_ids(models.tokenizer, args.data, args.prompts)
-    # The AR drafter drafts left to right, one position per step: T = L, tried over draft lengths.
-    settings = CARD_SETTINGS if models.drafter.name == "diffusion" else [(1, n, n) for n in AR_DRAFT_LENGTHS]
-    scores = [
-        {**asdict(s), "speedup": round(s.speedup, 3)} for s in evaluate(models, prompts, settings, args.max_new_tokens)
-    ]
-    report = {
-        "target": str(args.target),
-        "drafter": str(args.drafter),
-        "prompts": len(prompts),
-        "max_new_tokens": args.max_new_tokens,
-        "scores": scores,
+    if args.out and len(args.out) != len(args.drafter):
+        raise XpressError(f"--out needs one file per drafter: {len(args.drafter)} drafters, {len(args.out)} files")
+    target, tokenizer = load_target(args.target, torch.device("cpu"), torch.float32)
+    drafters = {
+        spec: Models(target, tokenizer, load_drafter(spec, target, tokenizer, torch.device("cpu"), torch.float32))
+        for spec in args.drafter
     }
-    if args.out:
-        args.out.write_text(json.dumps(report, indent=2))
-    return report
+    kinds = {m.drafter.name for m in drafters.values()}
+    if len(kinds) > 1:
+        raise XpressError(f"compare drafters of one kind (their settings differ): got {sorted(kinds)}")
+    prompts = heldout_prompt_ids(tokenizer, args.data, args.prompts)
+    # The AR drafter drafts left to right, one position per step: T = L, tried over draft lengths.
+    settings = CARD_SETTINGS if kinds == {"diffusion"} else [(1, n, n) for n in AR_DRAFT_LENGTHS]
+    scores = evaluate(drafters, prompts, settings, args.max_new_tokens)
+    reports = [
+        {
+            "target": str(args.target),
+            "drafter": spec,
+            "prompts": len(prompts),
+            "max_new_tokens": args.max_new_tokens,
+            "scores": [{**asdict(s), "speedup": round(s.speedup, 3)} for s in scores[spec]],
+        }
+        for spec in args.drafter
+    ]
+    for report, out in zip(reports, args.out or []):
+        out.write_text(json.dumps(report, indent=2))
+    return reports
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -185,8 +218,12 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
 
     init_dir = Path(args.init) if args.init else args.workdir / "init"
     if not args.init and not (init_dir / "config.json").exists():
-        init_drafter(args.target, init_dir, layers=args.layers, block=args.block)
+        init_drafter(
+            args.target, init_dir, layers=args.layers, block=args.block, noise=args.noise, clean_rms=args.clean_rms
+        )
     drafter = XpressDrafter.from_pretrained(init_dir)
+    if drafter.config.noise != args.noise:
+        raise XpressError(f"{init_dir} holds a {drafter.config.noise!r} drafter; --noise asks for {args.noise!r}")
     return train_drafter(
         drafter,
         target,

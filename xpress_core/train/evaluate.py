@@ -27,6 +27,7 @@ class DrafterScore:
     steps: int
     block: int
     tau: float
+    draft_ms_per_round: float  # the drafter's own time per drafting round (the engine's draft timer)
     tokens_per_s: float
     plain_tokens_per_s: float
     prompts: int
@@ -40,26 +41,40 @@ def run_all(models: Models, prompt_ids: list, cfg: DecodeConfig) -> list[DecodeR
     return [list(decode(models, ids, cfg))[-1] for ids in prompt_ids]
 
 
-def score(models: Models, prompt_ids: list, cfg: DecodeConfig, plain_tps: float) -> DrafterScore:
-    results = run_all(models, prompt_ids, cfg)
+def summarize(results: list[DecodeResult], cfg: DecodeConfig, plain_tps: float) -> DrafterScore:
     rounds = sum(r.rounds for r in results)
     emitted = sum(sum(r.accept_lens) + r.rounds for r in results)
     tps = sum(r.new_tokens for r in results) / sum(r.time_s for r in results)
-    return DrafterScore(cfg.drafts, cfg.steps, cfg.block, emitted / max(rounds, 1), tps, plain_tps, len(results))
+    draft_ms = 1000 * sum(r.draft_s for r in results) / max(rounds, 1)
+    return DrafterScore(
+        cfg.drafts, cfg.steps, cfg.block, emitted / max(rounds, 1), draft_ms, tps, plain_tps, len(results)
+    )
 
 
-def evaluate(models: Models, prompt_ids: list, settings, max_new_tokens: int = 64) -> list[DrafterScore]:
-    plain = Models(models.target, models.tokenizer, NoDrafter())
+def evaluate(
+    drafters: dict[str, Models], prompt_ids: list, settings, max_new_tokens: int = 64
+) -> dict[str, list[DrafterScore]]:
+    """Scores of each drafter (all on one target) at each (K, T, L) setting.
+
+    Prompt by prompt the drafters take turns, so when several are compared on a shared machine its drift hits them
+    alike and their drafting times stay comparable.
+    """
+    first = next(iter(drafters.values()))
+    plain = Models(first.target, first.tokenizer, NoDrafter())
     warm = DecodeConfig(max_new_tokens=8)
     run_all(plain, prompt_ids[:2], warm)  # first calls pay one-off allocation costs
     plain_results = run_all(plain, prompt_ids, DecodeConfig(max_new_tokens=max_new_tokens))
     plain_tps = sum(r.new_tokens for r in plain_results) / sum(r.time_s for r in plain_results)
-    return [
-        score(
-            models, prompt_ids, DecodeConfig(drafts=k, steps=t, block=length, max_new_tokens=max_new_tokens), plain_tps
-        )
-        for k, t, length in tqdm(settings, desc="evaluate")
-    ]
+    scores: dict[str, list[DrafterScore]] = {name: [] for name in drafters}
+    for k, t, length in tqdm(settings, desc="evaluate"):
+        cfg = DecodeConfig(drafts=k, steps=t, block=length, max_new_tokens=max_new_tokens)
+        results: dict[str, list[DecodeResult]] = {name: [] for name in drafters}
+        for ids in prompt_ids:
+            for name, models in drafters.items():
+                results[name].append(list(decode(models, ids, cfg))[-1])
+        for name in drafters:
+            scores[name].append(summarize(results[name], cfg, plain_tps))
+    return scores
 
 
 def heldout_prompt_ids(tokenizer, data_dir: Path, count: int = 50) -> list:
