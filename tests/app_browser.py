@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -21,6 +22,17 @@ def browser_problem() -> str | None:
     except ImportError:
         return "the playwright package is not installed (pip install playwright)"
     return None
+
+
+def require_browser() -> None:
+    """Skip the calling test when no browser can run here; fail instead under XPRESS_REQUIRE_BROWSER=1 (CI)."""
+    import pytest
+
+    problem = browser_problem()
+    if problem:
+        if os.environ.get("XPRESS_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"browser test required (XPRESS_REQUIRE_BROWSER=1) but {problem}")
+        pytest.skip(problem)
 
 
 def status(page) -> str:

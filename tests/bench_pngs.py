@@ -23,6 +23,26 @@ def figure_files(run_json: Path) -> dict[str, Path]:
     return {name: Path(path) for name, path in files.items() if path.endswith(".html")}
 
 
+def render_pngs(run_json: Path, out: Path) -> list[Path]:
+    """Screenshot every HTML figure of the run into ``out/NAME.png``; returns the PNG paths."""
+    from playwright.sync_api import sync_playwright
+
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport=VIEWPORT)
+        page.set_default_timeout(TIMEOUT_MS)
+        for name, html in figure_files(run_json).items():
+            page.goto(html.resolve().as_uri())
+            page.wait_for_selector(".plotly .main-svg")
+            page.wait_for_timeout(300)  # the first layout pass settles after the SVG appears
+            written.append(out / f"{name}.png")
+            page.locator(".plotly-graph-div").first.screenshot(path=str(written[-1]))
+        browser.close()
+    return written
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_json", type=Path, help="the JSON written by `python -m xpress_core bench --json`")
@@ -31,21 +51,8 @@ def main() -> None:
     problem = browser_problem()
     if problem:
         raise SystemExit(problem)
-    from playwright.sync_api import sync_playwright
-
-    args.out.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport=VIEWPORT)
-        page.set_default_timeout(TIMEOUT_MS)
-        for name, html in figure_files(args.run_json).items():
-            page.goto(html.resolve().as_uri())
-            page.wait_for_selector(".plotly .main-svg")
-            page.wait_for_timeout(300)  # the first layout pass settles after the SVG appears
-            out = args.out / f"{name}.png"
-            page.locator(".plotly-graph-div").first.screenshot(path=str(out))
-            print(out)
-        browser.close()
+    for path in render_pngs(args.run_json, args.out):
+        print(path)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
+from tests.app_browser import require_browser
 from xpress_core import bench
 from xpress_core.bench_figures import HEATMAP_METRICS, bench_figures, heatmap
 from xpress_core.cli import main
@@ -200,3 +201,20 @@ def test_forward_probe_ignores_other_threads(zoo):
         other.join()
         loaded.target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False)
     assert [c.cache_len for c in probe.calls] == [0, 3, 4]
+
+
+def test_bench_figures_render_to_png_in_the_browser(bench_run, tmp_path):
+    require_browser()
+    from PIL import Image
+
+    from tests.bench_pngs import figure_files, render_pngs
+
+    figures = figure_files(bench_run)
+    assert set(figures) == {"speedup", "tau_hist", "latency", "heatmap_tokens_per_s", "heatmap_tau"}
+    pngs = render_pngs(bench_run, tmp_path)
+    assert [p.stem for p in pngs] == list(figures)
+    for png in pngs:
+        with Image.open(png) as image:
+            assert image.format == "PNG" and image.width > 400 and image.height > 300
+            # a drawn figure, not a blank page: many distinct colours (axes, bars, text)
+            assert len(image.convert("RGB").getcolors(maxcolors=1 << 24) or []) > 20, png

@@ -11,7 +11,6 @@ Skips when chromium or playwright is missing, unless XPRESS_REQUIRE_BROWSER=1 (C
 from __future__ import annotations
 
 import json
-import os
 import re
 
 import pytest
@@ -19,8 +18,8 @@ import pytest
 import app
 from tests.app_browser import (
     BOT,
-    browser_problem,
     open_app,
+    require_browser,
     send,
     set_checkbox,
     set_number,
@@ -42,11 +41,7 @@ PLOTS = ("plot-evolution", "plot-accept", "plot-latency", "plot-provenance")
 
 @pytest.fixture(scope="module")
 def page(zoo):
-    problem = browser_problem()
-    if problem:
-        if os.environ.get("XPRESS_REQUIRE_BROWSER") == "1":
-            pytest.fail(f"browser test required (XPRESS_REQUIRE_BROWSER=1) but {problem}")
-        pytest.skip(problem)
+    require_browser()
     from playwright.sync_api import sync_playwright
 
     with serve_app(zoo_env(zoo), "app-browser") as url, sync_playwright() as playwright:
