@@ -899,6 +899,11 @@ sweep_turn = spaces.GPU(run_sweep) if spaces is not None else run_sweep
 # --- Layout and wiring ---------------------------------------------------------------------------------------------
 
 
+def int_slider(minimum: int, maximum: int, value: int, label: str, elem_id: str, **extra) -> gr.Slider:
+    """A whole-number slider (step 1, no decimals): every count the app asks for."""
+    return gr.Slider(minimum, maximum, value=value, step=1, precision=0, label=label, elem_id=elem_id, **extra)
+
+
 def build_app(config: AppConfig, cache: ModelCache | None = None) -> gr.Blocks:
     cache = cache or ModelCache(config)
     names = list(cache.presets)
@@ -948,36 +953,9 @@ def build_app(config: AppConfig, cache: ModelCache | None = None) -> gr.Blocks:
             with gr.Column(scale=2):
                 preset = gr.Dropdown(names, value=names[0], label="Model preset", info=HELP["preset"], elem_id="preset")
                 preset_note = gr.Markdown(elem_id="preset-note")
-                drafts = gr.Slider(
-                    1,
-                    UI_MAX_DRAFTS,
-                    value=DEFAULTS.drafts,
-                    step=1,
-                    precision=0,
-                    label="Drafts K",
-                    info=HELP["drafts"],
-                    elem_id="drafts",
-                )
-                block = gr.Slider(
-                    1,
-                    UI_MAX_BLOCK,
-                    value=DEFAULTS.block,
-                    step=1,
-                    precision=0,
-                    label="Block L",
-                    info=HELP["block"],
-                    elem_id="block",
-                )
-                steps = gr.Slider(
-                    1,
-                    DEFAULTS.block,
-                    value=DEFAULTS.steps,
-                    step=1,
-                    precision=0,
-                    label="Denoise steps T",
-                    info=HELP["steps"],
-                    elem_id="steps",
-                )
+                drafts = int_slider(1, UI_MAX_DRAFTS, DEFAULTS.drafts, "Drafts K", "drafts", info=HELP["drafts"])
+                block = int_slider(1, UI_MAX_BLOCK, DEFAULTS.block, "Block L", "block", info=HELP["block"])
+                steps = int_slider(1, DEFAULTS.block, DEFAULTS.steps, "Denoise steps T", "steps", info=HELP["steps"])
                 with gr.Row():
                     temperature = gr.Slider(
                         0.0,
@@ -1001,15 +979,13 @@ def build_app(config: AppConfig, cache: ModelCache | None = None) -> gr.Blocks:
                         info=HELP["seed"],
                         elem_id="seed",
                     )
-                    max_new_tokens = gr.Slider(
+                    max_new_tokens = int_slider(
                         1,
                         UI_MAX_NEW_TOKENS,
-                        value=DEFAULTS.max_new_tokens,
-                        step=1,
-                        precision=0,
-                        label="Max new tokens",
+                        DEFAULTS.max_new_tokens,
+                        "Max new tokens",
+                        "max-new-tokens",
                         info=HELP["max_new_tokens"],
-                        elem_id="max-new-tokens",
                     )
                 refine = gr.Radio(
                     list(REFINE_MODES), value=DEFAULTS.refine, label="Refinement", info=HELP["refine"], elem_id="refine"
@@ -1030,10 +1006,8 @@ def build_app(config: AppConfig, cache: ModelCache | None = None) -> gr.Blocks:
                     )
         evolution = gr.Plot(empty["evolution"], label="Draft evolution", elem_id="plot-evolution")
         with gr.Row():
-            round_slider = gr.Slider(
-                0, 1, value=1, step=1, precision=0, label="Round (0 = prefill)", elem_id="round-slider"
-            )
-            step_slider = gr.Slider(1, 2, value=1, step=1, precision=0, label="Denoise step", elem_id="step-slider")
+            round_slider = int_slider(0, 1, 1, "Round (0 = prefill)", "round-slider")
+            step_slider = int_slider(1, 2, 1, "Denoise step", "step-slider")
         with gr.Row():
             accept = gr.Plot(empty["accept"], label="Accepted length", elem_id="plot-accept")
             latency = gr.Plot(empty["latency"], label="Latency", elem_id="plot-latency")
@@ -1206,29 +1180,19 @@ def sweep_tab(
             elem_id="sweep-steps",
         )
     with gr.Row():
-        block = gr.Slider(
-            1, UI_MAX_BLOCK, value=defaults.block, step=1, precision=0, label="Block L", elem_id="sweep-block"
-        )
+        block = int_slider(1, UI_MAX_BLOCK, defaults.block, "Block L", "sweep-block")
         source = gr.Radio(list(SWEEP_SOURCES), value=defaults.source, label="Prompts", elem_id="sweep-source")
-        count = gr.Slider(
+        count = int_slider(
             1,
             SWEEP_MAX_PROMPTS,
-            value=defaults.prompts,
-            step=1,
-            precision=0,
-            label="Held-out prompts",
+            defaults.prompts,
+            "Held-out prompts",
+            "sweep-prompts",
             info="How many, spread over the benchmark's held-out chats and story requests.",
-            elem_id="sweep-prompts",
             visible=defaults.source == HELD_OUT,
         )
-        max_new_tokens = gr.Slider(
-            1,
-            SWEEP_MAX_NEW_TOKENS,
-            value=defaults.max_new_tokens,
-            step=1,
-            precision=0,
-            label="Max new tokens",
-            elem_id="sweep-max-new-tokens",
+        max_new_tokens = int_slider(
+            1, SWEEP_MAX_NEW_TOKENS, defaults.max_new_tokens, "Max new tokens", "sweep-max-new-tokens"
         )
     with gr.Row():
         run = gr.Button("Run sweep", variant="primary", elem_id="sweep-run")
