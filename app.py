@@ -302,9 +302,7 @@ class Settings:
             "max new tokens": (self.max_new_tokens, 1, UI_MAX_NEW_TOKENS),
             "seed": (self.seed, 0, MAX_SEED),
         }
-        for name, (value, low, high) in whole.items():
-            if not (is_number(value) and float(value).is_integer() and low <= value <= high):
-                raise XpressError(f"{name} must be a whole number in {low}..{high}, got {value!r}")
+        check_whole_numbers(whole)
         for name, value in (("temperature", self.temperature), ("top-p", self.top_p)):
             if not is_number(value):
                 raise XpressError(f"{name} must be a number, got {value!r}")
@@ -326,6 +324,13 @@ DEFAULTS = Settings()
 
 def is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_whole_numbers(ranges: dict[str, tuple]) -> None:
+    """Each ``name: (value, low, high)`` must be a whole number within low..high (UI and API input alike)."""
+    for name, (value, low, high) in ranges.items():
+        if not (is_number(value) and float(value).is_integer() and low <= value <= high):
+            raise XpressError(f"{name} must be a whole number in {low}..{high}, got {value!r}")
 
 
 def history_messages(history: list[dict] | None) -> list[dict[str, str]]:
@@ -424,7 +429,6 @@ class Reply:
     """Everything the panels need about the last reply; kept in the session for scrubbing and the log."""
 
     traces: tuple[RoundTrace, ...]
-    plain: tuple[RoundTrace, ...]
     result: DecodeResult | None  # None while decoding (or after a stop)
     plain_result: DecodeResult | None
     token_text: TokenTexts
@@ -483,7 +487,6 @@ class Board:
     def reply(self) -> Reply:
         return Reply(
             tuple(self.traces[SPECULATIVE]),
-            tuple(self.traces[PLAIN]),
             self.results.get(SPECULATIVE),
             self.results.get(PLAIN),
             self.loaded.token_text,
@@ -504,15 +507,12 @@ class Board:
     def view(self, done: bool = False, **extra) -> View:
         traces, plain = self.traces[SPECULATIVE], self.traces[PLAIN]
         token_text = self.loaded.token_text
-        return View(
-            history=self.chat(),
-            status=self.status(),
-            plain=self.text(PLAIN) if self.race else None,
+        return replace(
+            self.text_view(),
             evolution=plots.draft_evolution_figure(traces[-1], token_text) if traces else None,
             accept=plots.accept_length_figure(traces),
             latency=plots.latency_figure(traces, plain),
             provenance=plots.provenance_figure(traces, token_text),
-            reply=self.reply(),
             done=done,
             **extra,
         )
@@ -709,6 +709,13 @@ class Controls:
         self.stop = False
         self.running = 0  # replies of this session being decoded
 
+    def arm(self) -> None:
+        """A new run starts: forget an earlier stop."""
+        self.stop = False
+
+    def request_stop(self) -> None:
+        self.stop = True
+
     def wait_idle(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while self.running and time.monotonic() < deadline:
@@ -759,9 +766,7 @@ class SweepRequest:
         }
         whole |= {f"drafts K={k}": (k, 1, UI_MAX_DRAFTS) for k in self.drafts or ()}
         whole |= {f"denoise steps T={t}": (t, 1, UI_MAX_BLOCK) for t in self.steps or ()}
-        for name, (value, low, high) in whole.items():
-            if not (is_number(value) and float(value).is_integer() and low <= value <= high):
-                raise XpressError(f"{name} must be a whole number in {low}..{high}, got {value!r}")
+        check_whole_numbers(whole)
         if not self.drafts or not self.steps:
             raise XpressError("Pick at least one value of drafts K and one of denoise steps T.")
         if self.source not in SWEEP_SOURCES:
@@ -1085,12 +1090,6 @@ def build_app(config: AppConfig, cache: ModelCache | None = None) -> gr.Blocks:
             finally:
                 controls.running -= 1
 
-        def arm(controls: Controls) -> None:
-            controls.stop = False
-
-        def request_stop(controls: Controls) -> None:
-            controls.stop = True
-
         def cleared(controls: Controls) -> list:
             controls.stop = True
             controls.wait_idle(CLEAR_WAIT_S)  # its last update goes out before this one
@@ -1126,9 +1125,9 @@ def build_app(config: AppConfig, cache: ModelCache | None = None) -> gr.Blocks:
             animate,
             controls,
         ]
-        chat_event = gr.on([message.submit, send.click], arm, controls, None, queue=False, api_visibility="private")
+        chat_event = gr.on([message.submit, send.click], Controls.arm, controls, None, queue=False, api_visibility="private")
         reply_event = chat_event.then(respond, inputs, outputs, api_name="chat", show_progress="minimal")
-        stop.click(request_stop, controls, None, queue=False, api_visibility="private")
+        stop.click(Controls.request_stop, controls, None, queue=False, api_visibility="private")
         clear.click(cleared, controls, outputs, queue=False, api_visibility="private")
         for slider in (round_slider, step_slider):
             slider.input(
@@ -1238,13 +1237,7 @@ def sweep_tab(
         fields = [view.status, view.tokens_per_s, view.tau, view.table]
         return [gr.skip() if value is None else value for value in fields]
 
-    def arm(controls: Controls) -> None:
-        controls.stop = False
-
-    def request_stop(controls: Controls) -> None:
-        controls.stop = True
-
-    started = run.click(arm, controls, None, queue=False, api_visibility="private")
+    started = run.click(Controls.arm, controls, None, queue=False, api_visibility="private")
     # One sweep at a time: two at once would each measure the other's load.
     finished = started.then(
         sweep,
@@ -1254,7 +1247,7 @@ def sweep_tab(
         concurrency_limit=1,
         concurrency_id="sweep",
     )
-    stop.click(request_stop, controls, None, queue=False, api_visibility="private")
+    stop.click(Controls.request_stop, controls, None, queue=False, api_visibility="private")
     source.change(
         lambda chosen: gr.update(visible=chosen == HELD_OUT), source, count, queue=False, api_visibility="private"
     )

@@ -62,8 +62,6 @@ XPRESS_NONE = "xpress-none"
 XPRESS = "xpress"
 METHODS = (HF_GENERATE, HF_ASSISTED, HF_LOOKUP, XPRESS_NONE, XPRESS)
 REFERENCE = HF_GENERATE
-HF_METHODS = (HF_GENERATE, HF_ASSISTED, HF_LOOKUP)
-XPRESS_METHODS = (XPRESS_NONE, XPRESS)
 
 # Grid keys as users write them -> DecodeConfig fields; "T=L" means as many denoise steps as block positions.
 GRID_KEYS = {"K": "drafts", "T": "steps", "L": "block", "refine": "refine", "verify": "verify",
@@ -821,8 +819,8 @@ def refinement_ratios(summaries: Sequence[Summary]) -> list[dict]:
     return rows
 
 
-def _round(value: float | None, digits: int = 3) -> float | None:
-    return None if value is None else round(value, digits)
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
 
 
 # ---------------------------------------------------------------------------------------------------- the app API

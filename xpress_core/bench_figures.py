@@ -56,11 +56,9 @@ def speedup_figure(summaries: Sequence[Summary]) -> go.Figure:
 def tau_histogram(summaries: Sequence[Summary], temperature: float = 0.0) -> go.Figure:
     """Share of verify rounds by tokens emitted (accepted + the target's own), best setting per method."""
     fig = go.Figure()
-    for method, s in best_per_method(summaries, temperature).items():
-        counts = Counter(dict(s.tau_hist))
-        rounds = sum(counts.values()) or 1
-        lengths = sorted(counts)
-        fig.add_bar(name=f"{method} {s.setting.label}".strip(), x=lengths, y=[counts[n] / rounds for n in lengths],
+    for s in best_per_method(summaries, temperature).values():
+        rounds = sum(count for _, count in s.tau_hist) or 1  # tau_hist is sorted by length already
+        fig.add_bar(name=s.setting.name, x=[n for n, _ in s.tau_hist], y=[count / rounds for _, count in s.tau_hist],
                     hovertemplate="%{x} tokens: %{y:.1%} of rounds<extra></extra>")
     fig.update_layout(title=f"Tokens per verify round (temperature {temperature:g})", barmode="group",
                       xaxis_title="tokens emitted in a round", yaxis_title="share of rounds", yaxis_tickformat=".0%",
@@ -73,7 +71,7 @@ def latency_breakdown(summaries: Sequence[Summary], temperature: float = 0.0) ->
     best = list(best_per_method(summaries, temperature).values())
     fig = go.Figure()
     for part in LATENCY_PARTS:
-        fig.add_bar(name=part, x=[f"{s.setting.method} {s.setting.label}".strip() for s in best],
+        fig.add_bar(name=part, x=[s.setting.name for s in best],
                     y=[s.ms_per_token[part] for s in best],
                     hovertemplate=f"{part}: %{{y:.3f}} ms/token<extra></extra>")
     fig.update_layout(title=f"Where the time goes (temperature {temperature:g})", barmode="stack",
