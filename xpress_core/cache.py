@@ -30,12 +30,20 @@ def cache_length(cache: DynamicCache) -> int:
     return cache.get_seq_length()
 
 
-def keep_positions(cache: DynamicCache, positions: torch.Tensor) -> None:
-    """Keep only ``positions`` (1-D, ascending) along the sequence axis of every layer."""
-    for layer in cache.layers:
-        index = positions.to(layer.keys.device)
-        layer.keys = layer.keys.index_select(-2, index)
-        layer.values = layer.values.index_select(-2, index)
+def keep_tree_nodes(cache: DynamicCache, past: int, nodes: list[int]) -> None:
+    """Keep the committed prefix ``[0, past)`` and the tree nodes ``nodes`` (ascending offsets after ``past``).
+
+    Only the tail moves: the prefix stays where it is (copying the whole cache every round would cost O(context)).
+    When the kept nodes already sit first (a single draft's accepted prefix), cropping is all it takes.
+    """
+    kept = past + len(nodes)
+    if nodes != list(range(len(nodes))):
+        index = torch.tensor(nodes, device=cache.layers[0].keys.device) + past
+        for layer in cache.layers:
+            # index_select copies, so writing into the same tensor's tail cannot read already-moved rows.
+            layer.keys[..., past:kept, :] = layer.keys.index_select(-2, index.to(layer.keys.device))
+            layer.values[..., past:kept, :] = layer.values.index_select(-2, index.to(layer.values.device))
+    truncate(cache, kept)
 
 
 def truncate(cache: DynamicCache, length: int) -> None:

@@ -144,7 +144,7 @@ def verify_tree(models: Models, state: DecodeState, tree: DraftTree) -> Verified
 
 def verify_batch(models: Models, state: DecodeState, tree: DraftTree) -> Verified:
     """The simple alternative: K rows ``[root] + draft_k`` over K copies of the prefix cache (K x cache memory)."""
-    paths = tree.draft_paths or ((),)
+    paths = tree.draft_paths  # never empty: an empty tree is verified by verify_tree
     past, device = kv.cache_length(state.cache), models.device
     ids = torch.tensor([[tree.tokens[0]] + [tree.tokens[n] for n in p] for p in paths], device=device)
     positions = torch.arange(past, past + ids.shape[1], device=device).expand(len(paths), -1)
@@ -163,7 +163,7 @@ def commit(models: Models, state: DecodeState, tree: DraftTree, verified: Verifi
     """Keep the root and the accepted nodes in the target cache, hand their features to the drafter."""
     past, kept_nodes = verified.past, [0, *acceptance.path]
     if verified.batch_rows is None:
-        kv.keep_positions(state.cache, torch.cat([torch.arange(past), past + torch.tensor(kept_nodes)]))
+        kv.keep_tree_nodes(state.cache, past, kept_nodes)
     else:
         kv.select_row(state.cache, verified.batch_rows[kept_nodes[-1]])
         kv.truncate(state.cache, past + len(kept_nodes))
@@ -214,6 +214,7 @@ def check_prompt(models: Models, prompt_ids: torch.Tensor) -> None:
 def decode(models: Models, prompt_ids: torch.Tensor, cfg: DecodeConfig) -> Iterator[RoundTrace | DecodeResult]:
     """Yield one ``RoundTrace`` per round (round 0 is the prefill), then one ``DecodeResult``."""
     cfg.validate()
+    models.drafter.check_block(cfg)
     check_prompt(models, prompt_ids)
     clock, eos = Clock(models.device), stop_token_ids(models)
     if models.device.type == "cuda":

@@ -14,7 +14,7 @@ import torch
 from .. import cache as kv
 from ..config import DecodeConfig
 from ..trace import MASKED, DenoiseStep
-from .base import Drafter, Drafts, banned_token_mask, refine_groups
+from .base import Drafter, Drafts, allowed_logits, banned_token_mask, refine_groups
 
 
 @dataclass
@@ -45,8 +45,7 @@ class AutoregressiveDrafter(Drafter):
 
     def next_logits(self, ids: list[list[int]], cache) -> torch.Tensor:
         out = self.model(input_ids=torch.tensor(ids, device=self.model.device), cache=cache, use_cache=True)
-        logits = out.logits[:, -1].float()[..., : self.banned.shape[0]]
-        return logits.masked_fill(self.banned, float("-inf"))
+        return allowed_logits(out.logits[:, -1], self.banned)
 
     @torch.no_grad()
     def draft(self, state: AutoregressiveState, root: int, cfg: DecodeConfig, generator: torch.Generator) -> Drafts:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import DecodeConfig
+from ..errors import XpressError
 from ..trace import DenoiseStep
 
 
@@ -27,6 +28,13 @@ class Drafter(ABC):
     tapped_layers: tuple[int, ...] = ()
     # The longest block L it can draft (a diffusion drafter's trained block size); None = any length.
     max_block: int | None = None
+    # What sets that limit, for the error message.
+    max_block_reason: str = "trained block size"
+
+    def check_block(self, cfg: DecodeConfig) -> None:
+        """Refuse a block L beyond ``max_block`` (the engine asks once per request, before the prefill)."""
+        if self.max_block is not None and cfg.block > self.max_block:
+            raise XpressError(f"block L={cfg.block} exceeds the drafter's {self.max_block_reason} {self.max_block}")
 
     @abstractmethod
     def start(self, prompt_ids: torch.Tensor, features: torch.Tensor | None) -> object:
@@ -61,6 +69,11 @@ class NoDrafter(Drafter):
 
     def context_length(self, state):
         return state["length"]
+
+
+def allowed_logits(logits: torch.Tensor, banned: torch.Tensor) -> torch.Tensor:
+    """fp32 logits over the drafter vocabulary (the first ``len(banned)`` ids) with the banned tokens at -inf."""
+    return logits[..., : banned.shape[0]].float().masked_fill(banned, float("-inf"))
 
 
 def refine_groups(cfg: DecodeConfig) -> list[list[int]]:

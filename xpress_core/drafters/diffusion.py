@@ -21,15 +21,9 @@ from itertools import pairwise
 import torch
 
 from ..config import DecodeConfig
-from ..errors import XpressError
 from ..trace import MASKED, DenoiseStep
-from .base import Drafter, Drafts, banned_token_mask, refine_groups
+from .base import Drafter, Drafts, allowed_logits, banned_token_mask, refine_groups
 from .diffusion_model import ContextKV, XpressDrafter, add_noise, signal_share
-
-
-def allowed_logits(logits: torch.Tensor, banned: torch.Tensor) -> torch.Tensor:
-    """fp32 logits over the drafter vocabulary (the first ``len(banned)`` ids) with the banned tokens at -inf."""
-    return logits.float()[..., : banned.shape[0]].masked_fill(banned, float("-inf"))
 
 
 class MaskedDiffusionDrafter(Drafter):
@@ -42,12 +36,8 @@ class MaskedDiffusionDrafter(Drafter):
     def denoise(self, state, root: int, tokens: torch.Tensor, committed: torch.Tensor) -> torch.Tensor:
         """One drafter forward on the rows' blocks ``[root, tokens or MASK]`` -> (R, L, V') logits, V' >= V."""
 
-    def check_block(self, cfg: DecodeConfig) -> None:
-        """Refuse a block length the drafter cannot draft (default: any length is fine)."""
-
     @torch.no_grad()
     def draft(self, state, root: int, cfg: DecodeConfig, generator: torch.Generator) -> Drafts:
-        self.check_block(cfg)
         k, length, device = cfg.drafts, cfg.block, self.device
         tokens = torch.full((k, length), MASKED, dtype=torch.long, device=device)
         committed = torch.zeros((k, length), dtype=torch.bool, device=device)
@@ -64,7 +54,7 @@ class MaskedDiffusionDrafter(Drafter):
             confidence = torch.where(committed, confidence, candidate_conf)
             committed |= newly
             steps.append(DenoiseStep(tuple(map(tuple, tokens.tolist())), tuple(map(tuple, confidence.tolist()))))
-        return Drafts(tokens=tuple(map(tuple, tokens.tolist())), steps=tuple(steps))
+        return Drafts(tokens=steps[-1].tokens, steps=tuple(steps))
 
     def choose_tokens(self, logits: torch.Tensor, cfg: DecodeConfig, step: int, generator: torch.Generator):
         """Best token and its probability per (draft, position), with the diversity strategy applied.
@@ -141,10 +131,6 @@ class TargetConditionedDrafter(Drafter):
     def context_length(self, state: DiffusionState) -> int:
         return state.length
 
-    def check_block(self, cfg: DecodeConfig) -> None:
-        if cfg.block > self.max_block:
-            raise XpressError(f"block L={cfg.block} exceeds the drafter's trained block size {self.max_block}")
-
     def block_logits(self, state: DiffusionState, block_embeds: torch.Tensor) -> torch.Tensor:
         """One drafter forward on R blocks ``[root, L positions]`` (R, L+1, H) after the context -> (R, L, V)."""
         rows, span, _ = block_embeds.shape
@@ -186,7 +172,6 @@ class GaussianDiffusionDrafter(TargetConditionedDrafter):
 
     @torch.no_grad()
     def draft(self, state: DiffusionState, root: int, cfg: DecodeConfig, generator: torch.Generator) -> Drafts:
-        self.check_block(cfg)
         shape = (cfg.drafts, cfg.block, self.model.config.hidden_size)
         device = self.model.device
         x = torch.randn(shape, generator=generator, device=generator.device).to(device, self.model.dtype)  # x_1

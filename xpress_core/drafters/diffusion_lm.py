@@ -26,7 +26,6 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..config import DecodeConfig
 from ..errors import XpressError
 from .base import banned_token_mask
 from .diffusion import MaskedDiffusionDrafter
@@ -92,6 +91,7 @@ class DiffusionLMDrafter(MaskedDiffusionDrafter):
         self.limit = position_limit(model.config)
         # The block and its root must fit the drafter's positions next to at least one context token.
         self.max_block = None if self.limit is None else self.limit - 2
+        self.max_block_reason = "longest block that fits its positions"
 
     def start(self, prompt_ids, features):
         return DiffusionLMState(ids=prompt_ids[0].tolist())
@@ -101,10 +101,6 @@ class DiffusionLMDrafter(MaskedDiffusionDrafter):
 
     def context_length(self, state: DiffusionLMState) -> int:
         return len(state.ids)
-
-    def check_block(self, cfg: DecodeConfig) -> None:
-        if self.limit is not None and cfg.block + 2 > self.limit:
-            raise XpressError(f"block L={cfg.block} does not fit the drafter's context of {self.limit} positions")
 
     def denoise(self, state: DiffusionLMState, root: int, tokens: torch.Tensor, committed: torch.Tensor):
         """(R, L) block rows -> (R, L, V) logits for the block positions, read over ``[context, root, block]``."""
