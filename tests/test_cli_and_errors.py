@@ -166,6 +166,8 @@ def test_cli_generate_json_equals_generate(zoo, tmp_path):
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(records) == out["rounds"] + 1  # the prefill round too
     assert sum(len(r["emitted_tokens"]) for r in records) == 16
+    assert [t for r in records for t in r["emitted_tokens"]] == out["token_ids"]  # the log replays the reply
+    assert [r["accept_len"] for r in records[1:]] == out["accept_lens"]
     assert {"round", "draft_time", "verify_time", "accept_len", "accepted_tokens", "tokens_per_s", "memory_mb"} <= set(
         records[1]
     )

@@ -80,6 +80,7 @@ def test_drafts_come_from_independent_noise_and_hold_no_special_tokens(zoo):
     banned = set(models.tokenizer.all_special_ids) - stop_token_ids(models)
     prompt_ids = encode_prompt(models.tokenizer, PROMPTS[0], chat=True)
     traces, _ = run(models, prompt_ids, DecodeConfig(drafts=4, steps=2, block=6, max_new_tokens=10))
+    assert len(traces) > 1
     for tr in traces[1:]:
         assert tr.steps[-1].tokens == tr.drafts
         # every position shows its nearest token and confidence at every step (nothing stays masked)
