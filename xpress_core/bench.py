@@ -50,7 +50,7 @@ from .models import (
     resolve_device,
     resolve_dtype,
 )
-from .trace import DecodeResult, RoundTrace, peak_memory_mb
+from .trace import DecodeResult, RoundTrace, peak_memory_mb, tokens_per_round
 from .train.cli import DEFAULT_DATA
 
 SCHEMA = "xpress-bench/1"
@@ -203,8 +203,7 @@ class Measurement:
     @property
     def tau(self) -> float:
         """Tokens emitted per verify round (accepted + the target's own)."""
-        lens = self.outcome.accept_lens
-        return (sum(lens) + len(lens)) / len(lens) if lens else 0.0
+        return tokens_per_round(self.outcome.accept_lens)
 
     @property
     def other_s(self) -> float:
@@ -733,7 +732,7 @@ def summarize_group(setting: Setting, temperature: float, ms: list[Measurement],
         speedup=statistics.median(ratios) if ratios else None,
         speedup_min=min(ratios) if ratios else None,
         speedup_max=max(ratios) if ratios else None,
-        tau=(sum(rounds) + len(rounds)) / len(rounds) if rounds else 0.0,
+        tau=tokens_per_round(rounds),
         tau_hist=tuple(sorted(Counter(a + 1 for a in rounds).items())),
         forwards_per_token=sum(m.outcome.target_forwards for m in ms) / tokens,
         ms_per_token={k: 1000 * v / tokens for k, v in per_token.items()},

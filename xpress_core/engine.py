@@ -246,6 +246,13 @@ def decode(models: Models, prompt_ids: torch.Tensor, cfg: DecodeConfig) -> Itera
         yield result(models, state, cfg, prefill_s, reason, clock.now() - start)
 
 
+def decode_to_end(models: Models, prompt_ids: torch.Tensor, cfg: DecodeConfig) -> DecodeResult:
+    """Run a request for its result only (rounds are not kept): for callers that do not watch the rounds."""
+    for event in decode(models, prompt_ids, cfg):
+        pass
+    return event  # decode() always ends with its DecodeResult
+
+
 @dataclass(frozen=True)
 class Timings:
     draft_s: float

@@ -323,10 +323,6 @@ def accept_length_figure(traces: Sequence[RoundTrace]) -> go.Figure:
 LATENCY_TITLE = "Latency"
 
 
-def tokens_per_s(trace: RoundTrace) -> float:
-    return trace.new_tokens_total / trace.elapsed_s if trace.elapsed_s > 0 else 0.0
-
-
 def latency_figure(traces: Sequence[RoundTrace], plain: Sequence[RoundTrace] = ()) -> go.Figure:
     """Per-round time split (round 0 = the prefill forward) and cumulative tokens/s, beside plain decoding if run."""
     if not traces:
@@ -353,7 +349,7 @@ def latency_figure(traces: Sequence[RoundTrace], plain: Sequence[RoundTrace] = (
         fig.add_trace(
             go.Scatter(
                 x=[t.new_tokens_total for t in run],
-                y=[tokens_per_s(t) for t in run],
+                y=[t.tokens_per_s for t in run],
                 xaxis="x2",
                 yaxis="y2",
                 mode="lines",
@@ -362,9 +358,9 @@ def latency_figure(traces: Sequence[RoundTrace], plain: Sequence[RoundTrace] = (
                 hovertemplate=f"{name}: %{{y:.1f}} tokens/s after %{{x}} tokens<extra></extra>",
             )
         )
-    title = f"{LATENCY_TITLE} · {tokens_per_s(traces[-1]):.1f} tokens/s"
-    if plain and tokens_per_s(plain[-1]) > 0:
-        title += f" vs plain {tokens_per_s(plain[-1]):.1f}"
+    title = f"{LATENCY_TITLE} · {traces[-1].tokens_per_s:.1f} tokens/s"
+    if plain and plain[-1].tokens_per_s > 0:
+        title += f" vs plain {plain[-1].tokens_per_s:.1f}"
     layout = two_panels("time per round (ms)", "tokens/s so far", split=0.55)
     layout["xaxis"].update(title="round (0 = prefill)")
     layout["yaxis"].update(title="ms")

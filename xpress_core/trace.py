@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import resource
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -25,6 +26,11 @@ class DenoiseStep:
     # Gaussian drafter: the noise level t this step denoised (1 = pure noise); its tokens are every position's
     # nearest token (the LM head's argmax of the step's clean estimate), none masked. None for the masked drafter.
     noise_level: float | None = None
+
+
+def tokens_per_round(accept_lens: Sequence[int]) -> float:
+    """tau: tokens emitted per drafting round (accepted + the target's own token), pooled over the rounds given."""
+    return (sum(accept_lens) + len(accept_lens)) / len(accept_lens) if accept_lens else 0.0
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,11 @@ class RoundTrace:
     def tree_size(self) -> int:
         return max(0, len(self.tree_tokens) - 1)
 
+    @property
+    def tokens_per_s(self) -> float:
+        """Output speed of the request so far."""
+        return self.new_tokens_total / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
 
 @dataclass(frozen=True)
 class DecodeResult:
@@ -77,7 +88,7 @@ class DecodeResult:
     @property
     def mean_accept_len(self) -> float:
         """tau: tokens emitted per drafting round (accepted + the target's own token)."""
-        return (sum(self.accept_lens) + len(self.accept_lens)) / len(self.accept_lens) if self.accept_lens else 0.0
+        return tokens_per_round(self.accept_lens)
 
     @property
     def tokens_per_s(self) -> float:
@@ -122,7 +133,7 @@ def round_log_record(trace: RoundTrace) -> dict:
         "accepted_tokens": list(trace.accepted),
         "emitted_tokens": list(trace.emitted),
         "tree_size": trace.tree_size,
-        "tokens_per_s": round(trace.new_tokens_total / trace.elapsed_s, 3) if trace.elapsed_s > 0 else 0.0,
+        "tokens_per_s": round(trace.tokens_per_s, 3),
         "memory_mb": round(trace.peak_mem_mb, 1),
     }
 

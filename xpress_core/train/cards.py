@@ -39,14 +39,14 @@ def minutes(seconds: float) -> str:
 
 def sample_chats(asset: Path, max_new_tokens: int = 80) -> str:
     from ..config import DecodeConfig
-    from ..engine import decode
+    from ..engine import decode_to_end
     from ..models import encode_prompt, load_models
 
     models = load_models(asset, "none", device="cpu")
     lines = []
     for prompt in SAMPLE_PROMPTS:
         ids = encode_prompt(models.tokenizer, prompt, chat=True)
-        reply = list(decode(models, ids, DecodeConfig(max_new_tokens=max_new_tokens)))[-1].text
+        reply = decode_to_end(models, ids, DecodeConfig(max_new_tokens=max_new_tokens)).text
         quoted = reply.strip().replace("\n", "\n> ")  # keep multi-line replies inside the quote
         lines.append(f"> **User:** {prompt}\n>\n> **Assistant:** {quoted}\n")
     return "\n".join(lines)

@@ -13,8 +13,8 @@ from tqdm import tqdm
 
 from ..config import DecodeConfig
 from ..drafters.base import NoDrafter
-from ..engine import Models, decode
-from ..trace import DecodeResult
+from ..engine import Models, decode_to_end
+from ..trace import DecodeResult, tokens_per_round
 
 # (K, T, L) the issue asks the cards to report.
 CARD_SETTINGS = ((1, 1, 8), (4, 2, 8), (4, 4, 16))
@@ -38,16 +38,15 @@ class DrafterScore:
 
 
 def run_all(models: Models, prompt_ids: list, cfg: DecodeConfig) -> list[DecodeResult]:
-    return [list(decode(models, ids, cfg))[-1] for ids in prompt_ids]
+    return [decode_to_end(models, ids, cfg) for ids in prompt_ids]
 
 
 def summarize(results: list[DecodeResult], cfg: DecodeConfig, plain_tps: float) -> DrafterScore:
-    rounds = sum(r.rounds for r in results)
-    emitted = sum(sum(r.accept_lens) + r.rounds for r in results)
+    rounds = [a for r in results for a in r.accept_lens]
     tps = sum(r.new_tokens for r in results) / sum(r.time_s for r in results)
-    draft_ms = 1000 * sum(r.draft_s for r in results) / max(rounds, 1)
+    draft_ms = 1000 * sum(r.draft_s for r in results) / max(len(rounds), 1)
     return DrafterScore(
-        cfg.drafts, cfg.steps, cfg.block, emitted / max(rounds, 1), draft_ms, tps, plain_tps, len(results)
+        cfg.drafts, cfg.steps, cfg.block, tokens_per_round(rounds), draft_ms, tps, plain_tps, len(results)
     )
 
 
@@ -71,7 +70,7 @@ def evaluate(
         results: dict[str, list[DecodeResult]] = {name: [] for name in drafters}
         for ids in prompt_ids:
             for name, models in drafters.items():
-                results[name].append(list(decode(models, ids, cfg))[-1])
+                results[name].append(decode_to_end(models, ids, cfg))
         for name in drafters:
             scores[name].append(summarize(results[name], cfg, plain_tps))
     return scores
