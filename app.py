@@ -536,7 +536,7 @@ class Board:
         elif traces:
             last = traces[-1]
             tau = plots.running_tau(traces[1:])[-1] if len(traces) > 1 else 0.0
-            progress = f"{last.new_tokens_total} tokens · τ = {tau:.2f} · {plots.tokens_per_s(last):.1f} tokens/s"
+            progress = f"{last.new_tokens_total} tokens · τ = {tau:.2f} · {last.tokens_per_s:.1f} tokens/s"
             lines.append(f"■ Stopped after {progress}" if self.stopped else f"… round {last.index} · {progress}")
         if self.race:
             lines.append(self.race_line())
@@ -546,8 +546,8 @@ class Board:
         spec, plain = self.traces[SPECULATIVE], self.traces[PLAIN]
         if not plain:
             return "Race · plain decoding: starting"
-        plain_speed = plots.tokens_per_s(plain[-1])
-        spec_speed = plots.tokens_per_s(spec[-1]) if spec else 0.0
+        plain_speed = plain[-1].tokens_per_s
+        spec_speed = spec[-1].tokens_per_s if spec else 0.0
         line = f"Race · plain decoding: {plain_speed:.1f} tokens/s"
         if plain_speed > 0 and spec_speed > 0:
             line += f" → speculative is ×{spec_speed / plain_speed:.2f}"

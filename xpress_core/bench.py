@@ -35,7 +35,7 @@ import torch
 
 from .config import DIVERSITY, REFINE_MODES, SCHEDULES, VERIFY_MODES, DecodeConfig
 from .drafters.base import Drafter, NoDrafter
-from .engine import Models, decode, stop_token_ids, wait_for_gpus
+from .engine import Models, decode, eos_ids, wait_for_gpus
 from .errors import XpressError
 from .models import (
     EMBEDDED_AR_DRAFTER,
@@ -919,7 +919,7 @@ def load_bench_models(args: argparse.Namespace, methods: Sequence[str]) -> Bench
             raise XpressError(f"AR drafter {args.ar_drafter!r} has vocabulary size {assistant.config.vocab_size}, "
                               f"the target {target.config.vocab_size}")
         # transformers stops the assistant where the target stops; give it the target's end tokens.
-        assistant.generation_config.eos_token_id = sorted(stop_token_ids(Models(target, tokenizer, NoDrafter())))
+        assistant.generation_config.eos_token_id = sorted(eos_ids(target, tokenizer))
     return BenchModels(target, tokenizer, drafter, assistant)
 
 

@@ -91,12 +91,16 @@ def context_limit(target) -> int | None:
     return getattr(target.config, "max_position_embeddings", None) or getattr(target.config, "n_positions", None)
 
 
-def stop_token_ids(models: Models) -> set[int]:
+def eos_ids(target, tokenizer) -> set[int]:
     """End-of-sequence ids as the target's generation config states them (what HF ``generate`` stops on)."""
-    eos = getattr(models.target.generation_config, "eos_token_id", None)
+    eos = getattr(target.generation_config, "eos_token_id", None)
     if eos is None:
-        eos = models.tokenizer.eos_token_id
+        eos = tokenizer.eos_token_id
     return set([eos] if isinstance(eos, int) else (eos or []))
+
+
+def stop_token_ids(models: Models) -> set[int]:
+    return eos_ids(models.target, models.tokenizer)
 
 
 def target_forward(models: Models, ids, positions, mask, cache):

@@ -18,7 +18,7 @@ from .drafters.dflash_format import DFLASH_KEY_MAPPING, dflash_drafter_config, i
 from .drafters.diffusion import TargetConditionedDrafter, diffusion_drafter
 from .drafters.diffusion_lm import FAMILIES, DiffusionLMDrafter, family_convention, resolve_mask_token_id
 from .drafters.diffusion_model import XpressDrafter, XpressDrafterConfig, default_tapped_layers
-from .engine import Models, stop_token_ids
+from .engine import Models, eos_ids
 from .errors import XpressError
 from .presets import Access, check_known, is_local, remote_code_allowed
 
@@ -64,12 +64,8 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return choices[dtype]
 
 
-def looks_like_path(spec: str) -> bool:
-    return spec.startswith((".", "/", "~")) or Path(spec).exists()
-
-
 def _describe_missing(kind: str, spec: str, error: Exception) -> XpressError:
-    if looks_like_path(spec) and not Path(spec).expanduser().exists():
+    if is_local(spec) and not Path(spec).expanduser().exists():
         return XpressError(f"{kind} {spec!r}: directory does not exist")
     reason = str(error).splitlines()[0] if str(error) else type(error).__name__
     return XpressError(f"{kind} {spec!r} could not be loaded (not a model directory, nor a reachable Hub id): {reason}")
@@ -91,13 +87,16 @@ def load_pretrained(
     device_map=None,
     access=None,
     config=None,
+    config_json: dict | None = None,
 ):
     """Any HF model class from a directory or a Hub id, after the opt-in checks; frozen, on ``device`` or spread
     over the GPUs by accelerate (``device_map="auto"``, for a model larger than one GPU). ``config``: read the
-    weights into transformers' own class for this config (no remote code runs then)."""
+    weights into transformers' own class for this config (no remote code runs then). ``config_json``: the
+    repository's config.json when the caller has read it already (read here otherwise)."""
     access = access or Access.from_env()
     check_known(kind, spec, access)
-    trust = config is None and remote_code_allowed(kind, spec, read_config_json(spec), access)
+    config_json = read_config_json(spec) if config_json is None else config_json
+    trust = config is None and remote_code_allowed(kind, spec, config_json, access)
     extra = {"device_map": device_map} if device_map else {}
     if config is not None:
         extra["config"] = config
@@ -108,8 +107,10 @@ def load_pretrained(
     return freeze(model if device_map else model.to(device))
 
 
-def load_causal_lm(kind: str, spec: str, device: torch.device, dtype: torch.dtype, device_map=None, access=None):
-    return load_pretrained(AutoModelForCausalLM, kind, spec, device, dtype, device_map, access)
+def load_causal_lm(
+    kind: str, spec: str, device: torch.device, dtype: torch.dtype, device_map=None, access=None, config_json=None
+):
+    return load_pretrained(AutoModelForCausalLM, kind, spec, device, dtype, device_map, access, config_json=config_json)
 
 
 def load_target(spec: str | Path, device: torch.device, dtype: torch.dtype, device_map=None, access=None):
@@ -183,7 +184,7 @@ def load_drafter(
         raise XpressError(f"drafter kind must be one of {DRAFTER_KINDS}, got {options.kind!r}")
     access = access or Access.from_env()
     check_known("drafter", spec, access)
-    eos = stop_token_ids(Models(target, tokenizer, NoDrafter()))
+    eos = eos_ids(target, tokenizer)
     banned = banned_draft_ids(tokenizer, eos, target.get_input_embeddings().weight.shape[0])
     config = read_config_json(spec)
     kind = drafter_kind(config) if options.kind == "auto" else options.kind
@@ -196,7 +197,7 @@ def load_drafter(
     if kind == "diffusion-lm":
         return load_diffusion_lm(spec, config, options, target, tokenizer, device, dtype, banned, access)
     check_tokenizer_match("drafter", spec, tokenizer)
-    model = load_causal_lm("drafter", spec, device, dtype, access=access)
+    model = load_causal_lm("drafter", spec, device, dtype, access=access, config_json=config)
     if model.config.vocab_size != target.config.vocab_size:
         raise XpressError(
             f"drafter {spec!r} has vocabulary size {model.config.vocab_size}, the target {target.config.vocab_size}"
@@ -204,7 +205,9 @@ def load_drafter(
     return AutoregressiveDrafter(model, banned)
 
 
-def load_conditioned_drafter(spec, dflash: dict | None, target, tokenizer, device, dtype, banned) -> TargetConditionedDrafter:
+def load_conditioned_drafter(
+    spec, dflash: dict | None, target, tokenizer, device, dtype, banned
+) -> TargetConditionedDrafter:
     """Our target-conditioned drafter, from its own checkpoint or (``dflash`` = its config.json) a DFlash one."""
     check_tokenizer_match("drafter", spec, tokenizer)
     extra = {} if dflash is None else {"config": dflash_drafter_config(dflash, spec), "key_mapping": DFLASH_KEY_MAPPING}
@@ -248,7 +251,9 @@ def load_diffusion_lm(
         own = AutoConfig.for_model(convention.architecture, **fields)
         model = load_pretrained(AutoModelForCausalLM, "drafter", spec, device, dtype, access=access, config=own)
     else:
-        model = load_pretrained(diffusion_lm_class(config), "drafter", spec, device, dtype, access=access)
+        model = load_pretrained(
+            diffusion_lm_class(config), "drafter", spec, device, dtype, access=access, config_json=config
+        )
     width = model.config.vocab_size
     if width < len(tokenizer):
         raise XpressError(

@@ -26,6 +26,7 @@ from pathlib import Path
 from huggingface_hub import hf_hub_download
 
 from ..errors import XpressError
+from ..presets import is_local
 from .diffusion_model import XpressDrafterConfig
 
 DFLASH_ARCHITECTURE = "DFlashDraftModel"
@@ -45,7 +46,7 @@ def read_config_json(spec: str) -> dict | None:
     local = Path(spec) / "config.json"
     if local.exists():
         return json.loads(local.read_text())
-    if Path(spec).exists() or spec.startswith((".", "/", "~")):
+    if is_local(spec):
         return None
     try:
         return json.loads(Path(hf_hub_download(spec, "config.json")).read_text())
