@@ -6,14 +6,13 @@ from the target's token embedding, so the baseline gets the same data and the sa
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from .loop import TrainConfig, train
+from .loop import TrainConfig, draw_rows, save_trained, split_held_out, train
 from .target import lm_loss
 
 
@@ -45,11 +44,10 @@ def make_ar_drafter(target, layers: int) -> LlamaForCausalLM:
 
 
 def train_ar_drafter(model, seqs: torch.Tensor, cfg: TrainConfig, workdir: Path, out_dir: Path, tokenizer) -> dict:
-    held_out, train_seqs = seqs[:64], seqs[64:]
+    held_out, train_seqs = split_held_out(seqs)
 
     def loss_fn(rng: np.random.Generator) -> torch.Tensor:
-        rows = torch.from_numpy(rng.choice(train_seqs.shape[0], size=cfg.batch_size, replace=False))
-        return lm_loss(model, train_seqs[rows])
+        return lm_loss(model, draw_rows(train_seqs, rng, cfg.batch_size))
 
     def eval_fn() -> float:
         with torch.no_grad():
@@ -57,9 +55,4 @@ def train_ar_drafter(model, seqs: torch.Tensor, cfg: TrainConfig, workdir: Path,
 
     summary = train(model, loss_fn, cfg, workdir, eval_fn=eval_fn, desc="ar-drafter", eval_name="heldout_loss")
     summary["heldout_loss"] = round(eval_fn(), 4)
-    summary["parameters"] = sum(p.numel() for p in model.parameters())
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
-    (out_dir / "training_summary.json").write_text(json.dumps(summary, indent=2))
-    return summary
+    return save_trained(model, tokenizer, out_dir, summary)

@@ -11,7 +11,6 @@ sequence go through one drafter forward: block m sees the context before its anc
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ..drafters.diffusion_model import XpressDrafter, add_noise
-from .loop import TrainConfig, train
+from .loop import TrainConfig, draw_rows, save_trained, split_held_out, train
 
 
 @dataclass(frozen=True)
@@ -145,12 +144,11 @@ def train_drafter(
         p.requires_grad_(False)
     drafter.bind(target)
     block = drafter.config.block_size
-    held_out, train_seqs = seqs[:64], seqs[64:]
+    held_out, train_seqs = split_held_out(seqs)
     first_anchor = prompt_len - 1  # the last prompt token is the first root: blocks cover target-written text
 
     def loss_fn(rng: np.random.Generator) -> torch.Tensor:
-        rows = torch.from_numpy(rng.choice(train_seqs.shape[0], size=cfg.batch_size, replace=False))
-        batch_seqs = train_seqs[rows]
+        batch_seqs = draw_rows(train_seqs, rng, cfg.batch_size)
         return drafter_loss(
             drafter,
             target,
@@ -171,12 +169,7 @@ def train_drafter(
         eval_fn=lambda: masked_accuracy(drafter, target, held_out[:32], first_anchor, anchors),
     )
     summary["heldout_block_accuracy_T1"] = round(masked_accuracy(drafter, target, held_out, first_anchor, anchors), 4)
-    summary["parameters"] = sum(p.numel() for p in drafter.parameters())
     summary["distilled_sequences"] = int(seqs.shape[0])
     if continued_from:  # the --init drafter's own summary: the card then reports the whole training
         summary["continued_from"] = continued_from
-    out_dir.mkdir(parents=True, exist_ok=True)
-    drafter.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
-    (out_dir / "training_summary.json").write_text(json.dumps(summary, indent=2))
-    return summary
+    return save_trained(drafter, tokenizer, out_dir, summary)

@@ -18,6 +18,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+# Distilled sequences kept out of drafter training, for the held-out figures (the same rows for both drafters).
+HELD_OUT = 64
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -112,3 +115,25 @@ def train(
     bar.close()
     model.eval()
     return {"steps": step, "resumed_from": start_step, "wall_s": round(prior_wall + time.time() - started, 1)}
+
+
+def save_trained(model, tokenizer, out_dir: Path, summary: dict) -> dict:
+    """Every pipeline step's output: the model and its tokenizer in HF format, and ``training_summary.json`` (with
+    the parameter count) that the model cards read."""
+    summary["parameters"] = sum(p.numel() for p in model.parameters())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    (out_dir / "training_summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def split_held_out(seqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(held-out, training) distilled sequences: the first ``HELD_OUT`` are never trained on."""
+    return seqs[:HELD_OUT], seqs[HELD_OUT:]
+
+
+def draw_rows(seqs: torch.Tensor, rng: np.random.Generator, batch_size: int) -> torch.Tensor:
+    """A batch of distinct rows, drawn from the step's seeded rng (so a resumed run draws the same batches)."""
+    return seqs[torch.from_numpy(rng.choice(seqs.shape[0], size=batch_size, replace=False))]
+

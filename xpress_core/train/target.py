@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import torch.nn.functional as F
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from .corpus import load_tokens
-from .loop import TrainConfig, train
+from .loop import TrainConfig, save_trained, train
 from .tokenizer import SPECIAL
 
 
@@ -98,14 +97,9 @@ def train_target(
 def save_target(model, tokenizer, out_dir: Path, summary: dict, val_tokens, cfg: TrainConfig, steps: int) -> dict:
     summary["val_loss_sgd_dev"] = round(validation_loss(model, val_tokens, cfg.seq_len), 4)
     summary["tokens_seen"] = steps * cfg.batch_size * cfg.seq_len
-    summary["parameters"] = sum(p.numel() for p in model.parameters())
     model.generation_config = GenerationConfig(
         bos_token_id=model.config.bos_token_id,
         eos_token_id=model.config.eos_token_id,
         pad_token_id=model.config.pad_token_id,
     )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
-    (out_dir / "training_summary.json").write_text(json.dumps(summary, indent=2))
-    return summary
+    return save_trained(model, tokenizer, out_dir, summary)
