@@ -156,13 +156,7 @@ class Setting:
         return {
             "method": self.method,
             "setting": self.label,
-            "K": d.drafts if d else None,
-            "T": d.steps if d else None,
-            "L": d.block if d else None,
-            "refine": d.refine if d else None,
-            "verify": d.verify if d else None,
-            "schedule": d.schedule if d else None,
-            "diversity": d.diversity if d else None,
+            **{key: getattr(d, field) if d else None for key, field in GRID_KEYS.items()},
             "draft_tokens": self.draft_tokens,
         }
 
