@@ -9,37 +9,14 @@ import pytest
 import torch
 
 from tests.fakes import ScriptedDrafter
+from tests.oracles import NEW, PROMPTS, check_invariants, hf_greedy, run
 from xpress_core import cache as kv
 from xpress_core.config import DecodeConfig
 from xpress_core.drafters.base import NoDrafter
-from xpress_core.engine import Models, decode, stop_token_ids
+from xpress_core.engine import Models, stop_token_ids
 from xpress_core.models import encode_prompt, load_models, load_target
 from xpress_core.sampling import draw_token
-from xpress_core.trace import DecodeResult, RoundTrace
 from xpress_core.tree import build_tree, tree_attention_mask, tree_position_ids
-
-PROMPTS = ["I want to book a table", "Once upon a time"]
-NEW = 24
-
-
-def run(models, prompt_ids, cfg) -> tuple[list[RoundTrace], DecodeResult]:
-    events = list(decode(models, prompt_ids, cfg))
-    assert isinstance(events[-1], DecodeResult) and all(isinstance(e, RoundTrace) for e in events[:-1])
-    return events[:-1], events[-1]
-
-
-def hf_greedy(models, prompt_ids, new=NEW) -> list[int]:
-    out = models.target.generate(prompt_ids, max_new_tokens=new, do_sample=False)
-    return out[0, prompt_ids.shape[1] :].tolist()
-
-
-def check_invariants(traces, prompt_len, result):
-    """Between rounds the target cache holds every committed token but the root; the drafter's context likewise."""
-    for t in traces[:-1]:
-        assert t.cache_len == prompt_len + t.new_tokens_total - 1
-        assert t.draft_context_len == t.cache_len
-    assert result.rounds == len(traces) - 1
-    assert sum(len(t.emitted) for t in traces) == result.new_tokens
 
 
 @pytest.fixture(scope="module", params=["llama", "gpt2", "qwen3"])

@@ -8,28 +8,21 @@ import json
 import pytest
 import torch
 
+from tests.oracles import NEW, PROMPTS, check_invariants, hf_greedy, run
 from xpress_core.cli import main
 from xpress_core.config import DecodeConfig
 from xpress_core.drafters.diffusion import GaussianDiffusionDrafter, ddim_step, noise_levels
 from xpress_core.drafters.diffusion_model import XpressDrafterConfig, add_noise, signal_share
-from xpress_core.engine import decode, stop_token_ids
+from xpress_core.engine import stop_token_ids
 from xpress_core.models import encode_prompt, load_models
 from xpress_core.train.evaluate import evaluate
-
-PROMPTS = ["I want to book a table", "Once upon a time"]
-NEW = 24
-
-
-def run(models, prompt_ids, cfg):
-    events = list(decode(models, prompt_ids, cfg))
-    return events[:-1], events[-1]
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen3"])
 def family(request, zoo):
     models = load_models(zoo[request.param], zoo[f"gauss_{request.param}"], device="cpu")
     prompts = [encode_prompt(models.tokenizer, p, chat=True) for p in PROMPTS]
-    refs = [models.target.generate(p, max_new_tokens=NEW, do_sample=False)[0, p.shape[1] :].tolist() for p in prompts]
+    refs = [hf_greedy(models, p) for p in prompts]
     return models, prompts, refs
 
 
@@ -58,6 +51,7 @@ def test_greedy_equals_generate(family, k, t, length, refine, verify):
         traces, result = run(models, prompt_ids, cfg)
         assert list(result.token_ids) == ref
         assert all(len(tr.steps) == t for tr in traces[1:])
+        check_invariants(traces, prompt_ids.shape[1], result)
 
 
 def test_same_seed_same_drafts_whatever_the_global_rng(zoo):

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
-from tests.test_engine import check_invariants, hf_greedy, run
+from tests.oracles import check_invariants, hf_greedy, run
 from tests.tiny import SENTENCES, make_a2d_drafter, make_dflash_drafter, make_masked_lm, make_remote_code_mdlm
 from xpress_core.cli import main
 from xpress_core.config import DecodeConfig

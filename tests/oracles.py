@@ -1,0 +1,30 @@
+"""What the engine tests share: running a request to its events, HF ``generate`` as the greedy oracle, and the
+cache invariants every decode must keep."""
+
+from __future__ import annotations
+
+from xpress_core.engine import decode
+from xpress_core.trace import DecodeResult, RoundTrace
+
+PROMPTS = ["I want to book a table", "Once upon a time"]
+NEW = 24
+
+
+def run(models, prompt_ids, cfg) -> tuple[list[RoundTrace], DecodeResult]:
+    events = list(decode(models, prompt_ids, cfg))
+    assert isinstance(events[-1], DecodeResult) and all(isinstance(e, RoundTrace) for e in events[:-1])
+    return events[:-1], events[-1]
+
+
+def hf_greedy(models, prompt_ids, new=NEW) -> list[int]:
+    out = models.target.generate(prompt_ids, max_new_tokens=new, do_sample=False)
+    return out[0, prompt_ids.shape[1] :].tolist()
+
+
+def check_invariants(traces, prompt_len, result):
+    """Between rounds the target cache holds every committed token but the root; the drafter's context likewise."""
+    for t in traces[:-1]:
+        assert t.cache_len == prompt_len + t.new_tokens_total - 1
+        assert t.draft_context_len == t.cache_len
+    assert result.rounds == len(traces) - 1
+    assert sum(len(t.emitted) for t in traces) == result.new_tokens
