@@ -35,7 +35,7 @@ def test_assets_budget_and_cards():
         assert (folder / "training_summary.json").exists()
     for folder in (EMBEDDED_DRAFTER, EMBEDDED_GAUSS_DRAFTER, EMBEDDED_AR_DRAFTER):
         scores = json.loads((folder / "eval.json").read_text())["scores"]
-        assert scores and all(s["tau"] >= 1.0 for s in scores)
+        assert scores and all(s["tau"] > 1.0 for s in scores)  # tau = 1 would mean no draft token ever accepted
 
 
 @pytest.mark.parametrize("drafter", [EMBEDDED_DRAFTER, EMBEDDED_GAUSS_DRAFTER, EMBEDDED_AR_DRAFTER, Path("none")])

@@ -122,11 +122,15 @@ def test_sweep_api_reports_progress_and_feeds_the_heatmaps(zoo):
                       progress=lambda done, total, label: seen.append((done, total, label)))
     assert seen[-1][0] == seen[-1][1] == 5  # reference + 4 grid settings, one prompt
     assert {s.setting.method for s in run.summaries} == {bench.REFERENCE, bench.XPRESS}
+    measured = {s.setting.decode: s for s in run.summaries if s.setting.method == bench.XPRESS}
     for metric in HEATMAP_METRICS:
         fig = heatmap(run.summaries, metric)
         assert isinstance(fig, go.Figure)
         (trace,) = fig.data
         assert len(trace.z) == 2 and len(trace.z[0]) == 2  # K x T
+        # every cell draws the summary measured for its (K, T)
+        drawn = {(int(k), int(t)): z for k, row in zip(trace.y, trace.z) for t, z in zip(trace.x, row)}
+        assert drawn == {(d.drafts, d.steps): getattr(s, metric) for d, s in measured.items()}
     assert set(bench_figures(run.summaries)) == {"speedup", "tau_hist", "latency", "heatmap_tokens_per_s",
                                                  "heatmap_tau"}
 
