@@ -4,6 +4,7 @@ results (tau, token ids, accepted paths) are the oracle."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import plotly.graph_objects as go
 import pytest
@@ -203,6 +204,7 @@ def test_accept_length_figure_matches_the_engine_result(runs, name):
     histogram = next(t for t in fig.data if isinstance(t, go.Bar))
     assert sum(histogram.y) == result.rounds
     assert histogram.y[0] == sum(n == 0 for n in result.accept_lens)
+    assert {int(x): y for x, y in zip(histogram.x, histogram.y) if y} == Counter(result.accept_lens)  # every bin
     singles = next(t for t in fig.data if t.name == "single drafts")
     assert sorted(singles.y) == sorted(n for t in traces[1:] for n in t.draft_accept_lens)
 
