@@ -21,8 +21,9 @@ from pathlib import Path
 
 from gradio_client import Client
 
-import app
 from tests.app_server import ROOT, serve_app
+from xpress_app.config import CUSTOM_PRESET
+from xpress_app.settings import DEFAULTS
 
 PROMPT = "I want to book a table for two at an Italian restaurant tonight."
 ENGINE = re.compile(r"· ([\d.]+) tokens/s\*\*")
@@ -63,7 +64,7 @@ def app_tokens_per_s(client: Client, settings: dict) -> tuple[float, float]:
         api_name="/chat",
         message=PROMPT,
         history=[],
-        preset=app.CUSTOM_PRESET,
+        preset=CUSTOM_PRESET,
         temperature=0.0,
         top_p=1.0,
         seed=0,
@@ -83,9 +84,9 @@ def main() -> None:
     parser.add_argument("--drafter")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("-K", type=int, default=app.DEFAULTS.drafts)
-    parser.add_argument("-T", type=int, default=app.DEFAULTS.steps)
-    parser.add_argument("-L", type=int, default=app.DEFAULTS.block)
+    parser.add_argument("-K", type=int, default=DEFAULTS.drafts)
+    parser.add_argument("-T", type=int, default=DEFAULTS.steps)
+    parser.add_argument("-L", type=int, default=DEFAULTS.block)
     args = parser.parse_args()
     if args.target is None:
         from tests.tiny import build_tiny_zoo

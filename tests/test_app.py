@@ -6,19 +6,37 @@ import inspect
 import itertools
 import json
 import threading
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 import torch
 
-import app
+from xpress_app import chat as app_chat
+from xpress_app import models as app_models
+from xpress_app.chat import Throttle, View, log_file, run_chat, scrub_figure
+from xpress_app.config import (
+    CUSTOM_PRESET,
+    EMBEDDED_AR_PRESET,
+    EMBEDDED_GAUSS_PRESET,
+    EMBEDDED_PRESET,
+    AppConfig,
+    default_presets,
+    parse_args,
+)
+from xpress_app.models import Loaded, ModelCache, TokenTexts
+from xpress_app.settings import MAX_MESSAGE_CHARS, UI_MAX_BLOCK, Settings, fit_prompt
+from xpress_app.sweep import CHAT_BOX, HELD_OUT, SweepRequest, run_sweep
+from xpress_app.texts import EMPTY_MESSAGE
+from xpress_app.ui import build_app
+from xpress_app.widgets import block_slider
 from xpress_core import bench
 from xpress_core.config import DecodeConfig
 from xpress_core.drafters.base import NoDrafter
 from xpress_core.engine import Models, decode
 from xpress_core.errors import XpressError
-from xpress_core.models import encode_prompt, load_models
-from xpress_core.presets import Access, hub_presets
+from xpress_core.models import EMBEDDED_DRAFTER, encode_prompt, load_models
+from xpress_core.presets import Access, ModelPreset, hub_presets
 from xpress_core.trace import DecodeResult
 
 TINY, TINY_GAUSS, TINY_AR, MISSING = "tiny · diffusion", "tiny · gaussian", "tiny · autoregressive", "missing"
@@ -26,12 +44,12 @@ TINY, TINY_GAUSS, TINY_AR, MISSING = "tiny · diffusion", "tiny · gaussian", "t
 
 @pytest.fixture(scope="module")
 def config(zoo):
-    return app.AppConfig(
+    return AppConfig(
         presets=(
-            app.Preset(TINY, str(zoo["llama"]), str(zoo["drafter_llama"])),
-            app.Preset(TINY_GAUSS, str(zoo["llama"]), str(zoo["gauss_llama"])),
-            app.Preset(TINY_AR, str(zoo["llama"]), str(zoo["ar_drafter"])),
-            app.Preset(MISSING, "/nonexistent/xpress-target", "none"),
+            ModelPreset(TINY, str(zoo["llama"]), str(zoo["drafter_llama"])),
+            ModelPreset(TINY_GAUSS, str(zoo["llama"]), str(zoo["gauss_llama"])),
+            ModelPreset(TINY_AR, str(zoo["llama"]), str(zoo["ar_drafter"])),
+            ModelPreset(MISSING, "/nonexistent/xpress-target", "none"),
         ),
         device="cpu",
     )
@@ -39,7 +57,7 @@ def config(zoo):
 
 @pytest.fixture(scope="module")
 def cache(config):
-    return app.ModelCache(config)
+    return ModelCache(config)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +72,7 @@ def oracle_models(zoo):
 
 @pytest.fixture(autouse=True)
 def no_animation_pause(monkeypatch):
-    monkeypatch.setattr(app, "ANIMATION_FRAME_S", 0.0)
+    monkeypatch.setattr(app_chat, "ANIMATION_FRAME_S", 0.0)
 
 
 @pytest.fixture
@@ -66,7 +84,7 @@ def recorded(monkeypatch) -> list[torch.Tensor]:
         prompts.append(prompt_ids)
         return decode(models, prompt_ids, cfg)
 
-    monkeypatch.setattr(app, "decode", recording_decode)
+    monkeypatch.setattr(app_chat, "decode", recording_decode)
     return prompts
 
 
@@ -76,12 +94,12 @@ def engine_run(models: Models, messages, cfg: DecodeConfig):
     return events[:-1], events[-1]
 
 
-def settings(**changes) -> app.Settings:
+def settings(**changes) -> Settings:
     base = {"preset": TINY, "drafts": 3, "steps": 2, "block": 4, "max_new_tokens": 24}
-    return app.Settings(**{**base, **changes})
+    return Settings(**{**base, **changes})
 
 
-def final(views: list[app.View]) -> app.View:
+def final(views: list[View]) -> View:
     assert views[-1].done
     return views[-1]
 
@@ -98,7 +116,7 @@ CASES = [
 @pytest.mark.parametrize("changes", CASES)
 def test_reply_is_what_the_engine_writes(cache, oracle_models, changes):
     chosen = settings(**changes)
-    views = list(app.run_chat(cache, "  I want to book a table  ", [], chosen))
+    views = list(run_chat(cache, "  I want to book a table  ", [], chosen))
     traces, result = engine_run(
         oracle_models[chosen.preset], [{"role": "user", "content": "I want to book a table"}], chosen.decode_config()
     )
@@ -120,7 +138,7 @@ def test_multi_turn_history_goes_through_the_chat_template(cache, oracle_models,
         {"role": "user", "content": [{"type": "text", "text": "Find me a flight"}]},
         {"role": "assistant", "content": [{"type": "text", "text": "Where to?"}]},
     ]
-    views = list(app.run_chat(cache, "To Chicago", history, settings()))
+    views = list(run_chat(cache, "To Chicago", history, settings()))
     messages = [
         {"role": "user", "content": "Find me a flight"},
         {"role": "assistant", "content": "Where to?"},
@@ -134,7 +152,7 @@ def test_multi_turn_history_goes_through_the_chat_template(cache, oracle_models,
 
 def test_race_decodes_plainly_beside_with_the_same_tokens(cache, oracle_models):
     chosen = settings(race=True, temperature=0.8, seed=11)
-    last = final(list(app.run_chat(cache, "Once upon a time", [], chosen)))
+    last = final(list(run_chat(cache, "Once upon a time", [], chosen)))
     plain_models = Models(oracle_models[TINY].target, oracle_models[TINY].tokenizer, NoDrafter())
     _, plain = engine_run(plain_models, [{"role": "user", "content": "Once upon a time"}], chosen.decode_config())
     assert last.plain == plain.text
@@ -167,46 +185,46 @@ def test_race_decodes_plainly_beside_with_the_same_tokens(cache, oracle_models):
 )
 def test_out_of_range_settings_are_refused_with_a_message(cache, changes, expected):
     with pytest.raises(XpressError, match=expected):
-        list(app.run_chat(cache, "hello", [], settings(**changes)))
+        list(run_chat(cache, "hello", [], settings(**changes)))
 
 
 @pytest.mark.parametrize("message", ["", "   \n\t ", None])
 def test_empty_message_answers_without_loading_or_decoding(config, message):
-    fresh = app.ModelCache(config)
-    views = list(app.run_chat(fresh, message, [], settings()))
-    assert len(views) == 1 and views[0].status == app.EMPTY_MESSAGE and views[0].notice == app.EMPTY_MESSAGE
+    fresh = ModelCache(config)
+    views = list(run_chat(fresh, message, [], settings()))
+    assert len(views) == 1 and views[0].status == EMPTY_MESSAGE and views[0].notice == EMPTY_MESSAGE
     assert views[0].history is None  # the chat stays as it was
     assert not fresh.is_loaded(TINY)
 
 
 def test_unavailable_preset_gives_a_clear_message_and_the_next_request_works(cache, oracle_models):
     with pytest.raises(XpressError, match="“missing” is not available: the target directory /nonexistent"):
-        list(app.run_chat(cache, "hello", [], settings(preset=MISSING)))
+        list(run_chat(cache, "hello", [], settings(preset=MISSING)))
     assert cache.describe(MISSING).startswith("⚠")
     assert cache.describe(TINY).startswith(f"target `{cache.presets[TINY].target}`")
     with pytest.raises(XpressError, match="unknown model preset"):
-        list(app.run_chat(cache, "hello", [], settings(preset="nope")))
+        list(run_chat(cache, "hello", [], settings(preset="nope")))
     _, result = engine_run(oracle_models[TINY], [{"role": "user", "content": "hello"}], settings().decode_config())
-    assert final(list(app.run_chat(cache, "hello", [], settings()))).reply.result.token_ids == result.token_ids
+    assert final(list(run_chat(cache, "hello", [], settings()))).reply.result.token_ids == result.token_ids
 
 
 def test_default_presets_put_the_custom_models_first():
     hub = [p.name for p in hub_presets()]
-    assert [p.name for p in app.default_presets()] == [
-        app.EMBEDDED_PRESET,
-        app.EMBEDDED_GAUSS_PRESET,
-        app.EMBEDDED_AR_PRESET,
+    assert [p.name for p in default_presets()] == [
+        EMBEDDED_PRESET,
+        EMBEDDED_GAUSS_PRESET,
+        EMBEDDED_AR_PRESET,
         *hub,
     ]
-    custom = app.default_presets(target="/models/t")[0]
-    assert (custom.name, custom.target, custom.drafter) == (app.CUSTOM_PRESET, "/models/t", str(app.EMBEDDED_DRAFTER))
+    custom = default_presets(target="/models/t")[0]
+    assert (custom.name, custom.target, custom.drafter) == (CUSTOM_PRESET, "/models/t", str(EMBEDDED_DRAFTER))
 
 
 def test_hub_presets_describe_their_needs_and_remote_code_needs_opt_in():
-    presets = app.default_presets()
+    presets = default_presets()
     remote = next(p for p in presets if p.remote_code)
     dflash = next(p for p in presets if p.drafter_kind == "dflash")
-    locked = app.ModelCache(app.AppConfig(presets))
+    locked = ModelCache(AppConfig(presets))
     assert locked.describe(remote.name).startswith("⚠") and "--trust-remote-code" in locked.describe(remote.name)
     with pytest.raises(XpressError, match="--trust-remote-code"):
         locked.get(remote.name)
@@ -214,15 +232,15 @@ def test_hub_presets_describe_their_needs_and_remote_code_needs_opt_in():
     assert "downloaded from the Hub" in note and dflash.hardware in note
     own = next(p for p in presets if p.drafter_kind == "xpress")  # ours for Qwen3: a local directory, not trained here
     assert "does not exist" in locked.describe(own.name)
-    trusted = app.ModelCache(app.AppConfig(presets, access=Access(trust_remote_code=True)))
+    trusted = ModelCache(AppConfig(presets, access=Access(trust_remote_code=True)))
     assert not trusted.describe(remote.name).startswith("⚠")
-    assert "downloaded from the Hub" not in trusted.describe(app.EMBEDDED_PRESET)
+    assert "downloaded from the Hub" not in trusted.describe(EMBEDDED_PRESET)
 
 
 def test_app_flags_set_the_opt_ins_and_device_map(monkeypatch):
     monkeypatch.delenv("XPRESS_ALLOW_UNKNOWN_MODELS", raising=False)
     monkeypatch.setenv("XPRESS_TRUST_REMOTE_CODE", "1")
-    config = app.parse_args(["--allow-unknown-models", "--device-map", "auto"])
+    config = parse_args(["--allow-unknown-models", "--device-map", "auto"])
     assert config.access == Access(allow_unknown=True, trust_remote_code=True) and config.device_map == "auto"
 
 
@@ -230,12 +248,12 @@ def test_env_vars_and_flags_configure_the_app(monkeypatch):
     monkeypatch.setenv("XPRESS_TARGET", "/models/target")
     monkeypatch.setenv("XPRESS_DRAFTER", "none")
     monkeypatch.setenv("XPRESS_CONCURRENCY", "3")
-    config = app.parse_args([])
-    assert config.presets[0] == app.Preset(app.CUSTOM_PRESET, "/models/target", "none")
+    config = parse_args([])
+    assert config.presets[0] == ModelPreset(CUSTOM_PRESET, "/models/target", "none")
     assert config.concurrency == 3
-    assert app.parse_args(["--drafter", "/models/d", "--device", "cpu"]).presets[0].drafter == "/models/d"
+    assert parse_args(["--drafter", "/models/d", "--device", "cpu"]).presets[0].drafter == "/models/d"
     with pytest.raises(SystemExit):
-        app.parse_args(["--concurrency", "0"])
+        parse_args(["--concurrency", "0"])
 
 
 # --- long prompts --------------------------------------------------------------------------------------------------
@@ -260,7 +278,7 @@ def test_long_history_loses_its_oldest_turns_first(tokenizer):
     messages = turns + [{"role": "user", "content": "And one more for tomorrow."}]
     limit, max_new = 200, 64
     budget = limit - max_new
-    prompt = app.fit_prompt(tokenizer, messages, limit, max_new)
+    prompt = fit_prompt(tokenizer, messages, limit, max_new)
     kept = next(messages[i:] for i in range(0, len(messages), 2) if length(tokenizer, messages[i:]) <= budget)
     assert prompt.ids.tolist() == encode_prompt(tokenizer, kept, chat=True).tolist()
     assert prompt.ids.shape[1] <= budget < length(tokenizer, messages[len(messages) - len(kept) - 2 :])
@@ -270,7 +288,7 @@ def test_long_history_loses_its_oldest_turns_first(tokenizer):
 def test_long_message_keeps_its_end(tokenizer):
     text = " ".join(f"word{i}" for i in range(400))
     limit, max_new = 160, 300  # the reply's room is capped at half the context
-    prompt = app.fit_prompt(tokenizer, [{"role": "user", "content": text}], limit, max_new)
+    prompt = fit_prompt(tokenizer, [{"role": "user", "content": text}], limit, max_new)
     budget = limit - limit // 2
     decoded = tokenizer.decode(prompt.ids[0], skip_special_tokens=True)
     kept = decoded.strip()
@@ -282,14 +300,14 @@ def test_long_message_keeps_its_end(tokenizer):
 
 def test_short_prompt_is_untouched(tokenizer):
     messages = [{"role": "user", "content": "hello"}]
-    prompt = app.fit_prompt(tokenizer, messages, 512, 128)
+    prompt = fit_prompt(tokenizer, messages, 512, 128)
     assert prompt.notice is None and prompt.ids.tolist() == encode_prompt(tokenizer, messages, chat=True).tolist()
 
 
 def test_very_long_message_is_answered_with_a_visible_notice(cache, oracle_models, recorded):
     text = "Please find me a flight from New York to Chicago number " + " ".join(map(str, range(5000)))
-    assert len(text) > app.MAX_MESSAGE_CHARS
-    views = list(app.run_chat(cache, text, [], settings()))
+    assert len(text) > MAX_MESSAGE_CHARS
+    views = list(run_chat(cache, text, [], settings()))
     assert "Long prompt" in views[0].notice and "Long prompt" in final(views).status
     models = oracle_models[TINY]
     prompt = recorded[0]
@@ -306,7 +324,7 @@ def test_very_long_message_is_answered_with_a_visible_notice(cache, oracle_model
 
 def test_animation_streams_every_denoise_step(cache, oracle_models):
     chosen = settings(animate=True, steps=3, block=6, max_new_tokens=12)
-    views = list(app.run_chat(cache, "Once upon a time", [], chosen))
+    views = list(run_chat(cache, "Once upon a time", [], chosen))
     traces, _ = engine_run(
         oracle_models[TINY], [{"role": "user", "content": "Once upon a time"}], chosen.decode_config()
     )
@@ -323,21 +341,21 @@ def test_closing_midway_closes_the_engine_runs_and_the_app_keeps_serving(cache, 
         started.append(run)
         return run
 
-    monkeypatch.setattr(app, "decode", recording_decode)
+    monkeypatch.setattr(app_chat, "decode", recording_decode)
     every_round(monkeypatch)
-    chat = app.run_chat(cache, "Once upon a time", [], settings(race=True, max_new_tokens=200))
+    chat = run_chat(cache, "Once upon a time", [], settings(race=True, max_new_tokens=200))
     views = [next(chat) for _ in range(4)]
     assert views[-1].reply.traces and not views[-1].done
     chat.close()  # what Gradio does when the user presses Stop
     assert len(started) == 2 and all(inspect.getgeneratorstate(run) == inspect.GEN_CLOSED for run in started)
     _, result = engine_run(oracle_models[TINY], [{"role": "user", "content": "hello"}], settings().decode_config())
-    assert final(list(app.run_chat(cache, "hello", [], settings()))).reply.result.token_ids == result.token_ids
+    assert final(list(run_chat(cache, "hello", [], settings()))).reply.result.token_ids == result.token_ids
 
 
 def test_a_stop_request_ends_the_reply_with_what_was_decoded(cache, oracle_models, monkeypatch):
     every_round(monkeypatch)
     requested = [False]
-    chat = app.run_chat(cache, "Once upon a time", [], settings(max_new_tokens=200), lambda: requested[0])
+    chat = run_chat(cache, "Once upon a time", [], settings(max_new_tokens=200), lambda: requested[0])
     views = [next(chat) for _ in range(5)]
     requested[0] = True  # the Stop button
     rest = list(chat)
@@ -352,13 +370,13 @@ def test_a_stop_request_ends_the_reply_with_what_was_decoded(cache, oracle_model
     assert tuple(partial) == full.token_ids[: len(partial)]
     assert last.status.startswith(f"■ Stopped after {len(partial)} tokens")
     assert len(rest) == 1 and len(last.reply.traces) == len(views[-1].reply.traces) + 1  # it ends at the next round
-    assert list(app.run_chat(cache, "hello", [], settings(), lambda: True)) == []  # stopped while queued
+    assert list(run_chat(cache, "hello", [], settings(), lambda: True)) == []  # stopped while queued
 
 
 def every_round(monkeypatch):
     """Render the panels after every round (no throttling)."""
-    monkeypatch.setattr(app, "PANELS_INTERVAL_S", 0.0)
-    monkeypatch.setattr(app, "UI_TIME_SHARE", 1.0)
+    monkeypatch.setattr(app_chat, "PANELS_INTERVAL_S", 0.0)
+    monkeypatch.setattr(app_chat, "UI_TIME_SHARE", 1.0)
 
 
 class GradSpy(NoDrafter):
@@ -383,15 +401,15 @@ def next_on_a_new_thread(chat):
 def test_engine_runs_without_autograd_whichever_thread_resumes_it(config, oracle_models, monkeypatch):
     spy = GradSpy()
     models = oracle_models[TINY]
-    loaded = app.Loaded(
+    loaded = Loaded(
         Models(models.target, models.tokenizer, spy),
         Models(models.target, models.tokenizer, NoDrafter()),
-        app.TokenTexts(models.tokenizer),
+        TokenTexts(models.tokenizer),
     )
-    spy_cache = app.ModelCache(config)
+    spy_cache = ModelCache(config)
     monkeypatch.setattr(spy_cache, "get", lambda name: loaded)
     every_round(monkeypatch)
-    chat = app.run_chat(spy_cache, "hello", [], settings(max_new_tokens=16))
+    chat = run_chat(spy_cache, "hello", [], settings(max_new_tokens=16))
     while (view := next_on_a_new_thread(chat)) is not None and not view.done:  # like Gradio's worker threads
         pass
     assert len(spy.grad_enabled) >= 3 and not any(spy.grad_enabled)
@@ -399,8 +417,8 @@ def test_engine_runs_without_autograd_whichever_thread_resumes_it(config, oracle
 
 def test_throttle_keeps_rendering_under_its_share_of_wall_time(monkeypatch):
     clock = [100.0]
-    monkeypatch.setattr(app.time, "perf_counter", lambda: clock[0])
-    throttle = app.Throttle(interval_s=0.5)
+    monkeypatch.setattr(app_chat.time, "perf_counter", lambda: clock[0])
+    throttle = Throttle(interval_s=0.5)
     assert throttle.due()
     with throttle.rendering():
         clock[0] += 0.001  # a cheap render: the interval governs
@@ -410,7 +428,7 @@ def test_throttle_keeps_rendering_under_its_share_of_wall_time(monkeypatch):
     assert throttle.due()
     with throttle.rendering():
         clock[0] += 0.2  # an expensive render: the time share governs
-    wait = 0.2 * (1 - app.UI_TIME_SHARE) / app.UI_TIME_SHARE
+    wait = 0.2 * (1 - app_chat.UI_TIME_SHARE) / app_chat.UI_TIME_SHARE
     clock[0] += wait - 0.01
     assert not throttle.due()
     clock[0] += 0.02
@@ -418,9 +436,9 @@ def test_throttle_keeps_rendering_under_its_share_of_wall_time(monkeypatch):
 
 
 def test_text_streams_between_panel_updates(cache, monkeypatch):
-    monkeypatch.setattr(app, "TEXT_INTERVAL_S", 0.0)
-    monkeypatch.setattr(app, "PANELS_INTERVAL_S", 3600.0)
-    views = list(app.run_chat(cache, "Once upon a time", [], settings(max_new_tokens=30)))
+    monkeypatch.setattr(app_chat, "TEXT_INTERVAL_S", 0.0)
+    monkeypatch.setattr(app_chat, "PANELS_INTERVAL_S", 3600.0)
+    views = list(run_chat(cache, "Once upon a time", [], settings(max_new_tokens=30)))
     texts = [v for v in views[1:-1] if v.history is not None]
     assert texts and all(v.accept is None and v.evolution is None for v in texts)  # no figures in between
     replies = [v.history[-1]["content"] for v in texts] + [final(views).history[-1]["content"]]
@@ -433,16 +451,16 @@ def test_text_streams_between_panel_updates(cache, monkeypatch):
 
 def test_scrubbing_and_the_jsonl_log_follow_the_reply(cache, oracle_models, tmp_path):
     chosen = settings(steps=2, block=4, max_new_tokens=20)
-    reply = final(list(app.run_chat(cache, "I want to book a table", [], chosen))).reply
+    reply = final(list(run_chat(cache, "I want to book a table", [], chosen))).reply
     traces, result = engine_run(
         oracle_models[TINY], [{"role": "user", "content": "I want to book a table"}], chosen.decode_config()
     )
     assert reply.rounds == result.rounds and reply.max_steps == 2
-    title = app.scrub_figure(reply, 2, 1).layout.title.text
+    title = scrub_figure(reply, 2, 1).layout.title.text
     assert "round 2 · denoise step 1/2" in title
-    assert "prefill" in app.scrub_figure(reply, 0, 1).layout.annotations[0].text
-    assert "Send a message first" in app.scrub_figure(None, 1, 1).layout.annotations[0].text
-    records = [json.loads(line) for line in Path(app.log_file(reply, tmp_path)).read_text().splitlines()]
+    assert "prefill" in scrub_figure(reply, 0, 1).layout.annotations[0].text
+    assert "Send a message first" in scrub_figure(None, 1, 1).layout.annotations[0].text
+    records = [json.loads(line) for line in Path(log_file(reply, tmp_path)).read_text().splitlines()]
     assert [r["round"] for r in records] == list(range(result.rounds + 1))
     assert [r["emitted_tokens"] for r in records] == [list(t.emitted) for t in traces]
     assert [r["accept_len"] for r in records[1:]] == list(result.accept_lens)
@@ -452,11 +470,28 @@ def test_building_the_app_loads_no_model(config, monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("a model was loaded while building the app")
 
-    monkeypatch.setattr(app, "load_target", forbidden)
-    monkeypatch.setattr(app, "load_drafter", forbidden)
-    demo = app.build_app(config)
+    monkeypatch.setattr(app_models, "load_target", forbidden)
+    monkeypatch.setattr(app_models, "load_drafter", forbidden)
+    demo = build_app(config)
     chat = next(d for d in demo.fns.values() if d.api_name == "chat")
-    assert len(chat.inputs) == 15 and demo._queue.default_concurrency_limit == config.concurrency  # 14 + controls
+    # The handler reads the message, the history, every setting by its Settings name and the session's controls; it
+    # updates the components below, in the order the API returns them (the reply's State has no element id).
+    assert chat.input_keyword_names == ["message", "history", *(f.name for f in fields(Settings)), "controls"]
+    assert [block.elem_id for block in chat.outputs] == [
+        "message",
+        "chatbot",
+        "status",
+        "plain-reply",
+        "plot-evolution",
+        "plot-accept",
+        "plot-latency",
+        "plot-provenance",
+        None,
+        "round-slider",
+        "step-slider",
+        "download-log",
+    ]
+    assert demo._queue.default_concurrency_limit == config.concurrency
 
 
 # --- block L and the drafter's trained block size ------------------------------------------------------------------
@@ -465,31 +500,31 @@ def test_building_the_app_loads_no_model(config, monkeypatch):
 def test_block_beyond_the_drafters_trained_size_is_refused_before_decoding(cache, oracle_models, recorded):
     trained = oracle_models[TINY].drafter.model.config.block_size  # 8 for the tiny drafter
     with pytest.raises(XpressError, match=f"block L={trained + 1} is longer than .* choose L ≤ {trained}"):
-        list(app.run_chat(cache, "hello", [], settings(block=trained + 1)))
+        list(run_chat(cache, "hello", [], settings(block=trained + 1)))
     assert recorded == []  # refused up front, not halfway through the engine
     # The autoregressive drafter has no trained block size: any L within the UI's cap is decoded.
     chosen = settings(preset=TINY_AR, block=trained + 4, steps=1)
     _, result = engine_run(oracle_models[TINY_AR], [{"role": "user", "content": "hello"}], chosen.decode_config())
-    assert final(list(app.run_chat(cache, "hello", [], chosen))).reply.result.token_ids == result.token_ids
+    assert final(list(run_chat(cache, "hello", [], chosen))).reply.result.token_ids == result.token_ids
 
 
 def test_block_slider_is_capped_once_the_models_are_loaded(config, oracle_models):
-    fresh = app.ModelCache(config)
-    assert app.block_slider(fresh, TINY, 12) == {"__type__": "update", "maximum": app.UI_MAX_BLOCK, "value": 12}
+    fresh = ModelCache(config)
+    assert block_slider(fresh, TINY, 12) == {"__type__": "update", "maximum": UI_MAX_BLOCK, "value": 12}
     fresh.get(TINY)
     trained = oracle_models[TINY].drafter.model.config.block_size
-    assert app.block_slider(fresh, TINY, 12) == {"__type__": "update", "maximum": trained, "value": trained}
-    assert app.block_slider(fresh, TINY, 3)["value"] == 3
+    assert block_slider(fresh, TINY, 12) == {"__type__": "update", "maximum": trained, "value": trained}
+    assert block_slider(fresh, TINY, 3)["value"] == 3
     fresh.get(TINY_AR)
-    assert app.block_slider(fresh, TINY_AR, 12) == {"__type__": "update", "maximum": app.UI_MAX_BLOCK, "value": 12}
+    assert block_slider(fresh, TINY_AR, 12) == {"__type__": "update", "maximum": UI_MAX_BLOCK, "value": 12}
 
 
 # --- the Sweep tab -------------------------------------------------------------------------------------------------
 
 
-def sweep_request(**changes) -> app.SweepRequest:
-    base = {"preset": TINY, "drafts": (1, 2), "steps": (1, 2), "block": 4, "source": app.CHAT_BOX, "max_new_tokens": 8}
-    return app.SweepRequest(**{**base, **changes})
+def sweep_request(**changes) -> SweepRequest:
+    base = {"preset": TINY, "drafts": (1, 2), "steps": (1, 2), "block": 4, "source": CHAT_BOX, "max_new_tokens": 8}
+    return SweepRequest(**{**base, **changes})
 
 
 def heatmap_cells(fig) -> dict[tuple[int, int], float]:
@@ -505,9 +540,9 @@ def test_sweep_draws_what_bench_sweep_measured(cache, oracle_models, monkeypatch
         runs.append(real_sweep(*args, **kwargs))
         return runs[-1]
 
-    monkeypatch.setattr(app.bench, "sweep", recording_sweep)
+    monkeypatch.setattr(bench, "sweep", recording_sweep)
     seen = []
-    view = app.run_sweep(cache, sweep_request(), "  Book a table for two.  ", lambda *p: seen.append(p))
+    view = run_sweep(cache, sweep_request(), "  Book a table for two.  ", lambda *p: seen.append(p))
     (run,) = runs
     assert view.run is run
     settings_run = {
@@ -535,27 +570,27 @@ def test_sweep_draws_what_bench_sweep_measured(cache, oracle_models, monkeypatch
 
 
 def test_a_preset_without_a_drafter_has_nothing_to_sweep(zoo):
-    plain = app.ModelCache(app.AppConfig((app.Preset("plain", str(zoo["llama"]), "none"),), device="cpu"))
+    plain = ModelCache(AppConfig((ModelPreset("plain", str(zoo["llama"]), "none"),), device="cpu"))
     with pytest.raises(XpressError, match="“plain” has no drafter: there is nothing to sweep"):
-        app.run_sweep(plain, sweep_request(preset="plain"), "hello")
+        run_sweep(plain, sweep_request(preset="plain"), "hello")
 
 
 def test_sweep_on_held_out_prompts(cache, tmp_path, monkeypatch):
     """The benchmark's held-out prompts, spread; without the data folder the built-in story requests stand in."""
     used, real_sweep = [], bench.sweep
     monkeypatch.setattr(
-        app.bench,
+        bench,
         "sweep",
         lambda models, prompts, grid, **kw: used.append(prompts) or real_sweep(models, prompts, grid, **kw),
     )
-    request = sweep_request(source=app.HELD_OUT, prompts=2, drafts=(1,), steps=(1,), max_new_tokens=4)
-    view = app.run_sweep(cache, request, "", data_dir=tmp_path / "missing")
+    request = sweep_request(source=HELD_OUT, prompts=2, drafts=(1,), steps=(1,), max_new_tokens=4)
+    view = run_sweep(cache, request, "", data_dir=tmp_path / "missing")
     assert [p.name for p in used[-1]] == ["story-0", "story-5"]
     assert "built-in story requests stand in" in view.status
     (tmp_path / "sgd").mkdir()
     dialogues = [f"User: hello {i}\nAssistant: hi {i}\nUser: book {i}\n" for i in range(10)]
     (tmp_path / bench.SGD_DEV).write_text("\n".join(dialogues))
-    view = app.run_sweep(cache, request, "", data_dir=tmp_path)
+    view = run_sweep(cache, request, "", data_dir=tmp_path)
     assert [p.name for p in used[-1]] == [p.name for p in bench.spread(bench.default_prompts(tmp_path), 2)]
     assert "stand in" not in view.status
 
@@ -570,7 +605,7 @@ def test_sweep_on_held_out_prompts(cache, tmp_path, monkeypatch):
         ({"max_new_tokens": 0}, "hi", "max new tokens"),
         ({"source": "somewhere"}, "hi", "prompts come from"),
         (
-            {"drafts": tuple(range(1, 9)), "steps": (1, 2, 3, 4), "source": app.HELD_OUT, "prompts": 2},
+            {"drafts": tuple(range(1, 9)), "steps": (1, 2, 3, 4), "source": HELD_OUT, "prompts": 2},
             "",
             "32 settings × 2 prompts = 64 runs is more than the 48",
         ),
@@ -581,7 +616,7 @@ def test_sweep_on_held_out_prompts(cache, tmp_path, monkeypatch):
 )
 def test_bad_sweeps_are_refused_with_a_message(cache, changes, message, expected):
     with pytest.raises(XpressError, match=expected):
-        app.run_sweep(cache, sweep_request(**changes), message)
+        run_sweep(cache, sweep_request(**changes), message)
 
 
 def test_a_stopped_sweep_says_so_and_the_next_one_runs(cache):
@@ -590,8 +625,8 @@ def test_a_stopped_sweep_says_so_and_the_next_one_runs(cache):
     def progress(done, total, label):
         stop[0] = done >= 3  # the Stop button, pressed during the third run
 
-    view = app.run_sweep(cache, sweep_request(), "hello", progress, lambda: stop[0])
+    view = run_sweep(cache, sweep_request(), "hello", progress, lambda: stop[0])
     assert view.status == "■ Sweep stopped after 3 of 10 runs: nothing measured to show."
     assert view.tokens_per_s is None and view.tau is None and view.run is None  # the last heatmaps stay
-    view = app.run_sweep(cache, sweep_request(drafts=(1,), steps=(1,)), "hello")
+    view = run_sweep(cache, sweep_request(drafts=(1,), steps=(1,)), "hello")
     assert view.status.startswith("✓ **settings: 1 · prompts: 1 · best K=1 T=1 L=4")

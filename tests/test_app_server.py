@@ -13,8 +13,9 @@ import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-import app
 from tests.app_server import serve_app, zoo_env
+from xpress_app.config import CUSTOM_PRESET
+from xpress_app.texts import EMPTY_MESSAGE
 from xpress_core.config import DecodeConfig
 from xpress_core.engine import decode
 from xpress_core.models import encode_prompt, load_models
@@ -38,7 +39,7 @@ def request(message: str, **changes) -> dict:
     base = {
         "message": message,
         "history": [],
-        "preset": app.CUSTOM_PRESET,
+        "preset": CUSTOM_PRESET,
         "drafts": 3,
         "steps": 2,
         "block": 4,
@@ -133,7 +134,7 @@ def test_empty_and_over_long_messages_are_answered(server, models):
     client = Client(server, verbose=False)
     for blank in ("", "   \n "):
         outputs = client.predict(api_name=CHAT, **request(blank))
-        assert status_of(outputs) == app.EMPTY_MESSAGE
+        assert status_of(outputs) == EMPTY_MESSAGE
     long_text = "Please find me a flight from New York to Chicago. " * 300
     outputs = client.predict(api_name=CHAT, **request(long_text, max_new_tokens=16))
     assert "Long prompt" in status_of(outputs) and "✓" in status_of(outputs)

@@ -15,7 +15,6 @@ import re
 
 import pytest
 
-import app
 from tests.app_browser import (
     BOT,
     open_app,
@@ -29,6 +28,8 @@ from tests.app_browser import (
     wait_done,
 )
 from tests.app_server import OUTPUT, serve_app, zoo_env
+from xpress_app.settings import DEFAULTS
+from xpress_app.sweep import CHAT_BOX
 from xpress_core import bench
 from xpress_core.config import DecodeConfig
 from xpress_core.engine import decode
@@ -56,7 +57,7 @@ def models(zoo):
 
 
 def engine_result(models, message: str, **changes):
-    d = app.DEFAULTS
+    d = DEFAULTS
     cfg = DecodeConfig(
         **{
             "drafts": d.drafts,
@@ -105,7 +106,7 @@ def test_a_reply_streams_in_and_the_four_panels_draw_it(page, models):
         assert page.locator(f"#{plot} .js-plotly-plot .main-svg").count() >= 1, f"{plot} was not drawn"
     evolution = svg_text(page, "plot-evolution")
     assert f"round {expected.rounds} · denoise step 2/2" in evolution
-    assert f"draft {app.DEFAULTS.drafts}" in evolution and f"draft {app.DEFAULTS.drafts + 1}" not in evolution
+    assert f"draft {DEFAULTS.drafts}" in evolution and f"draft {DEFAULTS.drafts + 1}" not in evolution
     assert f"τ = {expected.mean_accept_len:.2f}" in svg_text(page, "plot-accept")
     assert "tokens came from accepted drafts" in svg_text(page, "plot-provenance")
     with page.expect_download() as download:
@@ -199,7 +200,7 @@ def test_a_sweep_runs_live_with_a_progress_bar_draws_its_heatmaps_and_stops(page
             box.click()
     set_number(page, "sweep-block", 4)
     set_number(page, "sweep-max-new-tokens", 24)
-    page.locator("#sweep-source").get_by_label(app.CHAT_BOX).check()
+    page.locator("#sweep-source").get_by_label(CHAT_BOX).check()
     page.evaluate("""() => {
         window.progressSeen = [];
         new MutationObserver(() => {

@@ -1,0 +1,285 @@
+"""One chat reply: the engine's events (and, with Race, plain decoding's beside them) turned into views for the page.
+
+The engine decodes; this module only watches: it streams the reply's text often and the panels' figures seldom, so
+that rendering takes a small share of the wall time, and it ends the reply between rounds when asked to stop.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from xpress_core import plots
+from xpress_core.engine import context_limit, decode
+from xpress_core.race import race
+from xpress_core.trace import DecodeResult, RoundTrace, write_jsonl
+
+from .models import Loaded, ModelCache, TokenTexts, check_block
+from .session import never
+from .settings import Settings, fit_prompt, history_messages
+from .texts import EMPTY_MESSAGE
+from .zerogpu import on_gpu
+
+# Rendering may take at most this share of the wall time, so that watching barely slows decoding; the engine's own
+# timings exclude it anyway (its clock stops while we hold an event). The reply's text streams more often than the
+# figures, which cost far more to build, send and draw.
+UI_TIME_SHARE = 0.05
+TEXT_INTERVAL_S = 0.25
+PANELS_INTERVAL_S = 1.0
+ANIMATION_FRAME_S = 0.2  # pause per denoise step when "animate" is on
+
+SPECULATIVE, PLAIN = "speculative", "plain"
+
+
+@dataclass(frozen=True)
+class Reply:
+    """Everything the panels need about the last reply; kept in the session for scrubbing and the log."""
+
+    traces: tuple[RoundTrace, ...]
+    result: DecodeResult | None  # None while decoding (or after a stop)
+    plain_result: DecodeResult | None
+    token_text: TokenTexts
+
+    @property
+    def rounds(self) -> int:
+        return max(0, len(self.traces) - 1)
+
+    @property
+    def max_steps(self) -> int:
+        return max((len(t.steps) for t in self.traces), default=0) or 1
+
+
+@dataclass(frozen=True)
+class View:
+    """One UI update. ``None`` leaves the component as it is."""
+
+    message: str | None = None  # the input box
+    history: list[dict] | None = None
+    status: str | None = None
+    plain: str | None = None
+    evolution: object | None = None  # plotly figures
+    accept: object | None = None
+    latency: object | None = None
+    provenance: object | None = None
+    reply: Reply | None = None
+    notice: str | None = None  # shown as a toast
+    done: bool = False  # the reply is complete: sliders and the log follow
+
+
+class Board:
+    """The reply being decoded: both runs' events so far, rendered into views."""
+
+    def __init__(self, loaded: Loaded, history: list[dict], user_text: str, race: bool, notice: str | None):
+        self.loaded, self.history, self.user_text, self.race, self.notice = loaded, history, user_text, race, notice
+        self.traces: dict[str, list[RoundTrace]] = {SPECULATIVE: [], PLAIN: []}
+        self.results: dict[str, DecodeResult] = {}
+        self.started = time.perf_counter()
+        self.wall_s: float | None = None  # request wall time including rendering, once finished
+        self.stopped = False
+
+    def add(self, run: str, event: RoundTrace | DecodeResult) -> None:
+        if isinstance(event, DecodeResult):
+            self.results[run] = event
+            if run == SPECULATIVE:
+                self.wall_s = time.perf_counter() - self.started
+        else:
+            self.traces[run].append(event)
+
+    def text(self, run: str) -> str:
+        if run in self.results:
+            return self.results[run].text
+        ids = [token for t in self.traces[run] for token in t.emitted]
+        return self.loaded.speculative.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def reply(self) -> Reply:
+        return Reply(
+            tuple(self.traces[SPECULATIVE]),
+            self.results.get(SPECULATIVE),
+            self.results.get(PLAIN),
+            self.loaded.token_text,
+        )
+
+    def chat(self) -> list[dict]:
+        return self.history + [
+            {"role": "user", "content": self.user_text},
+            {"role": "assistant", "content": self.text(SPECULATIVE)},
+        ]
+
+    def text_view(self) -> View:
+        """The reply's text and status only: cheap enough to stream often."""
+        return View(
+            history=self.chat(), status=self.status(), plain=self.text(PLAIN) if self.race else None, reply=self.reply()
+        )
+
+    def view(self, done: bool = False, **extra) -> View:
+        traces, plain = self.traces[SPECULATIVE], self.traces[PLAIN]
+        token_text = self.loaded.token_text
+        return replace(
+            self.text_view(),
+            evolution=plots.draft_evolution_figure(traces[-1], token_text) if traces else None,
+            accept=plots.accept_length_figure(traces),
+            latency=plots.latency_figure(traces, plain),
+            provenance=plots.provenance_figure(traces, token_text),
+            done=done,
+            **extra,
+        )
+
+    def status(self) -> str:
+        traces = self.traces[SPECULATIVE]
+        lines = []
+        if self.notice:
+            lines.append(f"⚠ {self.notice}")
+        result = self.results.get(SPECULATIVE)
+        if result is not None:
+            split = " · ".join(f"{name} {share:.0%}" for name, share in time_split(result).items())
+            lines.append(
+                f"✓ **{result.new_tokens} tokens in {result.rounds} rounds · "
+                f"τ = {result.mean_accept_len:.2f} tokens/round · {result.tokens_per_s:.1f} tokens/s** "
+                f"(engine time, rendering excluded: prefill {1000 * result.prefill_s:.0f} ms · {split}) "
+                f"· stop: {result.stop_reason}"
+            )
+            if self.wall_s and not self.race:  # with Race the wall clock holds both runs
+                lines.append(f"Wall clock with the UI: {result.new_tokens / self.wall_s:.1f} tokens/s.")
+        elif traces:
+            last = traces[-1]
+            tau = plots.running_tau(traces[1:])[-1] if len(traces) > 1 else 0.0
+            progress = f"{last.new_tokens_total} tokens · τ = {tau:.2f} · {last.tokens_per_s:.1f} tokens/s"
+            lines.append(f"■ Stopped after {progress}" if self.stopped else f"… round {last.index} · {progress}")
+        if self.race:
+            lines.append(self.race_line())
+        return "\n\n".join(lines)
+
+    def race_line(self) -> str:
+        spec, plain = self.traces[SPECULATIVE], self.traces[PLAIN]
+        if not plain:
+            return "Race · plain decoding: starting"
+        plain_speed = plain[-1].tokens_per_s
+        spec_speed = spec[-1].tokens_per_s if spec else 0.0
+        line = f"Race · plain decoding: {plain_speed:.1f} tokens/s"
+        if plain_speed > 0 and spec_speed > 0:
+            line += f" → speculative is ×{spec_speed / plain_speed:.2f}"
+        if len(self.results) == 2:
+            same = self.results[SPECULATIVE].token_ids == self.results[PLAIN].token_ids
+            line += " · same tokens ✓" if same else " · the outputs differ ✗"
+        return line
+
+
+def time_split(result: DecodeResult) -> dict[str, float]:
+    parts = {"draft": result.draft_s, "verify": result.verify_s, "other": result.other_s}
+    total = sum(parts.values()) or 1.0
+    return {name: seconds / total for name, seconds in parts.items()}
+
+
+class Throttle:
+    """Lets an update through at most every ``interval_s``, and only when rendering has taken at most
+    ``UI_TIME_SHARE`` of the wall time lately."""
+
+    def __init__(self, interval_s: float):
+        self.interval_s = interval_s
+        self.last_end = float("-inf")
+        self.last_cost = 0.0
+
+    def due(self) -> bool:
+        wait = max(self.interval_s, self.last_cost * (1 - UI_TIME_SHARE) / UI_TIME_SHARE)
+        return time.perf_counter() - self.last_end >= wait
+
+    @contextmanager
+    def rendering(self):
+        """Wraps building a view and the yield that hands it to Gradio (which serialises and sends it)."""
+        start = time.perf_counter()
+        yield
+        self.last_end = time.perf_counter()
+        self.last_cost = self.last_end - start
+
+
+def run_chat(
+    cache: ModelCache,
+    message: str | None,
+    history: list[dict] | None,
+    settings: Settings,
+    stop_requested: Callable[[], bool] = never,
+) -> Iterator[View]:
+    """Answer one chat message: stream views while the engine decodes (and, with Race, plain decoding beside it).
+
+    ``stop_requested`` is polled between rounds and animation frames; when it turns true the reply ends there, with a
+    last view of what was decoded so far.
+    """
+    text = (message or "").strip()
+    if not text:
+        yield View(message="", status=EMPTY_MESSAGE, notice=EMPTY_MESSAGE)
+        return
+    cfg = settings.decode_config()
+    if stop_requested():  # stopped or cleared while waiting in the queue
+        return
+    if not cache.is_loaded(settings.preset):
+        yield View(message="", status=f"Loading “{settings.preset}”…")
+    loaded = cache.get(settings.preset)
+    check_block(cfg.block, loaded, settings.preset)
+    past = history_messages(history)
+    prompt = fit_prompt(
+        loaded.speculative.tokenizer,
+        past + [{"role": "user", "content": text}],
+        context_limit(loaded.speculative.target),
+        cfg.max_new_tokens,
+    )
+    runs = {SPECULATIVE: decode(loaded.speculative, prompt.ids, cfg)}
+    if settings.race:
+        runs[PLAIN] = decode(loaded.plain, prompt.ids, cfg)
+    board = Board(loaded, past, text, settings.race, prompt.notice)
+    panels, text_only = Throttle(PANELS_INTERVAL_S), Throttle(TEXT_INTERVAL_S)
+    with panels.rendering():
+        yield board.view(message="", notice=prompt.notice)
+    with closing(race(runs)) as events:
+        for run, event in events:
+            board.add(run, event)
+            if stop_requested():
+                board.stopped = True
+                break
+            if isinstance(event, DecodeResult):
+                continue
+            if settings.animate and run == SPECULATIVE and event.steps:
+                yield from animation(board, event, stop_requested)
+            if panels.due():
+                with panels.rendering():
+                    yield board.view()
+            elif text_only.due():
+                with text_only.rendering():
+                    yield board.text_view()
+    yield board.view(done=True)
+
+
+def animation(board: Board, trace: RoundTrace, stop_requested: Callable[[], bool]) -> Iterator[View]:
+    """One frame per denoise step of the round in the draft panel; the last frame also brings the round's text."""
+    for step in range(len(trace.steps)):
+        if stop_requested():
+            return
+        frame = View(evolution=plots.draft_evolution_figure(trace, board.loaded.token_text, step))
+        if step == len(trace.steps) - 1:
+            frame = replace(frame, history=board.chat(), status=board.status(), reply=board.reply())
+        yield frame
+        time.sleep(ANIMATION_FRAME_S)
+
+
+def log_file(reply: Reply, directory: Path) -> str:
+    """The reply's per-round JSONL log, in a file of its own (downloads may overlap)."""
+    handle, path = tempfile.mkstemp(prefix="xpress-rounds-", suffix=".jsonl", dir=directory)
+    with os.fdopen(handle, "w") as out:
+        write_jsonl(list(reply.traces), out)
+    return path
+
+
+def scrub_figure(reply: Reply | None, round_index, step):
+    """The draft panel for any round (0 = the prefill) and denoise step (from 1) of the last reply."""
+    if reply is None or not reply.traces:
+        return plots.message_figure(plots.EVOLUTION_TITLE, "Send a message first.")
+    trace = reply.traces[min(max(int(round_index), 0), len(reply.traces) - 1)]
+    return plots.draft_evolution_figure(trace, reply.token_text, int(step) - 1)
+
+
+# ZeroGPU attaches a GPU for each reply; elsewhere this is run_chat itself.
+chat_turn = on_gpu(run_chat)

@@ -1,0 +1,296 @@
+"""The Chat tab: its layout and its events.
+
+Handlers take their inputs by name (``inputs_kwargs``: the names are also the ``/chat`` API's parameter names) and
+return a dict of the components they change; the components they leave out stay as they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import gradio as gr
+
+from xpress_core.config import REFINE_MODES, VERIFY_MODES
+from xpress_core.errors import XpressError
+
+from .chat import Reply, View, chat_turn, log_file, scrub_figure
+from .figures import empty_panels
+from .models import ModelCache
+from .session import CLEAR_WAIT_S, Controls
+from .settings import DEFAULTS, MAX_SEED, MAX_TEMPERATURE, UI_MAX_BLOCK, UI_MAX_DRAFTS, UI_MAX_NEW_TOKENS, Settings
+from .texts import HELP, INTRO, PANEL_HELP
+from .widgets import block_slider, int_slider
+
+
+@dataclass(frozen=True)
+class ChatTab:
+    """The Chat tab's components that events read or write."""
+
+    message: gr.Textbox
+    chatbot: gr.Chatbot
+    status: gr.Markdown
+    plain: gr.Textbox  # the Race's plain-decoding reply
+    evolution: gr.Plot
+    accept: gr.Plot
+    latency: gr.Plot
+    provenance: gr.Plot
+    reply: gr.State  # the last Reply, for scrubbing and the log
+    round_slider: gr.Slider
+    step_slider: gr.Slider
+    download: gr.DownloadButton
+    settings: dict  # Settings field name -> its control
+    preset_note: gr.Markdown
+    send: gr.Button
+    stop: gr.Button
+    clear: gr.Button
+    controls: gr.State  # the session's Controls
+
+    @property
+    def outputs(self) -> list:
+        """What the chat endpoint updates, in the order its API returns them."""
+        return [
+            self.message,
+            self.chatbot,
+            self.status,
+            self.plain,
+            self.evolution,
+            self.accept,
+            self.latency,
+            self.provenance,
+            self.reply,
+            self.round_slider,
+            self.step_slider,
+            self.download,
+        ]
+
+    @property
+    def inputs(self) -> dict:
+        """What the chat endpoint reads, by parameter name: the message, the history and every setting."""
+        return {"message": self.message, "history": self.chatbot, **self.settings, "controls": self.controls}
+
+
+def chat_layout(preset_names: list[str]) -> ChatTab:
+    """The Chat tab's components, laid out inside the current tab."""
+    reply = gr.State(None)
+    controls = gr.State(Controls())
+    gr.Markdown(INTRO)
+    with gr.Row():
+        with gr.Column(scale=3):
+            conversation = conversation_column()
+        with gr.Column(scale=2):
+            settings, preset_note = settings_column(preset_names)
+    panels = panels_column()
+    return ChatTab(**conversation, **panels, reply=reply, settings=settings, preset_note=preset_note, controls=controls)
+
+
+def conversation_column() -> dict:
+    with gr.Row():
+        chatbot = gr.Chatbot(label="Chat", height=440, elem_id="chatbot", scale=3)
+        plain = gr.Textbox(
+            label="Race: plain decoding (no drafter)",
+            lines=18,
+            max_lines=18,
+            interactive=False,
+            visible=DEFAULTS.race,
+            elem_id="plain-reply",
+            scale=2,
+        )
+    message = gr.Textbox(
+        show_label=False, placeholder="Type a message and press Enter", lines=1, max_lines=6, elem_id="message"
+    )
+    with gr.Row():
+        send = gr.Button("Send", variant="primary", elem_id="send")
+        stop = gr.Button("Stop", variant="stop", elem_id="stop")
+        clear = gr.Button("Clear", elem_id="clear")
+    status = gr.Markdown(elem_id="status")
+    return {
+        "chatbot": chatbot,
+        "plain": plain,
+        "message": message,
+        "send": send,
+        "stop": stop,
+        "clear": clear,
+        "status": status,
+    }
+
+
+def settings_column(preset_names: list[str]) -> tuple[dict, gr.Markdown]:
+    """The decoding controls, by Settings field name, and the note under the preset menu."""
+    d = DEFAULTS
+    preset = gr.Dropdown(
+        preset_names, value=preset_names[0], label="Model preset", info=HELP["preset"], elem_id="preset"
+    )
+    preset_note = gr.Markdown(elem_id="preset-note")
+    drafts = int_slider(1, UI_MAX_DRAFTS, d.drafts, "Drafts K", "drafts", info=HELP["drafts"])
+    block = int_slider(1, UI_MAX_BLOCK, d.block, "Block L", "block", info=HELP["block"])
+    steps = int_slider(1, d.block, d.steps, "Denoise steps T", "steps", info=HELP["steps"])
+    with gr.Row():
+        temperature = gr.Slider(
+            0.0,
+            MAX_TEMPERATURE,
+            value=d.temperature,
+            step=0.05,
+            label="Temperature",
+            info=HELP["temperature"],
+            elem_id="temperature",
+        )
+        top_p = gr.Slider(0.05, 1.0, value=d.top_p, step=0.05, label="Top-p", info=HELP["top_p"], elem_id="top-p")
+    with gr.Row():
+        seed = gr.Number(
+            d.seed, precision=0, minimum=0, maximum=MAX_SEED, label="Seed", info=HELP["seed"], elem_id="seed"
+        )
+        max_new_tokens = int_slider(
+            1, UI_MAX_NEW_TOKENS, d.max_new_tokens, "Max new tokens", "max-new-tokens", info=HELP["max_new_tokens"]
+        )
+    refine = gr.Radio(list(REFINE_MODES), value=d.refine, label="Refinement", info=HELP["refine"], elem_id="refine")
+    verify = gr.Radio(list(VERIFY_MODES), value=d.verify, label="Verification", info=HELP["verify"], elem_id="verify")
+    with gr.Row():
+        race = gr.Checkbox(d.race, label="Race plain decoding", info=HELP["race"], elem_id="race")
+        animate = gr.Checkbox(d.animate, label="Animate denoising", info=HELP["animate"], elem_id="animate")
+    controls = {
+        "preset": preset,
+        "drafts": drafts,
+        "steps": steps,
+        "block": block,
+        "temperature": temperature,
+        "top_p": top_p,
+        "seed": seed,
+        "max_new_tokens": max_new_tokens,
+        "refine": refine,
+        "verify": verify,
+        "race": race,
+        "animate": animate,
+    }
+    return controls, preset_note
+
+
+def panels_column() -> dict:
+    empty = empty_panels()
+    evolution = gr.Plot(empty["evolution"], label="Draft evolution", elem_id="plot-evolution")
+    with gr.Row():
+        round_slider = int_slider(0, 1, 1, "Round (0 = prefill)", "round-slider")
+        step_slider = int_slider(1, 2, 1, "Denoise step", "step-slider")
+    with gr.Row():
+        accept = gr.Plot(empty["accept"], label="Accepted length", elem_id="plot-accept")
+        latency = gr.Plot(empty["latency"], label="Latency", elem_id="plot-latency")
+    provenance = gr.Plot(empty["provenance"], label="Token provenance", elem_id="plot-provenance")
+    download = gr.DownloadButton("Download the round log (JSONL)", value=None, elem_id="download-log")
+    with gr.Accordion("How to read the panels", open=False):
+        gr.Markdown(PANEL_HELP)
+    return {
+        "evolution": evolution,
+        "round_slider": round_slider,
+        "step_slider": step_slider,
+        "accept": accept,
+        "latency": latency,
+        "provenance": provenance,
+        "download": download,
+    }
+
+
+# --- handlers ------------------------------------------------------------------------------------------------------
+
+
+def view_update(tab: ChatTab, log_dir: Path, view: View) -> dict:
+    """One View as component updates; once the reply is done, sliders spanning its rounds and steps, and its log."""
+    if view.notice:
+        gr.Warning(view.notice)
+    values = {
+        tab.message: view.message,
+        tab.chatbot: view.history,
+        tab.status: view.status,
+        tab.plain: view.plain,
+        tab.evolution: view.evolution,
+        tab.accept: view.accept,
+        tab.latency: view.latency,
+        tab.provenance: view.provenance,
+        tab.reply: view.reply,
+    }
+    update = {component: value for component, value in values.items() if value is not None}
+    if view.done and view.reply is not None:
+        update |= finished(tab, view.reply, log_dir)
+    return update or gr.skip()
+
+
+def finished(tab: ChatTab, reply: Reply, log_dir: Path) -> dict:
+    return {
+        tab.round_slider: gr.update(maximum=max(1, reply.rounds), value=reply.rounds),
+        tab.step_slider: gr.update(maximum=max(2, reply.max_steps), value=reply.max_steps),  # a slider needs min < max
+        tab.download: gr.update(value=log_file(reply, log_dir)),
+    }
+
+
+def reply_updates(tab: ChatTab, cache: ModelCache, log_dir: Path, message, history, controls: Controls, settings: dict):
+    """The chat endpoint's stream: the reply's views as component updates."""
+    controls.running += 1
+    try:
+        for view in chat_turn(cache, message, history, Settings(**settings), lambda: controls.stop):
+            yield view_update(tab, log_dir, view)
+    except XpressError as error:
+        raise gr.Error(str(error)) from error
+    finally:
+        controls.running -= 1
+
+
+def cleared(tab: ChatTab, controls: Controls) -> dict:
+    """Clear: stop the running reply, wait for its last update to go out, then empty the chat and the panels."""
+    controls.stop = True
+    controls.wait_idle(CLEAR_WAIT_S)
+    empty = empty_panels()
+    return {
+        tab.message: "",
+        tab.chatbot: [],
+        tab.status: "",
+        tab.plain: "",
+        tab.evolution: empty["evolution"],
+        tab.accept: empty["accept"],
+        tab.latency: empty["latency"],
+        tab.provenance: empty["provenance"],
+        tab.reply: None,
+        tab.round_slider: gr.update(maximum=1, value=1),
+        tab.step_slider: gr.update(maximum=2, value=1),
+        tab.download: gr.update(value=None),
+    }
+
+
+# --- wiring --------------------------------------------------------------------------------------------------------
+
+
+def wire_chat(demo: gr.Blocks, tab: ChatTab, cache: ModelCache, log_dir: Path) -> None:
+    """The Chat tab's events."""
+    private = {"queue": False, "api_visibility": "private"}
+    preset, block, steps, race = (tab.settings[name] for name in ("preset", "block", "steps", "race"))
+    armed = gr.on([tab.message.submit, tab.send.click], Controls.arm, tab.controls, None, **private)
+
+    def respond(message, history, controls: Controls, **settings):
+        yield from reply_updates(tab, cache, log_dir, message, history, controls, settings)
+
+    reply_event = armed.then(
+        respond,
+        inputs_kwargs=tab.inputs,
+        outputs=tab.outputs,
+        api_name="chat",
+        show_progress="minimal",
+    )
+    tab.stop.click(Controls.request_stop, tab.controls, None, **private)
+    tab.clear.click(partial(cleared, tab), tab.controls, tab.outputs, **private)
+    for slider in (tab.round_slider, tab.step_slider):
+        slider.input(
+            scrub_figure,
+            [tab.reply, tab.round_slider, tab.step_slider],
+            tab.evolution,
+            trigger_mode="always_last",
+            concurrency_limit=None,
+            show_progress="hidden",
+            api_visibility="private",
+        )
+    block.change(lambda length, t: gr.update(maximum=length, value=min(t, length)), [block, steps], steps, **private)
+    race.change(lambda on: gr.update(visible=on), race, tab.plain, **private)
+    preset.change(cache.describe, preset, tab.preset_note, **private)
+    demo.load(cache.describe, preset, tab.preset_note, **private)
+    # Block L never offers more than the drafter was trained for: capped whenever the preset's models may have just
+    # loaded (a reply, a page load, another preset).
+    for cap_trigger in (reply_event.then, preset.change, demo.load):
+        cap_trigger(partial(block_slider, cache), [preset, block], block, **private)

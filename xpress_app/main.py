@@ -1,0 +1,30 @@
+"""Launch: parse the options, prepare the model cache, serve the page."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from xpress_core.errors import XpressError
+
+from .config import DEFAULT_HOST, DEFAULT_PORT, parse_args
+from .models import ModelCache
+from .ui import build_app
+from .zerogpu import is_zero_gpu
+
+
+def main(argv: list[str] | None = None) -> None:
+    config = parse_args(argv)
+    cache = ModelCache(config)
+    if is_zero_gpu():
+        # ZeroGPU runs each request in a short-lived worker: models must be in place (on CUDA) before it forks.
+        try:
+            cache.get(config.presets[0].name)
+        except XpressError as error:
+            print(f"xPress: {error}", file=sys.stderr)  # the page says it again when the preset is used
+    demo = build_app(config, cache)
+    demo.launch(
+        server_name=os.environ.get("GRADIO_SERVER_NAME", DEFAULT_HOST),
+        server_port=int(os.environ.get("GRADIO_SERVER_PORT", DEFAULT_PORT)),
+        share=False,
+    )

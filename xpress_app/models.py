@@ -1,0 +1,126 @@
+"""The model cache: each preset's models loaded once, on first use, and shared read-only by every request."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from xpress_core.drafters.base import NoDrafter
+from xpress_core.engine import Models
+from xpress_core.errors import XpressError
+from xpress_core.models import NO_DRAFTER, DrafterOptions, load_drafter, load_target, resolve_device, resolve_dtype
+from xpress_core.presets import Access, ModelPreset, is_local
+
+from .config import ENV, AppConfig
+from .settings import UI_MAX_BLOCK
+
+
+def preset_problem(preset: ModelPreset, access: Access) -> str | None:
+    """Why the preset cannot load, found without loading anything: a missing local directory, or model code from a
+    repository that the user has not allowed."""
+    for role, spec in (("target", preset.target), ("drafter", preset.drafter)):
+        local = Path(spec).is_absolute() or spec.startswith((".", "~"))
+        if spec != NO_DRAFTER and local and not Path(spec).expanduser().exists():
+            return f"the {role} directory {spec} does not exist"
+    if preset.remote_code and not access.trust_remote_code:
+        return "its drafter runs model code from its repository; start the app with --trust-remote-code if you trust it"
+    return None
+
+
+def unavailable(preset: ModelPreset, problem: str) -> str:
+    return (
+        f"Model preset “{preset.name}” is not available: {problem}. Choose another preset, or start the app with "
+        f"--target/--drafter (or {ENV['target']}/{ENV['drafter']}) pointing to your models."
+    )
+
+
+class TokenTexts:
+    """Display text of token ids, memoised (figures ask for the same ids again and again)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.memo: dict[int, str] = {}
+
+    def __call__(self, token: int) -> str:
+        if token not in self.memo:
+            text = self.tokenizer.decode([token])
+            # A lone piece of a multi-byte character decodes to U+FFFD; its raw vocabulary entry tells tokens apart.
+            self.memo[token] = text if "\ufffd" not in text else self.tokenizer.convert_ids_to_tokens(token)
+        return self.memo[token]
+
+
+@dataclass(frozen=True)
+class Loaded:
+    speculative: Models
+    plain: Models  # the same target without a drafter: the Race
+    token_text: TokenTexts
+
+    @property
+    def block_limit(self) -> int:
+        """The largest block L the UI offers: the drafter's trained block size, if it has one, within the UI's cap."""
+        return min(UI_MAX_BLOCK, self.speculative.drafter.max_block or UI_MAX_BLOCK)
+
+
+class ModelCache:
+    """Loads each preset once, on first use, and shares it read-only across requests (targets shared by presets)."""
+
+    def __init__(self, config: AppConfig):
+        self.presets = {p.name: p for p in config.presets}
+        self.device, self.dtype, self.device_map = config.device, config.dtype, config.device_map
+        self.access = config.access
+        self._targets: dict[str, tuple] = {}
+        self._loaded: dict[str, Loaded] = {}
+        self._lock = threading.Lock()  # one load at a time: two first requests must not load the same model twice
+
+    def preset(self, name: str) -> ModelPreset:
+        if name not in self.presets:
+            raise XpressError(f"unknown model preset {name!r}; choose one of: {', '.join(self.presets)}")
+        return self.presets[name]
+
+    def is_loaded(self, name: str) -> bool:
+        return name in self._loaded
+
+    def describe(self, name: str) -> str:
+        """A line about the preset for the UI, without loading it."""
+        preset = self.preset(name)
+        problem = preset_problem(preset, self.access)
+        if problem:
+            return f"⚠ {unavailable(preset, problem)}"
+        hub = not (is_local(preset.target) and (preset.drafter == NO_DRAFTER or is_local(preset.drafter)))
+        where = "downloaded from the Hub and loaded on first use" if hub else "loaded on first use"
+        needs = f" · needs: {preset.hardware}" if preset.hardware else ""
+        return f"target `{preset.target}` · drafter `{preset.drafter}` · {where}{needs}"
+
+    def get(self, name: str) -> Loaded:
+        if name in self._loaded:
+            return self._loaded[name]
+        preset = self.preset(name)
+        problem = preset_problem(preset, self.access)
+        if problem:
+            raise XpressError(unavailable(preset, problem))
+        with self._lock:
+            if name not in self._loaded:
+                try:
+                    self._loaded[name] = self._load(preset)
+                except XpressError as error:
+                    raise XpressError(unavailable(preset, str(error))) from error
+        return self._loaded[name]
+
+    def _load(self, preset: ModelPreset) -> Loaded:
+        device = resolve_device(self.device)
+        dtype = resolve_dtype(self.dtype, device)
+        if preset.target not in self._targets:
+            self._targets[preset.target] = load_target(preset.target, device, dtype, self.device_map, self.access)
+        target, tokenizer = self._targets[preset.target]
+        options = DrafterOptions(kind=preset.drafter_kind)
+        drafter = load_drafter(preset.drafter, target, tokenizer, target.device, dtype, options, self.access)
+        return Loaded(Models(target, tokenizer, drafter), Models(target, tokenizer, NoDrafter()), TokenTexts(tokenizer))
+
+
+def check_block(block: int, loaded: Loaded, preset: str) -> None:
+    """Refuse a block L beyond what the preset's drafter was trained for, before any decoding starts."""
+    if block > loaded.block_limit:
+        raise XpressError(
+            f"block L={block} is longer than the drafter of “{preset}” was trained for: choose L ≤ {loaded.block_limit}"
+        )

@@ -1,0 +1,185 @@
+"""The Sweep tab's measurement: a small (K, T) grid measured live on a preset's models by the benchmark's own
+``bench.sweep`` (transformers generate as the plain-decoding baseline, every output checked against it), drawn with the
+benchmark's heatmap builders."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from xpress_core import bench
+from xpress_core.bench_figures import heatmap
+from xpress_core.config import DecodeConfig
+from xpress_core.drafters.base import NoDrafter
+from xpress_core.errors import XpressError
+from xpress_core.train.cli import DEFAULT_DATA
+
+from .models import ModelCache, check_block
+from .session import never
+from .settings import UI_MAX_BLOCK, UI_MAX_DRAFTS, check_whole_numbers
+from .zerogpu import on_gpu
+
+HELD_OUT, CHAT_BOX = "held-out prompts", "the chat box text"
+SWEEP_SOURCES = (HELD_OUT, CHAT_BOX)
+SWEEP_MAX_PROMPTS = 8
+SWEEP_MAX_NEW_TOKENS = 256
+# Grid settings x prompts at most: with the warm-up and the baseline, a sweep on the embedded models then stays
+# within a few minutes on a 2-core CPU Space.
+SWEEP_MAX_RUNS = 48
+
+
+@dataclass(frozen=True)
+class SweepRequest:
+    """The Sweep tab's controls as the UI (or an API client) sends them; checked by ``grid`` and ``run_sweep``."""
+
+    preset: str = ""
+    drafts: tuple[int, ...] = (1, 4)  # K values
+    steps: tuple[int, ...] = (1, 2)  # T values; those above L are left out
+    block: int = 8  # L
+    source: str = HELD_OUT
+    prompts: int = 2  # held-out prompts to run (the chat box text is one prompt)
+    max_new_tokens: int = 64
+
+    def grid(self) -> tuple[DecodeConfig, ...]:
+        """The (K, T) settings at block L, greedy, parallel refinement and tree verification."""
+        whole = {
+            "block L": (self.block, 1, UI_MAX_BLOCK),
+            "prompts": (self.prompts, 1, SWEEP_MAX_PROMPTS),
+            "max new tokens": (self.max_new_tokens, 1, SWEEP_MAX_NEW_TOKENS),
+        }
+        whole |= {f"drafts K={k}": (k, 1, UI_MAX_DRAFTS) for k in self.drafts or ()}
+        whole |= {f"denoise steps T={t}": (t, 1, UI_MAX_BLOCK) for t in self.steps or ()}
+        check_whole_numbers(whole)
+        if not self.drafts or not self.steps:
+            raise XpressError("Pick at least one value of drafts K and one of denoise steps T.")
+        if self.source not in SWEEP_SOURCES:
+            raise XpressError(f"prompts come from {' or '.join(SWEEP_SOURCES)}, got {self.source!r}")
+        steps = sorted({int(t) for t in self.steps if t <= self.block})
+        if not steps:
+            raise XpressError(f"Every denoise steps value T is above the block L={self.block}: pick T ≤ L.")
+        grid = tuple(
+            DecodeConfig(drafts=int(k), steps=t, block=int(self.block)) for k in sorted(set(self.drafts)) for t in steps
+        )
+        runs = len(grid) * self.prompt_count
+        if runs > SWEEP_MAX_RUNS:
+            raise XpressError(
+                f"{len(grid)} settings × {self.prompt_count} prompts = {runs} runs is more than the {SWEEP_MAX_RUNS} a "
+                f"sweep may take here: pick fewer values or prompts."
+            )
+        return tuple(c.validate() for c in grid)
+
+    @property
+    def prompt_count(self) -> int:
+        return int(self.prompts) if self.source == HELD_OUT else 1
+
+
+@dataclass(frozen=True)
+class SweepView:
+    """The Sweep tab's update. ``None`` leaves a component as it is."""
+
+    status: str
+    tokens_per_s: object | None = None  # plotly figures
+    tau: object | None = None
+    table: str | None = None  # markdown
+    run: bench.BenchRun | None = None
+
+
+class SweepCancelled(Exception):
+    """Raised from the sweep's progress callback to end it between runs. Not an XpressError: the benchmark reports
+    those as settings it could not run and goes on."""
+
+
+def sweep_prompts(request: SweepRequest, message: str | None, data_dir: Path) -> tuple[tuple, str | None]:
+    """The prompts to sweep on, and a note when the held-out chats are not there (a Space has no data folder)."""
+    if request.source == CHAT_BOX:
+        text = (message or "").strip()
+        if not text:
+            raise XpressError(
+                "The chat box is empty: type a prompt there (no need to send it), or use held-out prompts."
+            )
+        return (text,), None
+    if (data_dir / bench.SGD_DEV).exists():
+        return bench.spread(bench.default_prompts(data_dir), request.prompts), None
+    note = f"no held-out chats here ({data_dir / bench.SGD_DEV} is missing): the built-in story requests stand in"
+    return bench.spread(bench.story_prompts(), request.prompts), note
+
+
+def run_sweep(
+    cache: ModelCache,
+    request: SweepRequest,
+    message: str | None,
+    progress: bench.Progress | None = None,
+    stop_requested: Callable[[], bool] = never,
+    data_dir: Path = DEFAULT_DATA,
+) -> SweepView:
+    """Run the Sweep tab's grid with ``bench.sweep`` and build its heatmaps and table.
+
+    ``progress`` gets (runs done, runs in all, setting); ``stop_requested`` is polled after every run and ends the
+    sweep there.
+    """
+    grid = request.grid()
+    prompts, note = sweep_prompts(request, message, data_dir)
+    loaded = cache.get(request.preset)
+    check_block(request.block, loaded, request.preset)
+    if isinstance(loaded.speculative.drafter, NoDrafter):
+        raise XpressError(f"“{request.preset}” has no drafter: there is nothing to sweep.")
+    reached = [0, 0]
+
+    def report(done: int, total: int, label: str) -> None:
+        reached[:] = done, total
+        if progress:
+            progress(done, total, label)
+        if stop_requested():
+            raise SweepCancelled
+
+    try:
+        run = bench.sweep(
+            loaded.speculative, prompts, grid, max_new_tokens=int(request.max_new_tokens), progress=report
+        )
+    except SweepCancelled:
+        return SweepView(f"■ Sweep stopped after {reached[0]} of {reached[1]} runs: nothing measured to show.")
+    return SweepView(
+        status=sweep_status(run, len(prompts), note),
+        tokens_per_s=heatmap(run.summaries, "tokens_per_s"),
+        tau=heatmap(run.summaries, "tau"),
+        table=sweep_table(run),
+        run=run,
+    )
+
+
+def sweep_status(run: bench.BenchRun, prompts: int, note: str | None) -> str:
+    xpress = [s for s in run.summaries if s.setting.method == bench.XPRESS]
+    lines = [f"⚠ {note}."] if note else []
+    if xpress:
+        best = max(xpress, key=lambda s: s.tokens_per_s)
+        lines.append(
+            f"✓ **settings: {len(xpress)} · prompts: {prompts} · best {best.setting.label}: "
+            f"{best.tokens_per_s:.1f} tokens/s, ×{best.speedup:.2f} over plain decoding, τ = {best.tau:.2f}**"
+        )
+    lines += [f"⚠ {name} not run: {why}" for name, why in run.skipped]
+    if run.mismatches:
+        lines.append(f"✗ {len(run.mismatches)} outputs differ from plain decoding's (see the table).")
+    elif xpress:
+        lines.append("Every output equals plain decoding's, token for token.")
+    return "\n\n".join(lines)
+
+
+def sweep_table(run: bench.BenchRun) -> str:
+    """One row per setting, plain decoding first (the speedups divide by its tokens/s), then by K and T."""
+
+    def order(s: bench.Summary) -> tuple[int, ...]:
+        d = s.setting.decode
+        return (0,) if d is None else (1, d.drafts, d.steps)
+
+    rows = sorted(run.summaries, key=order)
+    lines = ["| setting | tokens/s | speedup | τ | same tokens as plain |", "|---|---|---|---|---|"]
+    for s in rows:
+        name = "plain decoding (transformers generate)" if s.setting.method == bench.REFERENCE else s.setting.label
+        same = f"{s.checked - s.mismatches}/{s.checked}" if s.checked else "-"
+        lines.append(f"| {name} | {s.tokens_per_s:.1f} | ×{s.speedup:.2f} | {s.tau:.2f} | {same} |")
+    return "\n".join(lines)
+
+
+# ZeroGPU attaches a GPU for each sweep, as for each reply.
+sweep_turn = on_gpu(run_sweep)

@@ -1,0 +1,167 @@
+"""The Sweep tab: its layout and its events (inputs by name, outputs as a dict, as in the Chat tab)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import gradio as gr
+
+from xpress_core.errors import XpressError
+
+from .chat_tab import ChatTab
+from .figures import empty_heatmaps
+from .models import ModelCache
+from .session import Controls
+from .settings import UI_MAX_BLOCK, UI_MAX_DRAFTS
+from .sweep import HELD_OUT, SWEEP_MAX_NEW_TOKENS, SWEEP_MAX_PROMPTS, SWEEP_SOURCES, SweepRequest, SweepView, sweep_turn
+from .texts import SWEEP_HELP
+from .widgets import block_slider, int_slider
+
+
+@dataclass(frozen=True)
+class SweepTab:
+    """The Sweep tab's components that events read or write."""
+
+    drafts: gr.CheckboxGroup
+    steps: gr.CheckboxGroup
+    block: gr.Slider
+    source: gr.Radio
+    count: gr.Slider  # held-out prompts
+    max_new_tokens: gr.Slider
+    run: gr.Button
+    stop: gr.Button
+    status: gr.Markdown
+    tokens_plot: gr.Plot
+    tau_plot: gr.Plot
+    table: gr.Markdown
+    controls: gr.State  # the session's Controls
+
+
+def sweep_layout() -> SweepTab:
+    """The Sweep tab's components, laid out inside the current tab."""
+    defaults = SweepRequest()
+    gr.Markdown(SWEEP_HELP)
+    with gr.Row():
+        drafts = gr.CheckboxGroup(
+            list(range(1, UI_MAX_DRAFTS + 1)), value=list(defaults.drafts), label="Drafts K", elem_id="sweep-drafts"
+        )
+        steps = gr.CheckboxGroup(
+            list(range(1, UI_MAX_BLOCK + 1)),
+            value=list(defaults.steps),
+            label="Denoise steps T",
+            info="Values above L are left out.",
+            elem_id="sweep-steps",
+        )
+    with gr.Row():
+        block = int_slider(1, UI_MAX_BLOCK, defaults.block, "Block L", "sweep-block")
+        source = gr.Radio(list(SWEEP_SOURCES), value=defaults.source, label="Prompts", elem_id="sweep-source")
+        count = int_slider(
+            1,
+            SWEEP_MAX_PROMPTS,
+            defaults.prompts,
+            "Held-out prompts",
+            "sweep-prompts",
+            info="How many, spread over the benchmark's held-out chats and story requests.",
+            visible=defaults.source == HELD_OUT,
+        )
+        max_new_tokens = int_slider(
+            1, SWEEP_MAX_NEW_TOKENS, defaults.max_new_tokens, "Max new tokens", "sweep-max-new-tokens"
+        )
+    with gr.Row():
+        run = gr.Button("Run sweep", variant="primary", elem_id="sweep-run")
+        stop = gr.Button("Stop", variant="stop", elem_id="sweep-stop")
+    status = gr.Markdown(elem_id="sweep-status")
+    empty = empty_heatmaps()
+    with gr.Column():  # full width each: the heatmaps' titles are long
+        tokens_plot = gr.Plot(empty["tokens_per_s"], label="tokens/s", elem_id="sweep-heatmap-tokens")
+        tau_plot = gr.Plot(empty["tau"], label="τ", elem_id="sweep-heatmap-tau")
+    table = gr.Markdown(elem_id="sweep-table")
+    return SweepTab(
+        drafts,
+        steps,
+        block,
+        source,
+        count,
+        max_new_tokens,
+        run,
+        stop,
+        status,
+        tokens_plot,
+        tau_plot,
+        table,
+        controls=gr.State(Controls()),
+    )
+
+
+def view_update(tab: SweepTab, view: SweepView) -> dict:
+    values = {
+        tab.status: view.status,
+        tab.tokens_plot: view.tokens_per_s,
+        tab.tau_plot: view.tau,
+        tab.table: view.table,
+    }
+    return {component: value for component, value in values.items() if value is not None}
+
+
+def wire_sweep(demo: gr.Blocks, tab: SweepTab, tab_block: gr.Tab, chat: ChatTab, cache: ModelCache) -> None:
+    """The Sweep tab's events; the preset, the chat box and the chat's block L slider are the Chat tab's."""
+    private = {"queue": False, "api_visibility": "private"}
+    preset = chat.settings["preset"]
+
+    def sweep(
+        preset,
+        drafts,
+        steps,
+        block,
+        source,
+        count,
+        max_new_tokens,
+        message,
+        controls: Controls,
+        progress=gr.Progress(),  # noqa: B008 (Gradio finds the progress tracker by this default value)
+    ):
+        request = SweepRequest(preset, tuple(drafts or ()), tuple(steps or ()), block, source, count, max_new_tokens)
+        progress(0, desc="Loading the models and the prompts…")
+        try:
+            view = sweep_turn(
+                cache,
+                request,
+                message,
+                lambda done, total, label: progress((done, total), desc=f"runs · last: {label}", unit="runs"),
+                lambda: controls.stop,
+            )
+        except XpressError as error:
+            raise gr.Error(str(error)) from error
+        return view_update(tab, view)
+
+    started = tab.run.click(Controls.arm, tab.controls, None, **private)
+    inputs = {
+        "preset": preset,
+        "drafts": tab.drafts,
+        "steps": tab.steps,
+        "block": tab.block,
+        "source": tab.source,
+        "count": tab.count,
+        "max_new_tokens": tab.max_new_tokens,
+        "message": chat.message,
+        "controls": tab.controls,
+    }
+    # One sweep at a time: two at once would each measure the other's load.
+    finished = started.then(
+        sweep,
+        inputs_kwargs=inputs,
+        outputs=[tab.status, tab.tokens_plot, tab.tau_plot, tab.table],
+        api_name="sweep",
+        concurrency_limit=1,
+        concurrency_id="sweep",
+    )
+    tab.stop.click(Controls.request_stop, tab.controls, None, **private)
+    tab.source.change(lambda chosen: gr.update(visible=chosen == HELD_OUT), tab.source, tab.count, **private)
+    # Both block L sliders are capped once a sweep has loaded the models; this one also whenever the tab is opened (a
+    # reply may have loaded them).
+    cap = partial(block_slider, cache)
+    for slider in (tab.block, chat.settings["block"]):
+        finished.then(cap, [preset, slider], slider, **private)
+    for cap_trigger in (tab_block.select, preset.change, demo.load):
+        cap_trigger(cap, [preset, tab.block], tab.block, **private)

@@ -1,0 +1,61 @@
+"""What the page says: the introduction, each control's help line, how to read the panels and the sweep."""
+
+EMPTY_MESSAGE = "Type a message first: an empty or blank message has nothing to answer."
+
+HELP = {
+    "preset": (
+        "Target LM + drafter. Loaded on first use, then shared read-only by all users. The diffusion drafters: "
+        "masked (positions start as MASK) or gaussian (token embeddings start as Gaussian noise)."
+    ),
+    "drafts": "K candidate drafts per round, refined together and verified together as one token tree.",
+    "block": "L tokens per draft: a round accepts at most L draft tokens, plus one token from the target.",
+    "steps": (
+        "T denoise steps per round (1..L). T=1 fills the block in one drafter forward; "
+        "T=L commits one position per step, like autoregressive drafting (which the AR drafter always does)."
+    ),
+    "temperature": "0 = greedy. Above 0 the target samples, and the output distribution is still exactly its own.",
+    "top_p": "Nucleus cut-off, applied exactly as plain sampling applies it (only with temperature > 0).",
+    "seed": "Same seed and settings give the same text, with or without the drafter.",
+    "max_new_tokens": "Upper bound on the reply length, in tokens.",
+    "refine": (
+        "parallel: the K drafts share one batched drafter forward per step (about T forwards); "
+        "serial: one draft at a time (K x T forwards). Same drafts, different cost."
+    ),
+    "verify": (
+        "tree: drafts merged into a trie, checked in one target forward with a tree attention mask; "
+        "batch: K rows over copies of the cache (simpler, K x the memory)."
+    ),
+    "race": (
+        "Also decode the request plainly (no drafter) and compare speeds. The two runs take turns; "
+        "each one's timings count only its own work."
+    ),
+    "animate": (
+        "Replay every round's denoise steps in the draft panel while generating. Slower to watch; "
+        "the timings shown exclude it."
+    ),
+}
+
+INTRO = """# xPress · speculative decoding with a diffusion drafter
+A small **drafter** proposes K drafts of L tokens by denoising masked blocks in T steps; the **target** LM checks all
+of them in one forward and keeps the longest prefix it agrees with, plus one token of its own. The reply is exactly
+what the target alone would write (same seed, same text): only faster when the drafts are good.
+"""
+
+PANEL_HELP = """
+- **Draft evolution**: rows are the K drafts, columns the L block positions. Grey cells are still masked; colour is
+  the drafter's confidence. After the last step the cells the target accepted get a green frame and each draft's first
+  rejected token a red one; ★ marks the draft on the chosen path. Scrub any round and step with the sliders.
+  With the gaussian drafter no cell is masked: every step shows each position's nearest token at that noise level.
+- **Accepted length**: draft tokens accepted per round (grey dots: each draft; green: the chosen path), the running
+  τ (tokens emitted per round, the speed-up's upper bound) and a histogram.
+- **Latency**: time per round split into draft / verify / other (round 0 is the prompt's prefill), and tokens/s so far,
+  beside plain decoding when Race is on. Times are the engine's own: rendering is excluded.
+- **Token provenance**: the reply, each token coloured by where it came from: an accepted draft token or the target's
+  own token (the one each round adds after the accepted path). Shades alternate with the round.
+"""
+
+
+SWEEP_HELP = """Measures tokens/s and τ over a grid of drafts K × denoise steps T at one block length L, on the model
+preset chosen in the Chat tab, against plain decoding (transformers `generate`) on the same prompts. Every setting
+first runs once to warm up, then once per prompt, greedy; each output is compared with plain decoding's. Replies
+being decoded meanwhile share the machine and slow the numbers down."""

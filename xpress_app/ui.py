@@ -1,0 +1,29 @@
+"""The page: the Chat tab and the Sweep tab, laid out, then wired, on one shared model cache."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import gradio as gr
+
+from .chat_tab import chat_layout, wire_chat
+from .config import QUEUE_SIZE, AppConfig
+from .models import ModelCache
+from .sweep_tab import sweep_layout, wire_sweep
+
+
+def build_app(config: AppConfig, cache: ModelCache | None = None) -> gr.Blocks:
+    """The Gradio app; no model is loaded until a request needs one."""
+    cache = cache or ModelCache(config)
+    log_dir = Path(tempfile.mkdtemp(prefix="xpress-logs-"))  # the replies' JSONL logs, offered for download
+    with gr.Blocks(title="xPress", analytics_enabled=False, delete_cache=(3600, 3600)) as demo:
+        with gr.Tabs():
+            with gr.Tab("Chat", id="chat"):
+                chat = chat_layout(list(cache.presets))
+            with gr.Tab("Sweep", id="sweep") as sweep_block:
+                sweep = sweep_layout()
+        wire_chat(demo, chat, cache, log_dir)
+        wire_sweep(demo, sweep, sweep_block, chat, cache)
+    demo.queue(default_concurrency_limit=config.concurrency, max_size=QUEUE_SIZE)
+    return demo

@@ -1,0 +1,39 @@
+"""Two (or more) decodes of one request, interleaved fairly: the Race of speculative against plain decoding.
+
+Each run is an ``engine.decode`` generator. The race always advances the run that has spent less engine time, so both
+progress as they would side by side on their own, and each engine's clock counts only its own work (the clock stops
+while a caller holds an event).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from .trace import DecodeResult, RoundTrace
+
+
+def advance(run: Iterator):
+    """Next engine event with autograd off in *this* thread: a server may resume a generator on any worker thread, and
+    grad mode is thread-local, so the engine's own ``no_grad`` would not carry over."""
+    with torch.no_grad():
+        return next(run)
+
+
+def race(runs: dict[str, Iterator]) -> Iterator[tuple[str, RoundTrace | DecodeResult]]:
+    """Interleave the runs' events as ``(run name, event)``, always advancing the one that has spent less engine time.
+    Closing the race closes every run."""
+    spent = {name: 0.0 for name in runs}
+    try:
+        while spent:
+            name = min(spent, key=spent.get)
+            event = advance(runs[name])
+            if isinstance(event, DecodeResult):
+                del spent[name]
+            else:
+                spent[name] = event.elapsed_s
+            yield name, event
+    finally:
+        for run in runs.values():
+            run.close()
