@@ -29,7 +29,7 @@ class ScriptedDrafter(Drafter):
         return len(state["ids"])
 
     @torch.no_grad()
-    def draft(self, state, root, cfg, generator):
+    def draft(self, state, root, cfg, generator, watch):
         ids = torch.tensor([state["ids"] + [root]])
         out = self.target.generate(ids, max_new_tokens=cfg.block, do_sample=False)
         truth = out[0, ids.shape[1] :].tolist()
@@ -42,4 +42,4 @@ class ScriptedDrafter(Drafter):
                 truth[: k % len(truth)] + [(truth[k % len(truth)] + k) % vocab] + truth[k % len(truth) + 1 :]
                 for k in range(1, cfg.drafts)
             ]
-        return Drafts(tokens=tuple(map(tuple, drafts)), steps=())
+        return Drafts(tokens=tuple(map(tuple, drafts)))

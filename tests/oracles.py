@@ -11,7 +11,8 @@ NEW = 24
 
 
 def run(models, prompt_ids, cfg) -> tuple[list[RoundTrace], DecodeResult]:
-    events = list(decode(models, prompt_ids, cfg))
+    """Every event of a watched request (with the drafter's denoise steps)."""
+    events = list(decode(models, prompt_ids, cfg, watch=True))
     assert isinstance(events[-1], DecodeResult) and all(isinstance(e, RoundTrace) for e in events[:-1])
     return events[:-1], events[-1]
 

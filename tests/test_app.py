@@ -80,16 +80,16 @@ def recorded(monkeypatch) -> list[torch.Tensor]:
     """The prompt ids of every engine run the app starts."""
     prompts = []
 
-    def recording_decode(models, prompt_ids, cfg):
+    def recording_decode(models, prompt_ids, cfg, **options):
         prompts.append(prompt_ids)
-        return decode(models, prompt_ids, cfg)
+        return decode(models, prompt_ids, cfg, **options)
 
     monkeypatch.setattr(app_chat, "decode", recording_decode)
     return prompts
 
 
 def engine_run(models: Models, messages, cfg: DecodeConfig):
-    events = list(decode(models, encode_prompt(models.tokenizer, messages, chat=True), cfg))
+    events = list(decode(models, encode_prompt(models.tokenizer, messages, chat=True), cfg, watch=True))
     assert isinstance(events[-1], DecodeResult)
     return events[:-1], events[-1]
 
@@ -128,7 +128,7 @@ def test_reply_is_what_the_engine_writes(cache, oracle_models, changes):
     assert last.reply.result.token_ids == result.token_ids
     assert [t.emitted for t in last.reply.traces] == [t.emitted for t in traces]
     assert [t.accepted for t in last.reply.traces] == [t.accepted for t in traces]
-    assert f"τ = {result.mean_accept_len:.2f}" in last.status
+    assert f"τ = {result.tau:.2f}" in last.status
     assert views[0].message == ""  # the input box is cleared when the request starts
 
 
@@ -336,8 +336,8 @@ def test_animation_streams_every_denoise_step(cache, oracle_models):
 def test_closing_midway_closes_the_engine_runs_and_the_app_keeps_serving(cache, oracle_models, monkeypatch):
     started = []
 
-    def recording_decode(*args):
-        run = decode(*args)
+    def recording_decode(*args, **options):
+        run = decode(*args, **options)
         started.append(run)
         return run
 
@@ -385,9 +385,9 @@ class GradSpy(NoDrafter):
     def __init__(self):
         self.grad_enabled = []
 
-    def draft(self, state, root, cfg, generator):
+    def draft(self, state, root, cfg, generator, watch):
         self.grad_enabled.append(torch.is_grad_enabled())
-        return super().draft(state, root, cfg, generator)
+        return super().draft(state, root, cfg, generator, watch)
 
 
 def next_on_a_new_thread(chat):

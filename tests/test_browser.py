@@ -95,7 +95,7 @@ def test_a_reply_streams_in_and_the_four_panels_draw_it(page, models):
     assert done and (int(done[1]), int(done[2]), done[3]) == (
         expected.new_tokens,
         expected.rounds,
-        f"{expected.mean_accept_len:.2f}",
+        f"{expected.tau:.2f}",
     )
     # The first reply loaded the models: block L is capped at the tiny drafter's trained block size.
     page.wait_for_function("document.querySelector('#block input[type=range]').max === '8'")
@@ -107,7 +107,7 @@ def test_a_reply_streams_in_and_the_four_panels_draw_it(page, models):
     evolution = svg_text(page, "plot-evolution")
     assert f"round {expected.rounds} · denoise step 2/2" in evolution
     assert f"draft {DEFAULTS.drafts}" in evolution and f"draft {DEFAULTS.drafts + 1}" not in evolution
-    assert f"τ = {expected.mean_accept_len:.2f}" in svg_text(page, "plot-accept")
+    assert f"τ = {expected.tau:.2f}" in svg_text(page, "plot-accept")
     assert "tokens came from accepted drafts" in svg_text(page, "plot-provenance")
     with page.expect_download() as download:
         page.click("#download-log")

@@ -149,6 +149,7 @@ def test_cli_generate_json_equals_generate(zoo, tmp_path):
         "token_ids",
         "new_tokens",
         "rounds",
+        "tau",
         "mean_accept_len",
         "accept_lens",
         "tokens_per_s",
@@ -158,6 +159,7 @@ def test_cli_generate_json_equals_generate(zoo, tmp_path):
         "peak_mem_mb",
     ):
         assert key in out
+    assert out["mean_accept_len"] == out["tau"] == round((sum(out["accept_lens"]) + out["rounds"]) / out["rounds"], 4)
     models = load_models(zoo["llama"], "none", device="cpu")
     prompt = encode_prompt(models.tokenizer, "book a table", chat=True)
     ref = models.target.generate(prompt, max_new_tokens=16, do_sample=False)[0, prompt.shape[1] :].tolist()

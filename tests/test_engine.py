@@ -13,7 +13,8 @@ from tests.oracles import NEW, PROMPTS, check_invariants, hf_greedy, run
 from xpress_core import cache as kv
 from xpress_core.config import DecodeConfig
 from xpress_core.drafters.base import NoDrafter
-from xpress_core.engine import Models, stop_token_ids
+from xpress_core.drafters.diffusion import DiffusionState, grown
+from xpress_core.engine import Models, decode, stop_token_ids
 from xpress_core.models import encode_prompt, load_models, load_target
 from xpress_core.sampling import draw_token
 from xpress_core.tree import build_tree, tree_attention_mask, tree_position_ids
@@ -238,6 +239,31 @@ def test_schedules_commit_ceil_l_s_over_t_positions(zoo):
                 assert all(tok >= 0 for tok in t.steps[0].tokens[0][:3])
 
 
+def test_unwatched_requests_draft_the_same_without_denoise_steps(zoo):
+    """Without a watcher the drafters build no per-step lists; the drafts and the output do not change."""
+    for drafter in (zoo["drafter_llama"], zoo["gauss_llama"], zoo["ar_drafter"]):
+        models = load_models(zoo["llama"], drafter, device="cpu")
+        prompt_ids = encode_prompt(models.tokenizer, PROMPTS[0], chat=True)
+        cfg = DecodeConfig(drafts=3, steps=2, block=4, max_new_tokens=NEW)
+        watched, result = run(models, prompt_ids, cfg)
+        events = list(decode(models, prompt_ids, cfg))
+        unwatched, plain_result = events[:-1], events[-1]
+        assert plain_result.token_ids == result.token_ids
+        assert [t.drafts for t in unwatched] == [t.drafts for t in watched]
+        assert all(t.steps for t in watched[1:]) and not any(t.steps for t in unwatched)
+
+
+def test_drafter_context_buffers_hold_what_concatenation_would():
+    """The drafter's context grows in place; past its capacity the buffers double and keep every slot."""
+    chunks = [torch.randn(1, 2, n, 4) for n in (3, 2, 4, 1)]
+    state = DiffusionState([(grown(chunks[0], 4), grown(-chunks[0], 4))], 3)
+    for chunk in chunks[1:]:
+        state.append([(chunk, -chunk)])
+    ((keys, values),) = state.context
+    assert state.length == 10 and state.buffers[0][0].shape[2] >= 10
+    assert torch.equal(keys, torch.cat(chunks, dim=2)) and torch.equal(values, -torch.cat(chunks, dim=2))
+
+
 def test_autoregressive_drafter_and_none_equal_generate(zoo):
     for drafter in (zoo["ar_drafter"], zoo["llama"], "none"):
         models = load_models(zoo["llama"], drafter, device="cpu")
@@ -252,7 +278,7 @@ def test_autoregressive_drafter_and_none_equal_generate(zoo):
             assert list(result.token_ids) == ref
             check_invariants(traces, prompt_ids.shape[1], result)
         if drafter == zoo["llama"]:  # the target drafting for itself is always right
-            assert result.mean_accept_len > 4
+            assert result.tau > 4
 
 
 def test_stop_strings_trim_text_and_tokens(zoo):

@@ -157,7 +157,7 @@ def runs(zoo):
     cfg = DecodeConfig(drafts=3, steps=2, block=4, max_new_tokens=30)
 
     def run(m):
-        events = list(decode(m, prompt, cfg))
+        events = list(decode(m, prompt, cfg, watch=True))
         assert isinstance(events[-1], DecodeResult)
         return events[:-1], events[-1]
 
@@ -200,7 +200,7 @@ def test_accept_length_figure_matches_the_engine_result(runs, name):
     chosen = next(t for t in fig.data if t.name == "accepted (chosen path)")
     assert tuple(chosen.y) == result.accept_lens
     tau = next(t for t in fig.data if t.name.startswith("running τ"))
-    assert tau.y[-1] == pytest.approx(result.mean_accept_len)
+    assert tau.y[-1] == pytest.approx(result.tau)
     histogram = next(t for t in fig.data if isinstance(t, go.Bar))
     assert sum(histogram.y) == result.rounds
     assert histogram.y[0] == sum(n == 0 for n in result.accept_lens)

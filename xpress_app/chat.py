@@ -139,7 +139,7 @@ class Board:
             split = " · ".join(f"{name} {share:.0%}" for name, share in time_split(result).items())
             lines.append(
                 f"✓ **{result.new_tokens} tokens in {result.rounds} rounds · "
-                f"τ = {result.mean_accept_len:.2f} tokens/round · {result.tokens_per_s:.1f} tokens/s** "
+                f"τ = {result.tau:.2f} tokens/round · {result.tokens_per_s:.1f} tokens/s** "
                 f"(engine time, rendering excluded: prefill {1000 * result.prefill_s:.0f} ms · {split}) "
                 f"· stop: {result.stop_reason}"
             )
@@ -227,7 +227,7 @@ def run_chat(
         context_limit(loaded.speculative.target),
         cfg.max_new_tokens,
     )
-    runs = {SPECULATIVE: decode(loaded.speculative, prompt.ids, cfg)}
+    runs = {SPECULATIVE: decode(loaded.speculative, prompt.ids, cfg, watch=True)}
     if settings.race:
         runs[PLAIN] = decode(loaded.plain, prompt.ids, cfg)
     board = Board(loaded, past, text, settings.race, prompt.notice)

@@ -73,7 +73,7 @@ def parse_args(argv: list[str] | None = None) -> AppConfig:
     parser.add_argument(
         "--dtype",
         default=env.get(ENV["dtype"], "auto"),
-        help=f"auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16 (env {ENV['dtype']})",
+        help=f"auto (bf16 on CUDA and on CPUs with native bf16, else fp32), float32, bfloat16 (env {ENV['dtype']})",
     )
     parser.add_argument(
         "--device-map",

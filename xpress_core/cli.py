@@ -151,7 +151,7 @@ def run_generate(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_json()))
     else:
         print(
-            f"\n[{result.new_tokens} tokens, {result.rounds} rounds, tau {result.mean_accept_len:.2f}, "
+            f"\n[{result.new_tokens} tokens, {result.rounds} rounds, tau {result.tau:.2f}, "
             f"{result.tokens_per_s:.1f} tok/s, stop: {result.stop_reason}]",
             file=sys.stderr,
         )

@@ -1,6 +1,6 @@
 """The decoding loop: prefill -> (draft -> tree -> verify -> accept -> commit)*, yielding one event per round.
 
-State between rounds (DESIGN 2): the committed tokens are the prompt plus ``output``; the target cache holds all of
+State between rounds (docs/DESIGN.md §2): the committed tokens are the prompt plus ``output``; the target cache holds all of
 them but the last one, the *root*, which enters the cache with the next verify forward. The drafter's context holds
 exactly what the target cache holds.
 """
@@ -16,7 +16,7 @@ import torch
 
 from . import cache as kv
 from .config import DecodeConfig
-from .drafters.base import Drafter
+from .drafters.base import Drafter, Drafts
 from .errors import XpressError
 from .sampling import draw_token
 from .trace import DecodeResult, RoundTrace, peak_memory_mb
@@ -38,7 +38,10 @@ class Models:
 
 @dataclass
 class DecodeState:
-    """Per-request mutable state: caches, RNGs and output. Never shared between requests."""
+    """Per-request mutable state: what decoding needs and running totals, never shared between requests.
+
+    The rounds themselves are not kept: a caller that wants them reads the events ``decode`` yields.
+    """
 
     cache: object
     draft_state: object
@@ -47,7 +50,11 @@ class DecodeState:
     target_rng: torch.Generator
     drafter_rng: torch.Generator
     prompt_len: int
-    traces: list[RoundTrace] = field(default_factory=list)
+    forwards: int = 1  # target forwards so far (the prefill is the first)
+    accept_lens: list[int] = field(default_factory=list)  # per drafting round
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    other_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -55,7 +62,6 @@ class Verified:
     node_logits: torch.Tensor  # (N+1, V): the target's logits after each tree node (root first)
     node_features: torch.Tensor | None  # (N+1, F): tapped hidden states of each node, for the drafter
     past: int  # target cache length before the forward
-    batch_rows: tuple[int, ...] | None  # batch layout: the row holding each node; None for the tree layout
 
 
 def wait_for_gpus() -> None:
@@ -104,7 +110,11 @@ def stop_token_ids(models: Models) -> set[int]:
 
 
 def target_forward(models: Models, ids, positions, mask, cache):
-    """One target forward -> (B, Q, V) logits and (B, Q, F) tapped features (or None)."""
+    """One target forward -> (B, Q, V) logits and (B, Q, F) tapped features (or None).
+
+    ``output_hidden_states`` takes the indices of the hidden states to keep, so only the tapped layers' outputs are
+    collected (index i + 1 is decoder layer i's output; index 0 is the embeddings).
+    """
     tapped = models.drafter.tapped_layers
     out = models.target(
         input_ids=ids,
@@ -112,7 +122,7 @@ def target_forward(models: Models, ids, positions, mask, cache):
         attention_mask=mask,
         cache=cache,
         use_cache=True,
-        output_hidden_states=bool(tapped),
+        output_hidden_states=[i + 1 for i in tapped] if tapped else False,
     )
     features = torch.cat([out.hidden_states[i + 1] for i in tapped], dim=-1) if tapped else None
     return out.logits, features
@@ -133,46 +143,65 @@ def prefill(models: Models, prompt_ids: torch.Tensor, cfg: DecodeConfig) -> tupl
     return state, first
 
 
-def draft(models: Models, state: DecodeState, cfg: DecodeConfig):
-    return models.drafter.draft(state.draft_state, state.root, cfg, state.drafter_rng)
+def draft(models: Models, state: DecodeState, cfg: DecodeConfig, watch: bool) -> Drafts:
+    return models.drafter.draft(state.draft_state, state.root, cfg, state.drafter_rng, watch)
 
 
-def verify_tree(models: Models, state: DecodeState, tree: DraftTree) -> Verified:
-    """All tree nodes in ONE forward: tree attention mask, positions ``past + depth``."""
-    past, device = kv.cache_length(state.cache), models.device
-    ids = torch.tensor([tree.tokens], device=device)
-    mask = tree_attention_mask(tree, past, models.target.dtype, device)
-    logits, features = target_forward(models, ids, tree_position_ids(tree, past, device), mask, state.cache)
-    return Verified(logits[0], None if features is None else features[0], past, None)
+class TreeVerifier:
+    """All tree nodes in ONE forward: tree attention mask, positions ``past + depth`` (docs/DESIGN.md 2.3)."""
+
+    def verify(self, models: Models, state: DecodeState, tree: DraftTree) -> Verified:
+        past, device = kv.cache_length(state.cache), models.device
+        ids = torch.tensor([tree.tokens], device=device)
+        mask = tree_attention_mask(tree, past, models.target.dtype, device)
+        logits, features = target_forward(models, ids, tree_position_ids(tree, past, device), mask, state.cache)
+        return Verified(logits[0], None if features is None else features[0], past)
+
+    def keep(self, cache, verified: Verified, kept_nodes: list[int]) -> None:
+        """Keep the root and the accepted nodes in the cache: the rejected siblings leave it."""
+        kv.keep_tree_nodes(cache, verified.past, kept_nodes)
 
 
-def verify_batch(models: Models, state: DecodeState, tree: DraftTree) -> Verified:
+@dataclass(frozen=True)
+class BatchVerified(Verified):
+    rows: tuple[int, ...]  # the batch row holding each node
+
+
+class BatchVerifier:
     """The simple alternative: K rows ``[root] + draft_k`` over K copies of the prefix cache (K x cache memory)."""
-    paths = tree.draft_paths  # never empty: an empty tree is verified by verify_tree
-    past, device = kv.cache_length(state.cache), models.device
-    ids = torch.tensor([[tree.tokens[0]] + [tree.tokens[n] for n in p] for p in paths], device=device)
-    positions = torch.arange(past, past + ids.shape[1], device=device).expand(len(paths), -1)
-    kv.repeat_rows(state.cache, len(paths))
-    logits, features = target_forward(models, ids, positions, None, state.cache)
-    source = {0: (0, 0)}  # node -> (row, column) of its first occurrence
-    for row, path in enumerate(paths):
-        for col, node in enumerate(path, start=1):
-            source.setdefault(node, (row, col))
-    rows, cols = zip(*(source[n] for n in range(len(tree.tokens))))
-    node_features = None if features is None else features[list(rows), list(cols)]
-    return Verified(logits[list(rows), list(cols)], node_features, past, rows)
+
+    def verify(self, models: Models, state: DecodeState, tree: DraftTree) -> BatchVerified:
+        paths = tree.draft_paths or ((),)  # an empty tree is one row holding the root
+        past, device = kv.cache_length(state.cache), models.device
+        ids = torch.tensor([[tree.tokens[0]] + [tree.tokens[n] for n in p] for p in paths], device=device)
+        positions = torch.arange(past, past + ids.shape[1], device=device).expand(len(paths), -1)
+        kv.repeat_rows(state.cache, len(paths))
+        logits, features = target_forward(models, ids, positions, None, state.cache)
+        source = {0: (0, 0)}  # node -> (row, column) of its first occurrence
+        for row, path in enumerate(paths):
+            for col, node in enumerate(path, start=1):
+                source.setdefault(node, (row, col))
+        rows, cols = zip(*(source[n] for n in range(len(tree.tokens))))
+        node_features = None if features is None else features[list(rows), list(cols)]
+        return BatchVerified(logits[list(rows), list(cols)], node_features, past, rows)
+
+    def keep(self, cache, verified: BatchVerified, kept_nodes: list[int]) -> None:
+        """Keep the row holding the accepted path, cut after it."""
+        kv.select_row(cache, verified.rows[kept_nodes[-1]])
+        kv.truncate(cache, verified.past + len(kept_nodes))
 
 
-def commit(models: Models, state: DecodeState, tree: DraftTree, verified: Verified, acceptance: Acceptance) -> None:
-    """Keep the root and the accepted nodes in the target cache, hand their features to the drafter."""
-    past, kept_nodes = verified.past, [0, *acceptance.path]
-    if verified.batch_rows is None:
-        kv.keep_tree_nodes(state.cache, past, kept_nodes)
-    else:
-        kv.select_row(state.cache, verified.batch_rows[kept_nodes[-1]])
-        kv.truncate(state.cache, past + len(kept_nodes))
+VERIFIERS = {"tree": TreeVerifier(), "batch": BatchVerifier()}  # stateless: shared by every request
+
+
+def commit(models: Models, state: DecodeState, tree: DraftTree, verified: Verified, acceptance: Acceptance, verifier):
+    """The root and the accepted nodes enter the caches (their features go to the drafter); the target's own token
+    becomes the new root."""
+    kept_nodes = [0, *acceptance.path]
+    verifier.keep(state.cache, verified, kept_nodes)
     features = None if verified.node_features is None else verified.node_features[kept_nodes]
     models.drafter.commit(state.draft_state, [tree.tokens[n] for n in kept_nodes], features)
+    state.root = acceptance.bonus
 
 
 def finish(models: Models, state: DecodeState, emitted: list[int], cfg: DecodeConfig, eos: set[int]):
@@ -215,12 +244,18 @@ def check_prompt(models: Models, prompt_ids: torch.Tensor) -> None:
         raise XpressError(f"the prompt has {n} tokens; the target's context holds {limit} (including the reply)")
 
 
-def decode(models: Models, prompt_ids: torch.Tensor, cfg: DecodeConfig) -> Iterator[RoundTrace | DecodeResult]:
-    """Yield one ``RoundTrace`` per round (round 0 is the prefill), then one ``DecodeResult``."""
+def decode(
+    models: Models, prompt_ids: torch.Tensor, cfg: DecodeConfig, watch: bool = False
+) -> Iterator[RoundTrace | DecodeResult]:
+    """Yield one ``RoundTrace`` per round (round 0 is the prefill), then one ``DecodeResult``.
+
+    ``watch``: the events carry the drafter's denoise steps (for the visualizer); without it drafting builds no
+    per-step lists and the events carry none.
+    """
     cfg.validate()
     models.drafter.check_block(cfg)
     check_prompt(models, prompt_ids)
-    clock, eos = Clock(models.device), stop_token_ids(models)
+    clock, eos, verifier = Clock(models.device), stop_token_ids(models), VERIFIERS[cfg.verify]
     if models.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(models.device)
     with torch.no_grad():
@@ -232,21 +267,19 @@ def decode(models: Models, prompt_ids: torch.Tensor, cfg: DecodeConfig) -> Itera
             yield record(models, state, kept, Timings(0.0, prefill_s, 0.0, clock.now() - start))
         while reason is None:
             t0 = clock.now()
-            drafts = draft(models, state, cfg)
+            drafts = draft(models, state, cfg, watch)
             t1 = clock.now()
             tree = build_tree(state.root, cut_drafts(drafts.tokens, models, state))
-            verified = (verify_batch if cfg.verify == "batch" and tree.size else verify_tree)(models, state, tree)
+            verified = verifier.verify(models, state, tree)
             t2 = clock.now()
             acceptance = accept(tree, verified.node_logits, cfg, state.target_rng)
-            commit(models, state, tree, verified, acceptance)
+            commit(models, state, tree, verified, acceptance, verifier)
             emitted = [tree.tokens[n] for n in acceptance.path] + [acceptance.bonus]
             kept, reason = finish(models, state, emitted, cfg, eos)
-            state.root = acceptance.bonus
             t3 = clock.now()
+            timings = Timings(t1 - t0, t2 - t1, t3 - t2, t3 - start)
             with clock.paused():
-                yield record(
-                    models, state, kept, Timings(t1 - t0, t2 - t1, t3 - t2, t3 - start), drafts, tree, acceptance
-                )
+                yield record(models, state, kept, timings, drafts, tree, acceptance)
         yield result(models, state, cfg, prefill_s, reason, clock.now() - start)
 
 
@@ -268,9 +301,16 @@ class Timings:
 def record(
     models: Models, state: DecodeState, kept: list[int], timings: Timings, drafts=None, tree=None, acceptance=None
 ) -> RoundTrace:
-    """The round's event; the prefill round (index 0) has no drafts, tree or acceptance."""
-    trace = RoundTrace(
-        index=len(state.traces),
+    """The round's event, and the running totals of the request; the prefill round (index 0) has no drafts, tree or
+    acceptance."""
+    if acceptance is not None:
+        state.forwards += 1
+        state.accept_lens.append(len(acceptance.path))
+        state.draft_s += timings.draft_s
+        state.verify_s += timings.verify_s
+        state.other_s += timings.other_s
+    return RoundTrace(
+        index=len(state.accept_lens) if acceptance else 0,
         steps=drafts.steps if drafts else (),
         drafts=drafts.tokens if drafts else (),
         tree_tokens=tree.tokens if tree else (),
@@ -287,26 +327,23 @@ def record(
         cache_len=kv.cache_length(state.cache),
         draft_context_len=models.drafter.context_length(state.draft_state),
     )
-    state.traces.append(trace)
-    return trace
 
 
 def result(models: Models, state: DecodeState, cfg: DecodeConfig, prefill_s: float, reason: str, total_s: float):
-    rounds = state.traces[1:]
     text = models.tokenizer.decode(state.output, skip_special_tokens=True)
     if reason == "stop_string":
         text = text[: min(text.find(s) for s in cfg.stop if s in text)]
     return DecodeResult(
         text=text,
         token_ids=tuple(state.output),
-        rounds=len(rounds),
-        accept_lens=tuple(t.accept_len for t in rounds),
+        rounds=len(state.accept_lens),
+        accept_lens=tuple(state.accept_lens),
         time_s=total_s,
-        draft_s=sum(t.draft_s for t in rounds),
-        verify_s=sum(t.verify_s for t in rounds),
-        other_s=sum(t.other_s for t in rounds),
+        draft_s=state.draft_s,
+        verify_s=state.verify_s,
+        other_s=state.other_s,
         prefill_s=prefill_s,
         peak_mem_mb=peak_memory_mb(models.device),
         stop_reason=reason,
-        target_forwards=len(state.traces),
+        target_forwards=state.forwards,
     )

@@ -86,8 +86,8 @@ class DecodeResult:
         return len(self.token_ids)
 
     @property
-    def mean_accept_len(self) -> float:
-        """tau: tokens emitted per drafting round (accepted + the target's own token)."""
+    def tau(self) -> float:
+        """Tokens emitted per drafting round (accepted + the target's own token)."""
         return tokens_per_round(self.accept_lens)
 
     @property
@@ -100,7 +100,8 @@ class DecodeResult:
             "token_ids": list(self.token_ids),
             "new_tokens": self.new_tokens,
             "rounds": self.rounds,
-            "mean_accept_len": round(self.mean_accept_len, 4),
+            "tau": round(self.tau, 4),
+            "mean_accept_len": round(self.tau, 4),  # the same tau under its earlier name, which scripts read
             "accept_lens": list(self.accept_lens),
             "tokens_per_s": round(self.tokens_per_s, 3),
             "time_s": round(self.time_s, 6),

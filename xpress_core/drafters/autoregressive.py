@@ -48,7 +48,9 @@ class AutoregressiveDrafter(Drafter):
         return allowed_logits(out.logits[:, -1], self.banned)
 
     @torch.no_grad()
-    def draft(self, state: AutoregressiveState, root: int, cfg: DecodeConfig, generator: torch.Generator) -> Drafts:
+    def draft(
+        self, state: AutoregressiveState, root: int, cfg: DecodeConfig, generator: torch.Generator, watch: bool
+    ) -> Drafts:
         first = self.next_logits([state.pending + [root]], state.cache).softmax(-1)[0]
         state.length += len(state.pending)
         state.pending = []
@@ -67,7 +69,7 @@ class AutoregressiveDrafter(Drafter):
             kv.select_row(state.cache, 0)
             kv.truncate(state.cache, with_root)
         kv.truncate(state.cache, state.length)  # the root comes back through commit with the accepted tokens
-        return Drafts(tokens=tuple(map(tuple, tokens)), steps=left_to_right_steps(tokens, conf))
+        return Drafts(tokens=tuple(map(tuple, tokens)), steps=left_to_right_steps(tokens, conf) if watch else ())
 
 
 def left_to_right_steps(tokens: list[list[int]], conf: list[list[float]]) -> tuple[DenoiseStep, ...]:

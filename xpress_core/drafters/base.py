@@ -19,7 +19,7 @@ from ..trace import DenoiseStep
 @dataclass(frozen=True)
 class Drafts:
     tokens: tuple[tuple[int, ...], ...]  # (K, L) final drafts; empty for the "none" drafter
-    steps: tuple[DenoiseStep, ...]  # per denoise step, for the visualizer
+    steps: tuple[DenoiseStep, ...] = ()  # per denoise step, for the visualizer: only when someone watches
 
 
 class Drafter(ABC):
@@ -41,8 +41,8 @@ class Drafter(ABC):
         """Per-request state for a prompt (1, n) whose tokens are all in the target cache; features (n, F) or None."""
 
     @abstractmethod
-    def draft(self, state: object, root: int, cfg: DecodeConfig, generator: torch.Generator) -> Drafts:
-        """K drafts of L tokens continuing the committed tokens and ``root``."""
+    def draft(self, state: object, root: int, cfg: DecodeConfig, generator: torch.Generator, watch: bool) -> Drafts:
+        """K drafts of L tokens continuing the committed tokens and ``root``; ``watch``: with the denoise steps."""
 
     @abstractmethod
     def commit(self, state: object, tokens: list[int], features: torch.Tensor | None) -> None:
@@ -61,8 +61,8 @@ class NoDrafter(Drafter):
     def start(self, prompt_ids, features):
         return {"length": prompt_ids.shape[1]}
 
-    def draft(self, state, root, cfg, generator):
-        return Drafts(tokens=(), steps=())
+    def draft(self, state, root, cfg, generator, watch):
+        return Drafts(tokens=())
 
     def commit(self, state, tokens, features):
         state["length"] += len(tokens)

@@ -37,7 +37,7 @@ class MaskedDiffusionDrafter(Drafter):
         """One drafter forward on the rows' blocks ``[root, tokens or MASK]`` -> (R, L, V') logits, V' >= V."""
 
     @torch.no_grad()
-    def draft(self, state, root: int, cfg: DecodeConfig, generator: torch.Generator) -> Drafts:
+    def draft(self, state, root: int, cfg: DecodeConfig, generator: torch.Generator, watch: bool) -> Drafts:
         k, length, device = cfg.drafts, cfg.block, self.device
         tokens = torch.full((k, length), MASKED, dtype=torch.long, device=device)
         committed = torch.zeros((k, length), dtype=torch.bool, device=device)
@@ -53,8 +53,9 @@ class MaskedDiffusionDrafter(Drafter):
             tokens = torch.where(newly, candidates, tokens)
             confidence = torch.where(committed, confidence, candidate_conf)
             committed |= newly
-            steps.append(DenoiseStep(tuple(map(tuple, tokens.tolist())), tuple(map(tuple, confidence.tolist()))))
-        return Drafts(tokens=steps[-1].tokens, steps=tuple(steps))
+            if watch:
+                steps.append(DenoiseStep(tuple(map(tuple, tokens.tolist())), tuple(map(tuple, confidence.tolist()))))
+        return Drafts(tokens=tuple(map(tuple, tokens.tolist())), steps=tuple(steps))
 
     def choose_tokens(self, logits: torch.Tensor, cfg: DecodeConfig, step: int, generator: torch.Generator):
         """Best token and its probability per (draft, position), with the diversity strategy applied.
@@ -93,10 +94,41 @@ class MaskedDiffusionDrafter(Drafter):
         return newly & ~committed
 
 
+# Context slots a drafter state holds beyond the prompt before it must grow (it then doubles): a reply of up to this
+# many tokens never reallocates.
+CONTEXT_HEADROOM = 512
+
+
 @dataclass
 class DiffusionState:
-    context: ContextKV  # per drafter layer (1, kv_heads, S, head_dim) keys/values of the committed context
+    """The committed context's keys/values in preallocated buffers: a commit writes its tokens' slots in place instead
+    of concatenating a new tensor every round."""
+
+    buffers: ContextKV  # per drafter layer (1, kv_heads, capacity, head_dim); the first ``length`` slots are used
     length: int  # S: committed tokens in the context (= target cache length)
+
+    @property
+    def context(self) -> ContextKV:
+        """Per drafter layer (1, kv_heads, S, head_dim) keys/values of the committed context (views)."""
+        return [(k[:, :, : self.length], v[:, :, : self.length]) for k, v in self.buffers]
+
+    def append(self, new: ContextKV) -> None:
+        """Write new tokens' (1, kv_heads, m, head_dim) keys/values after the context, doubling the buffers if full."""
+        m = new[0][0].shape[2]
+        end = self.length + m
+        if end > self.buffers[0][0].shape[2]:
+            self.buffers = [(grown(k, 2 * end), grown(v, 2 * end)) for k, v in self.buffers]
+        for (k, v), (nk, nv) in zip(self.buffers, new):
+            k[:, :, self.length : end] = nk
+            v[:, :, self.length : end] = nv
+        self.length = end
+
+
+def grown(buffer: torch.Tensor, capacity: int) -> torch.Tensor:
+    """A (B, H, capacity, D) buffer holding ``buffer``'s slots first."""
+    out = buffer.new_empty((*buffer.shape[:2], capacity, buffer.shape[3]))
+    out[:, :, : buffer.shape[2]] = buffer
+    return out
 
 
 class TargetConditionedDrafter(Drafter):
@@ -116,17 +148,15 @@ class TargetConditionedDrafter(Drafter):
     def start(self, prompt_ids, features):
         n = features.shape[0]
         positions = torch.arange(n, device=features.device)[None]
-        return DiffusionState(context=self.model.context_kv(features[None], positions), length=n)
+        context = self.model.context_kv(features[None], positions)
+        capacity = n + CONTEXT_HEADROOM
+        return DiffusionState([(grown(k, capacity), grown(v, capacity)) for k, v in context], n)
 
     @torch.no_grad()
     def commit(self, state: DiffusionState, tokens, features):
         m = features.shape[0]
         positions = torch.arange(state.length, state.length + m, device=features.device)[None]
-        new = self.model.context_kv(features[None], positions)
-        state.context = [
-            (torch.cat([k, nk], dim=2), torch.cat([v, nv], dim=2)) for (k, v), (nk, nv) in zip(state.context, new)
-        ]
-        state.length += m
+        state.append(self.model.context_kv(features[None], positions))
 
     def context_length(self, state: DiffusionState) -> int:
         return state.length
@@ -171,7 +201,9 @@ class GaussianDiffusionDrafter(TargetConditionedDrafter):
     noise = "gaussian"
 
     @torch.no_grad()
-    def draft(self, state: DiffusionState, root: int, cfg: DecodeConfig, generator: torch.Generator) -> Drafts:
+    def draft(
+        self, state: DiffusionState, root: int, cfg: DecodeConfig, generator: torch.Generator, watch: bool
+    ) -> Drafts:
         shape = (cfg.drafts, cfg.block, self.model.config.hidden_size)
         device = self.model.device
         x = torch.randn(shape, generator=generator, device=generator.device).to(device, self.model.dtype)  # x_1
@@ -183,8 +215,9 @@ class GaussianDiffusionDrafter(TargetConditionedDrafter):
             probs = allowed_logits(logits, self.banned).softmax(-1)  # (K, L, V)
             conf, tokens = probs.max(-1)
             x = ddim_step(x, self.model.token_embeddings(tokens), t, t_next)
-            steps.append(DenoiseStep(tuple(map(tuple, tokens.tolist())), tuple(map(tuple, conf.tolist())), t))
-        return Drafts(tokens=steps[-1].tokens, steps=tuple(steps))
+            if watch:
+                steps.append(DenoiseStep(tuple(map(tuple, tokens.tolist())), tuple(map(tuple, conf.tolist())), t))
+        return Drafts(tokens=tuple(map(tuple, tokens.tolist())), steps=tuple(steps))
 
     def denoise(self, state: DiffusionState, root_embed: torch.Tensor, x: torch.Tensor, t: float) -> torch.Tensor:
         """One drafter forward on the rows' blocks ``[root, x_t]`` (x: (R, L, H)) -> (R, L, V) logits."""
