@@ -10,9 +10,9 @@ PROMPTS = ["I want to book a table", "Once upon a time"]
 NEW = 24
 
 
-def run(models, prompt_ids, cfg) -> tuple[list[RoundTrace], DecodeResult]:
-    """Every event of a watched request (with the drafter's denoise steps)."""
-    events = list(decode(models, prompt_ids, cfg, watch=True))
+def run(models, prompt_ids, cfg, costs=None) -> tuple[list[RoundTrace], DecodeResult]:
+    """Every event of a watched request (with the drafter's denoise steps); ``costs``: for ``auto``."""
+    events = list(decode(models, prompt_ids, cfg, watch=True, costs=costs))
     assert isinstance(events[-1], DecodeResult) and all(isinstance(e, RoundTrace) for e in events[:-1])
     return events[:-1], events[-1]
 

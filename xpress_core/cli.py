@@ -65,9 +65,10 @@ def model_choice(args: argparse.Namespace) -> dict:
 
 def add_decode_args(parser: argparse.ArgumentParser) -> None:
     d = DecodeConfig()
-    parser.add_argument("--drafts", "-K", type=int, default=d.drafts, help="K drafts refined together")
-    parser.add_argument("--steps", "-T", type=int, default=d.steps, help="T denoise steps per round (1..L)")
-    parser.add_argument("--block", "-L", type=int, default=d.block, help="L tokens per draft")
+    pin = "; pins the setting (unset ones take their defaults) [unset: the controller auto picks K, T, L per round]"
+    parser.add_argument("--drafts", "-K", type=int, help=f"K drafts refined together [{d.drafts}]{pin}")
+    parser.add_argument("--steps", "-T", type=int, help=f"T denoise steps per round (1..L) [{d.steps}]{pin}")
+    parser.add_argument("--block", "-L", type=int, help=f"L tokens per draft [{d.block}]{pin}")
     parser.add_argument("--temperature", type=float, default=d.temperature, help="0 = greedy")
     parser.add_argument("--top-p", type=float, default=d.top_p)
     parser.add_argument("--top-k", type=int, default=d.top_k, help="0 = off")
@@ -81,10 +82,14 @@ def add_decode_args(parser: argparse.ArgumentParser) -> None:
 
 
 def decode_config(args: argparse.Namespace) -> DecodeConfig:
+    """-K/-T/-L pin the setting (the unset ones take DecodeConfig's defaults); none of them: ``auto``."""
+    pinned = {"drafts": args.drafts, "steps": args.steps, "block": args.block}
+    d = DecodeConfig()
     return DecodeConfig(
-        drafts=args.drafts,
-        steps=args.steps,
-        block=args.block,
+        drafts=d.drafts if args.drafts is None else args.drafts,
+        steps=d.steps if args.steps is None else args.steps,
+        block=d.block if args.block is None else args.block,
+        auto=all(v is None for v in pinned.values()),
         temperature=args.temperature,
         top_p=args.top_p,
         top_k=args.top_k,
@@ -152,7 +157,8 @@ def run_generate(args: argparse.Namespace) -> int:
     else:
         print(
             f"\n[{result.new_tokens} tokens, {result.rounds} rounds, tau {result.tau:.2f}, "
-            f"{result.tokens_per_s:.1f} tok/s, stop: {result.stop_reason}]",
+            f"{result.tokens_per_s:.1f} tok/s, stop: {result.stop_reason}, {result.dtype}, "
+            f"{'auto: ' + str(sum(s[2] == 0 for s in result.settings)) + ' plain steps' if cfg.auto else 'fixed'}]",
             file=sys.stderr,
         )
     return 0

@@ -24,6 +24,8 @@ class DecodeConfig:
     drafts: int = 1  # K: drafts refined together
     steps: int = 1  # T: denoise steps per round
     block: int = 8  # L: tokens per draft
+    # True: the controller picks (K, T, L) before every round (controller.py) and the three above are unused.
+    auto: bool = False
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 = off

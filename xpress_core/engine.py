@@ -7,16 +7,19 @@ exactly what the target cache holds.
 
 from __future__ import annotations
 
+import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import torch
 
 from . import cache as kv
 from .config import DecodeConfig
-from .drafters.base import Drafter, Drafts
+from .controller import AutoControl, CostModel, FixedControl, RoundSetting
+from .drafters.base import Drafter, Drafts, NoDrafter
 from .errors import XpressError
 from .sampling import draw_token
 from .trace import DecodeResult, RoundTrace, peak_memory_mb
@@ -35,6 +38,11 @@ class Models:
     def device(self) -> torch.device:
         return self.target.device
 
+    @cached_property
+    def costs(self) -> CostModel:
+        """Stage costs of these models for the controller, measured once, on first use (``calibrate``)."""
+        return calibrate(self)
+
 
 @dataclass
 class DecodeState:
@@ -52,6 +60,7 @@ class DecodeState:
     prompt_len: int
     forwards: int = 1  # target forwards so far (the prefill is the first)
     accept_lens: list[int] = field(default_factory=list)  # per drafting round
+    settings: list[tuple[int, int, int]] = field(default_factory=list)  # per drafting round: (K, T, L)
     draft_s: float = 0.0
     verify_s: float = 0.0
     other_s: float = 0.0
@@ -143,8 +152,24 @@ def prefill(models: Models, prompt_ids: torch.Tensor, cfg: DecodeConfig) -> tupl
     return state, first
 
 
-def draft(models: Models, state: DecodeState, cfg: DecodeConfig, watch: bool) -> Drafts:
-    return models.drafter.draft(state.draft_state, state.root, cfg, state.drafter_rng, watch)
+def control(models: Models, cfg: DecodeConfig, costs: CostModel | None) -> FixedControl | AutoControl:
+    if not cfg.auto:
+        return FixedControl(cfg)
+    can_draft = not isinstance(models.drafter, NoDrafter)
+    return AutoControl(costs or models.costs, models.drafter.max_block, can_draft)
+
+
+def round_config(cfg: DecodeConfig, setting: RoundSetting) -> DecodeConfig:
+    """The request's config at this round's (K, T, L)."""
+    if (cfg.drafts, cfg.steps, cfg.block) == setting.as_tuple():
+        return cfg
+    return replace(cfg, drafts=setting.drafts, steps=setting.steps, block=setting.block)
+
+
+def draft(models: Models, state: DecodeState, cfg: DecodeConfig, setting: RoundSetting, watch: bool) -> Drafts:
+    if setting.plain:
+        return Drafts(tokens=())
+    return models.drafter.draft(state.draft_state, state.root, round_config(cfg, setting), state.drafter_rng, watch)
 
 
 class TreeVerifier:
@@ -204,12 +229,15 @@ def commit(models: Models, state: DecodeState, tree: DraftTree, verified: Verifi
     state.root = acceptance.bonus
 
 
+def output_limit(models: Models, state: DecodeState, cfg: DecodeConfig) -> int:
+    """The most new tokens this request may have: ``max_new_tokens``, or less where the target's context ends."""
+    room = context_limit(models.target)
+    return cfg.max_new_tokens if room is None else min(cfg.max_new_tokens, room - state.prompt_len)
+
+
 def finish(models: Models, state: DecodeState, emitted: list[int], cfg: DecodeConfig, eos: set[int]):
     """Append this round's tokens up to the first stop condition -> (tokens kept, stop reason or None)."""
-    limit = cfg.max_new_tokens
-    room = context_limit(models.target)
-    if room is not None:
-        limit = min(limit, room - state.prompt_len)
+    limit = output_limit(models, state, cfg)
     kept = []
     for token in emitted:
         kept.append(token)
@@ -245,17 +273,20 @@ def check_prompt(models: Models, prompt_ids: torch.Tensor) -> None:
 
 
 def decode(
-    models: Models, prompt_ids: torch.Tensor, cfg: DecodeConfig, watch: bool = False
+    models: Models, prompt_ids: torch.Tensor, cfg: DecodeConfig, watch: bool = False, costs: CostModel | None = None
 ) -> Iterator[RoundTrace | DecodeResult]:
     """Yield one ``RoundTrace`` per round (round 0 is the prefill), then one ``DecodeResult``.
 
     ``watch``: the events carry the drafter's denoise steps (for the visualizer); without it drafting builds no
-    per-step lists and the events carry none.
+    per-step lists and the events carry none. ``costs``: the stage costs ``auto`` plans with (default: the models'
+    own, measured once).
     """
     cfg.validate()
-    models.drafter.check_block(cfg)
+    if not cfg.auto:
+        models.drafter.check_block(cfg)
     check_prompt(models, prompt_ids)
     clock, eos, verifier = Clock(models.device), stop_token_ids(models), VERIFIERS[cfg.verify]
+    settings = control(models, cfg, costs)
     if models.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(models.device)
     with torch.no_grad():
@@ -267,19 +298,21 @@ def decode(
             yield record(models, state, kept, Timings(0.0, prefill_s, 0.0, clock.now() - start))
         while reason is None:
             t0 = clock.now()
-            drafts = draft(models, state, cfg, watch)
+            setting = settings.choose(output_limit(models, state, cfg) - len(state.output))
+            drafts = draft(models, state, cfg, setting, watch)
             t1 = clock.now()
             tree = build_tree(state.root, cut_drafts(drafts.tokens, models, state))
             verified = verifier.verify(models, state, tree)
             t2 = clock.now()
             acceptance = accept(tree, verified.node_logits, cfg, state.target_rng)
             commit(models, state, tree, verified, acceptance, verifier)
+            settings.observe(setting, len(acceptance.path))
             emitted = [tree.tokens[n] for n in acceptance.path] + [acceptance.bonus]
             kept, reason = finish(models, state, emitted, cfg, eos)
             t3 = clock.now()
             timings = Timings(t1 - t0, t2 - t1, t3 - t2, t3 - start)
             with clock.paused():
-                yield record(models, state, kept, timings, drafts, tree, acceptance)
+                yield record(models, state, kept, timings, drafts, tree, acceptance, setting)
         yield result(models, state, cfg, prefill_s, reason, clock.now() - start)
 
 
@@ -299,13 +332,21 @@ class Timings:
 
 
 def record(
-    models: Models, state: DecodeState, kept: list[int], timings: Timings, drafts=None, tree=None, acceptance=None
+    models: Models,
+    state: DecodeState,
+    kept: list[int],
+    timings: Timings,
+    drafts=None,
+    tree=None,
+    acceptance=None,
+    setting: RoundSetting | None = None,
 ) -> RoundTrace:
     """The round's event, and the running totals of the request; the prefill round (index 0) has no drafts, tree or
     acceptance."""
     if acceptance is not None:
         state.forwards += 1
         state.accept_lens.append(len(acceptance.path))
+        state.settings.append(setting.as_tuple())
         state.draft_s += timings.draft_s
         state.verify_s += timings.verify_s
         state.other_s += timings.other_s
@@ -326,6 +367,7 @@ def record(
         peak_mem_mb=peak_memory_mb(models.device),
         cache_len=kv.cache_length(state.cache),
         draft_context_len=models.drafter.context_length(state.draft_state),
+        setting=setting.as_tuple() if setting else (0, 0, 0),
     )
 
 
@@ -346,4 +388,73 @@ def result(models: Models, state: DecodeState, cfg: DecodeConfig, prefill_s: flo
         peak_mem_mb=peak_memory_mb(models.device),
         stop_reason=reason,
         target_forwards=state.forwards,
+        settings=tuple(state.settings),
+        dtype=str(models.target.dtype).removeprefix("torch."),
     )
+
+
+CALIBRATION_TEXT = "The quick brown fox jumps over the lazy dog while the cat sleeps in the warm afternoon sun. "
+CALIBRATION_CONTEXT = 128  # prompt tokens the calibration runs on: a typical chat's context
+CALIBRATION_TOKENS = 32  # draft tokens in its widest verify forward
+CALIBRATION_BLOCK = 8  # block length of its drafts
+
+
+def calibrate(models: Models, repeats: int = 5) -> CostModel:
+    """The controller's stage costs on these models (``CostModel``): target forwards over 1 and 33 tokens, drafter
+    forwards of 1 and 4 rows, and a round's acceptance and commit, timed on a throwaway request (medians)."""
+    clock = Clock(models.device)
+
+    def seconds(stage: Callable[[], object]) -> float:
+        times = []
+        for _ in range(repeats + 1):  # the first call warms up
+            start = clock.now()
+            stage()
+            times.append(clock.now() - start)
+        return statistics.median(times[1:])
+
+    limit = context_limit(models.target) or 2 * CALIBRATION_CONTEXT
+    wide = max(1, min(CALIBRATION_TOKENS, limit // 4))
+    ids = models.tokenizer(CALIBRATION_TEXT * 64, return_tensors="pt")["input_ids"][
+        :, : min(CALIBRATION_CONTEXT, limit // 2)
+    ]
+    with torch.no_grad():
+        state, _ = prefill(models, ids.to(models.device), DecodeConfig())
+        past, verifier = kv.cache_length(state.cache), VERIFIERS["tree"]
+
+        def verify(tree: DraftTree) -> None:
+            verifier.verify(models, state, tree)
+            kv.truncate(state.cache, past)
+
+        one = seconds(lambda: verify(build_tree(state.root, [])))
+        many = seconds(lambda: verify(build_tree(state.root, [[state.root] * wide])))
+        token_s = max(0.0, (many - one) / wide)
+        forward_s = position_s = 0.0
+        if not isinstance(models.drafter, NoDrafter):
+            block = min(CALIBRATION_BLOCK, models.drafter.max_block or CALIBRATION_BLOCK)
+            single, four = (
+                seconds(
+                    lambda k=k: draft(
+                        models, state, DecodeConfig(drafts=k, block=block), RoundSetting(k, 1, block), False
+                    )
+                )
+                for k in (1, 4)
+            )
+            position_s = max(0.0, (four - single) / (3 * (block + 1)))
+            forward_s = max(0.0, single - position_s * (block + 1))
+
+        def accept_and_commit() -> float:
+            tree = build_tree(state.root, [[state.root]])
+            verified = verifier.verify(models, state, tree)
+            start = clock.now()
+            commit(
+                models,
+                state,
+                tree,
+                verified,
+                accept(tree, verified.node_logits, DecodeConfig(), state.target_rng),
+                verifier,
+            )
+            return clock.now() - start
+
+        other = statistics.median(accept_and_commit() for _ in range(repeats))
+    return CostModel(forward_s, position_s, max(0.0, one - token_s), token_s, other)

@@ -51,6 +51,7 @@ class RoundTrace:
     peak_mem_mb: float
     cache_len: int  # target KV cache length after the round (committed tokens - 1 while decoding goes on)
     draft_context_len: int  # the drafter's context length after the round (kept equal to cache_len)
+    setting: tuple[int, int, int] = (0, 0, 0)  # (K, T, L) drafted this round; L = 0: a plain step (and the prefill)
 
     @property
     def accept_len(self) -> int:
@@ -80,6 +81,8 @@ class DecodeResult:
     peak_mem_mb: float
     stop_reason: str  # "eos", "stop_string", "max_new_tokens"
     target_forwards: int
+    settings: tuple[tuple[int, int, int], ...] = ()  # per drafting round: (K, T, L), L = 0 for a plain step
+    dtype: str = "float32"  # the dtype the models ran in (exactness: docs/DESIGN.md §2.5)
 
     @property
     def new_tokens(self) -> int:
@@ -112,6 +115,8 @@ class DecodeResult:
             "peak_mem_mb": round(self.peak_mem_mb, 1),
             "target_forwards": self.target_forwards,
             "stop_reason": self.stop_reason,
+            "settings": [list(s) for s in self.settings],
+            "dtype": self.dtype,
         }
 
 
@@ -126,6 +131,9 @@ def peak_memory_mb(device: torch.device) -> float:
 def round_log_record(trace: RoundTrace) -> dict:
     return {
         "round": trace.index,
+        "K": trace.setting[0],
+        "T": trace.setting[1],
+        "L": trace.setting[2],
         "draft_time": round(trace.draft_s, 6),
         "verify_time": round(trace.verify_s, 6),
         "other_time": round(trace.other_s, 6),

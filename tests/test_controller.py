@@ -1,0 +1,155 @@
+"""The controller ``auto``: its arithmetic on known numbers, and end to end against the oracles (HF ``generate``,
+plain sampling with the same seed, drafters that are always wrong or always right)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.fakes import ScriptedDrafter
+from tests.oracles import PROMPTS, check_invariants, hf_greedy, run
+from tests.test_cli_and_errors import cli
+from xpress_core.config import DecodeConfig
+from xpress_core.controller import LAST_PROBE, PLAIN_STEP, AutoControl, CostModel, RoundSetting
+from xpress_core.drafters.base import NoDrafter
+from xpress_core.engine import Models, decode
+from xpress_core.models import encode_prompt, load_models
+from xpress_core.trace import write_jsonl
+
+# Stage costs like the embedded pair's in bf16 (ms), fixed so that every choice below is reproducible.
+COSTS = CostModel(
+    draft_forward_s=1.7e-3, draft_position_s=0.065e-3, verify_forward_s=3.0e-3, verify_token_s=0.1e-3, other_s=0.4e-3
+)
+AUTO = DecodeConfig(auto=True, max_new_tokens=48)
+
+
+@pytest.fixture(scope="module")
+def llama(zoo):
+    models = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu", dtype="float32")
+    return models, [encode_prompt(models.tokenizer, p, chat=True) for p in PROMPTS]
+
+
+def test_round_costs_and_acceptance_estimates_on_known_numbers():
+    costs = CostModel(1.0, 0.1, 2.0, 0.5, 0.25)
+    assert costs.round_s(RoundSetting(2, 3, 4)) == pytest.approx(3 * (1.0 + 0.1 * 2 * 5) + 2.0 + 0.5 * 9 + 0.25)
+    assert costs.round_s(PLAIN_STEP) == pytest.approx(2.0 + 0.5 + 0.25)
+    control = AutoControl(costs, max_block=4)
+    assert control.acceptance((1, 1)) == [0.5] * 4  # the prior
+    control.observe(RoundSetting(1, 1, 4), 2)  # positions 1 and 2 accepted, 3 rejected, 4 not reached
+    # q_i = (accepted + 2 q_{i-1}) / (reached + 2), q_0 = 1/2: an unreached position repeats the one before it.
+    assert control.acceptance((1, 1)) == pytest.approx([2 / 3, 7 / 9, 14 / 27, 14 / 27])
+    assert control.acceptance((2, 1)) == pytest.approx([2 / 3, 7 / 9, 14 / 27, 14 / 27])  # borrowed from (1, 1)
+    control.observe(RoundSetting(2, 1, 4), 4)  # earlier counts decay by MEMORY = 0.9
+    q1 = 1.9 / 2.9
+    q2 = (0.9 + 2 * q1) / 2.9
+    assert control.acceptance((1, 1)) == pytest.approx([q1, q2, 2 * q2 / 2.9, 2 * q2 / 2.9])
+    borrowed = control.acceptance((1, 1))
+    assert control.acceptance((2, 1)) == pytest.approx([(1 + 2 * q) / 3 for q in borrowed])
+
+
+def test_plain_steps_when_drafting_does_not_pay_with_probes_that_back_off():
+    control = AutoControl(CostModel(1.0, 0.0, 1.0, 0.0, 0.0), max_block=8)  # a draft costs a plain step
+    for _ in range(3):
+        control.observe(RoundSetting(1, 1, 8), 0)
+    picks = []
+    for _ in range(40):
+        setting = control.choose(remaining=100)
+        picks.append(setting)
+        control.observe(setting, 0)
+    drafted = [i for i, s in enumerate(picks) if not s.plain]
+    assert drafted == [4, 13, 30]  # probes after 4, 8, 16 plain steps
+    assert control.probe_after == min(32, LAST_PROBE)
+    assert control.choose(remaining=1) == PLAIN_STEP  # one token left: nothing to draft
+
+
+def test_auto_greedy_equals_generate_token_for_token(llama):
+    models, prompts = llama
+    for prompt_ids in prompts:
+        for costs in (COSTS, None):  # fixed costs, and the models' own calibration
+            traces, result = run(models, prompt_ids, AUTO, costs=costs)
+            assert list(result.token_ids) == hf_greedy(models, prompt_ids, new=AUTO.max_new_tokens)
+            check_invariants(traces, prompt_ids.shape[1], result)
+            assert [t.setting for t in traces[1:]] == list(result.settings) and len(result.settings) == result.rounds
+    assert models.costs.verify_forward_s > 0  # calibrated once, on first use
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_auto_sampling_same_seed_same_tokens_as_plain_sampling(llama, seed):
+    models, prompts = llama
+    plain = Models(models.target, models.tokenizer, NoDrafter())
+    cfg = DecodeConfig(auto=True, temperature=0.8, top_p=0.95, seed=seed, max_new_tokens=40)
+    for prompt_ids in prompts:
+        _, want = run(plain, prompt_ids, DecodeConfig(temperature=0.8, top_p=0.95, seed=seed, max_new_tokens=40))
+        _, got = run(models, prompt_ids, cfg, costs=COSTS)
+        assert got.token_ids == want.token_ids
+
+
+def test_auto_steps_plainly_when_drafts_are_always_wrong(zoo, llama):
+    models, prompts = llama
+    wrong = Models(models.target, models.tokenizer, ScriptedDrafter(models.target, "wrong"))
+    _, result = run(wrong, prompts[0], AUTO, costs=COSTS)
+    assert list(result.token_ids) == hf_greedy(models, prompts[0], new=AUTO.max_new_tokens)
+    assert set(result.accept_lens) == {0}
+    plain_share = sum(s == PLAIN_STEP.as_tuple() for s in result.settings) / result.rounds
+    assert plain_share >= 0.85, result.settings
+
+
+def test_auto_drafts_long_blocks_when_drafts_are_always_right(llama):
+    models, prompts = llama
+    oracle = Models(models.target, models.tokenizer, ScriptedDrafter(models.target, "oracle"))
+    cfg = DecodeConfig(auto=True, max_new_tokens=96)
+    for prompt_ids in prompts:
+        _, result = run(oracle, prompt_ids, cfg, costs=COSTS)
+        assert list(result.token_ids) == hf_greedy(models, prompt_ids, new=cfg.max_new_tokens)
+        late = result.settings[len(result.settings) // 2 : -1]  # the last round may be cut by max_new_tokens
+        assert late and all(block >= 12 for _, _, block in late), result.settings
+        assert result.tau > 6
+
+
+def test_auto_choices_are_deterministic_for_a_seed_and_history(llama):
+    models, prompts = llama
+    for cfg in (AUTO, DecodeConfig(auto=True, temperature=0.7, seed=5, max_new_tokens=48)):
+        first, second = (run(models, prompts[1], cfg, costs=COSTS)[1] for _ in range(2))
+        assert first.settings == second.settings and first.token_ids == second.token_ids
+
+
+def test_settings_reach_the_round_log_and_the_cli_decides_by_default(zoo, llama, tmp_path):
+    models, prompts = llama
+    traces, result = run(models, prompts[0], AUTO, costs=COSTS)
+    write_jsonl(traces, tmp_path / "rounds.jsonl")
+    records = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
+    assert [(r["K"], r["T"], r["L"]) for r in records[1:]] == list(result.settings)
+    assert result.to_json()["settings"] == [list(s) for s in result.settings]
+
+    log = tmp_path / "cli.jsonl"
+    args = ["generate", "--prompt", PROMPTS[0], "--chat", "--target", str(zoo["llama"]), "--drafter"]
+    args += [str(zoo["drafter_llama"]), "--dtype", "float32", "--max-new-tokens", "24", "--json", "--log", str(log)]
+    proc = cli(*args)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert out["token_ids"] == hf_greedy(models, prompts[0], new=24) and out["dtype"] == "float32"
+    assert [[r["K"], r["T"], r["L"]] for r in records[1:]] == out["settings"] and len(out["settings"]) == out["rounds"]
+    pinned = json.loads(cli(*args, "-L", "4").stdout)
+    assert pinned["settings"] == [[1, 1, 4]] * pinned["rounds"]  # one of -K/-T/-L pins the setting
+
+
+def test_a_choice_costs_far_less_than_a_millisecond():
+    control = AutoControl(COSTS, max_block=16)
+    for accepted in (3, 5, 1, 8, 2):
+        control.observe(RoundSetting(2, 1, 8), accepted)
+    start = time.thread_time()  # CPU time of this thread: other jobs on the machine do not count
+    for i in range(200):
+        setting = control.choose(remaining=100)
+        control.observe(setting if not setting.plain else RoundSetting(1, 1, 4), i % 5)
+    assert (time.thread_time() - start) / 200 < 0.5e-3
+
+
+def test_the_none_drafter_under_auto_steps_plainly(zoo):
+    models = load_models(zoo["llama"], "none", device="cpu", dtype="float32")
+    prompt_ids = encode_prompt(models.tokenizer, PROMPTS[0], chat=True)
+    result = list(decode(models, prompt_ids, AUTO, costs=COSTS))[-1]
+    assert set(result.settings) == {PLAIN_STEP.as_tuple()}
+    assert list(result.token_ids) == hf_greedy(models, prompt_ids, new=AUTO.max_new_tokens)

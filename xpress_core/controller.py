@@ -1,0 +1,149 @@
+"""How much to speculate, round by round: a fixed (K, T, L), or the controller ``auto`` (docs/DESIGN.md §2.6).
+
+``auto`` picks, before each round, the setting with the most expected tokens per second:
+
+- expected tokens of a round at (K, T, L) = 1 + sum over i = 1..L of q_1 ... q_i, where q_i is the chance that block
+  position i is accepted once the positions before it were, estimated per (K, T) from this request's rounds (recent
+  rounds weigh more) over a prior (``AutoControl.acceptance``); L = 0 is a plain step (one token, no drafting);
+- seconds of a round from a ``CostModel``: stage costs measured on the models at hand (the engine calibrates them).
+
+When plain steps win it still drafts now and then (a probe, after 4, 8, ... 64 plain rounds), so that it notices when
+the text becomes predictable again. Every choice is a pure function of the costs and the request's acceptance so far:
+the same seed and history give the same settings. Whatever it picks, the output is the target's: the controller only
+changes what is drafted, and the acceptance walk decides what is kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import DecodeConfig
+
+AUTO_DRAFTS = (1, 2, 4)  # K the controller may pick
+AUTO_STEPS = (1, 2)  # T the controller may pick
+AUTO_MAX_BLOCK = 16  # the longest L it may pick (the drafter's own limit may be lower)
+PRIOR_ACCEPT = 0.5  # the (1, 1) rows' acceptance chance per position before any round is seen
+PRIOR_WEIGHT = 2.0  # how many rounds the prior counts as
+MEMORY = 0.9  # each drafting round, earlier rounds' counts are multiplied by this (recent acceptance weighs more)
+FIRST_PROBE, LAST_PROBE = 4, 64  # plain rounds before a probe: doubles after each probe that does not pay
+
+
+@dataclass(frozen=True)
+class RoundSetting:
+    drafts: int  # K
+    steps: int  # T
+    block: int  # L; 0 = a plain step (no drafting)
+
+    @property
+    def plain(self) -> bool:
+        return self.block == 0
+
+    def as_tuple(self) -> tuple[int, int, int]:
+        return (self.drafts, self.steps, self.block)
+
+
+PLAIN_STEP = RoundSetting(0, 0, 0)
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Seconds of a round's stages, linear in their work (fitted by ``engine.calibrate``)."""
+
+    draft_forward_s: float  # one drafter forward, fixed part
+    draft_position_s: float  # one drafter forward, per block position of every draft row (K x (L + 1))
+    verify_forward_s: float  # one target forward, fixed part
+    verify_token_s: float  # one target forward, per token (the root and every tree node)
+    other_s: float  # acceptance, commit and stop checks
+
+    def round_s(self, setting: RoundSetting) -> float:
+        """Seconds of a round; a tree of K drafts of L tokens has at most K x L nodes (branching keeps them apart)."""
+        tree = setting.drafts * setting.block
+        verify = self.verify_forward_s + self.verify_token_s * (tree + 1)
+        per_forward = self.draft_forward_s + self.draft_position_s * setting.drafts * (setting.block + 1)
+        return setting.steps * per_forward + verify + self.other_s
+
+
+class FixedControl:
+    """Every round at the request's own (K, T, L)."""
+
+    def __init__(self, cfg: DecodeConfig):
+        self.setting = RoundSetting(cfg.drafts, cfg.steps, cfg.block)
+
+    def choose(self, remaining: int) -> RoundSetting:
+        return self.setting
+
+    def observe(self, setting: RoundSetting, accepted: int) -> None:
+        pass
+
+
+class AutoControl:
+    """The controller ``auto``: the setting with the most expected tokens per second (module docstring)."""
+
+    def __init__(self, costs: CostModel, max_block: int | None, can_draft: bool = True):
+        self.costs = costs
+        top = min(AUTO_MAX_BLOCK, max_block or AUTO_MAX_BLOCK)
+        self.pairs = [(k, t) for k in AUTO_DRAFTS for t in AUTO_STEPS if t <= top] if can_draft else []
+        self.max_block = top
+        # Per (K, T): decayed counts, per block position, of rounds that reached it and of those that accepted it.
+        self.reached = {pair: [0.0] * top for pair in self.pairs}
+        self.accepted = {pair: [0.0] * top for pair in self.pairs}
+        self.plain_run, self.probe_after = 0, FIRST_PROBE
+
+    def acceptance(self, pair: tuple[int, int]) -> list[float]:
+        """q_i per block position: this (K, T)'s counts over a prior. The prior of (1, 1) at position i is its own
+        estimate at i - 1 (``PRIOR_ACCEPT`` at the first), so positions no round reached yet expect what the last
+        reached one showed: a block accepted whole invites a longer one. Other pairs take (1, 1)'s estimate as their
+        prior (more drafts or steps rarely accept less)."""
+        reached, accepted = self.reached[pair], self.accepted[pair]
+        if pair != (1, 1):
+            base = self.acceptance((1, 1))
+            return [(a + PRIOR_WEIGHT * b) / (r + PRIOR_WEIGHT) for a, r, b in zip(accepted, reached, base)]
+        q, previous = [], PRIOR_ACCEPT
+        for a, r in zip(accepted, reached):
+            previous = (a + PRIOR_WEIGHT * previous) / (r + PRIOR_WEIGHT)
+            q.append(previous)
+        return q
+
+    def best(self, remaining: int) -> tuple[float, RoundSetting]:
+        """The speculative setting with the most expected tokens per second, and that rate."""
+        best_rate, best = 0.0, PLAIN_STEP
+        longest = min(self.max_block, remaining - 1)  # drafting past the reply's end gains nothing
+        for k, t in self.pairs:
+            expected, chain = 1.0, 1.0
+            for block, q in enumerate(self.acceptance((k, t))[:longest], start=1):
+                chain *= q
+                expected += chain
+                if block < t:  # T <= L
+                    continue
+                setting = RoundSetting(k, t, block)
+                rate = expected / self.costs.round_s(setting)
+                if rate > best_rate:
+                    best_rate, best = rate, setting
+        return best_rate, best
+
+    def choose(self, remaining: int) -> RoundSetting:
+        rate, setting = self.best(remaining)
+        plain_rate = 1.0 / self.costs.round_s(PLAIN_STEP)
+        if setting.plain:
+            return PLAIN_STEP
+        if rate > plain_rate:
+            self.probe_after = FIRST_PROBE
+            return setting
+        if self.plain_run >= self.probe_after:  # a probe: does drafting pay again?
+            self.probe_after = min(2 * self.probe_after, LAST_PROBE)
+            return setting
+        return PLAIN_STEP
+
+    def observe(self, setting: RoundSetting, accepted: int) -> None:
+        """Count a round: positions 1..accepted were accepted, position accepted + 1 (if drafted) was not."""
+        if setting.plain:
+            self.plain_run += 1
+            return
+        self.plain_run = 0
+        for pair in self.pairs:
+            self.reached[pair] = [MEMORY * r for r in self.reached[pair]]
+            self.accepted[pair] = [MEMORY * a for a in self.accepted[pair]]
+        reached, hits = self.reached[setting.drafts, setting.steps], self.accepted[setting.drafts, setting.steps]
+        for i in range(min(accepted + 1, setting.block)):
+            reached[i] += 1.0
+            hits[i] += 1.0 if i < accepted else 0.0
