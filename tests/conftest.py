@@ -6,6 +6,8 @@ import torch
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing downloads in tests
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+# The exactness oracles are fp32's (token for token): apps the tests start load fp32 whatever the CPU ...
+os.environ.setdefault("XPRESS_DTYPE", "float32")
 torch.set_num_threads(max(1, int(os.environ.get("XPRESS_TEST_THREADS", "1"))))
 
 
@@ -14,3 +16,11 @@ def zoo(tmp_path_factory):
     from tests.tiny import build_tiny_zoo
 
     return build_tiny_zoo(tmp_path_factory.mktemp("zoo"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fp32_by_default():
+    """... and so does ``dtype="auto"`` in the tests' own process (the tests that want bf16 ask for it)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("xpress_core.models.native_bf16", lambda: False)
+        yield

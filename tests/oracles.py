@@ -1,7 +1,12 @@
-"""What the engine tests share: running a request to its events, HF ``generate`` as the greedy oracle, and the
-cache invariants every decode must keep."""
+"""What the engine tests share: running a request to its events (in this process, or through the CLI), HF
+``generate`` as the greedy oracle, and the cache invariants every decode must keep."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 from xpress_core.engine import decode
 from xpress_core.trace import DecodeResult, RoundTrace
@@ -29,3 +34,18 @@ def check_invariants(traces, prompt_len, result):
         assert t.draft_context_len == t.cache_len
     assert result.rounds == len(traces) - 1
     assert sum(len(t.emitted) for t in traces) == result.new_tokens
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    """``python -m xpress_core ARGS`` from the repository root, one thread."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    root = Path(__file__).resolve().parent.parent
+    return subprocess.run(
+        [sys.executable, "-m", "xpress_core", *args],
+        check=False,
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )

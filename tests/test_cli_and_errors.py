@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from tests.oracles import cli
 from tests.tiny import SENTENCES
 from xpress_core.config import DecodeConfig
 from xpress_core.engine import decode
@@ -20,13 +19,6 @@ from xpress_core.models import encode_prompt, init_drafter, load_models
 from xpress_core.train.tokenizer import train_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "xpress_core", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
-    )
 
 
 @pytest.mark.parametrize(
@@ -136,6 +128,8 @@ def test_cli_generate_json_equals_generate(zoo, tmp_path):
         "4",
         "--max-new-tokens",
         "16",
+        "--dtype",
+        "float32",
         "--json",
         "--log",
         str(log),
@@ -163,7 +157,8 @@ def test_cli_generate_json_equals_generate(zoo, tmp_path):
     models = load_models(zoo["llama"], "none", device="cpu")
     prompt = encode_prompt(models.tokenizer, "book a table", chat=True)
     ref = models.target.generate(prompt, max_new_tokens=16, do_sample=False)[0, prompt.shape[1] :].tolist()
-    assert out["token_ids"] == ref and out["new_tokens"] == len(ref) == 16
+    assert out["token_ids"] == ref and out["new_tokens"] == len(ref) == 16 and out["dtype"] == "float32"
+    assert out["settings"] == [[3, 2, 4]] * out["rounds"]
     assert len(out["accept_lens"]) == out["rounds"]
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(records) == out["rounds"] + 1  # the prefill round too

@@ -9,8 +9,7 @@ import time
 import pytest
 
 from tests.fakes import ScriptedDrafter
-from tests.oracles import PROMPTS, check_invariants, hf_greedy, run
-from tests.test_cli_and_errors import cli
+from tests.oracles import PROMPTS, check_invariants, cli, hf_greedy, run
 from xpress_core.config import DecodeConfig
 from xpress_core.controller import LAST_PROBE, PLAIN_STEP, AutoControl, CostModel, RoundSetting
 from xpress_core.drafters.base import NoDrafter

@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 import itertools
+import json
 import random
 
 import pytest
 import torch
 
 from tests.fakes import ScriptedDrafter
-from tests.oracles import NEW, PROMPTS, check_invariants, hf_greedy, run
+from tests.oracles import NEW, PROMPTS, check_invariants, cli, hf_greedy, run
 from xpress_core import cache as kv
 from xpress_core.config import DecodeConfig
 from xpress_core.drafters.base import NoDrafter
 from xpress_core.drafters.diffusion import DiffusionState, grown
 from xpress_core.engine import Models, decode, stop_token_ids
-from xpress_core.models import encode_prompt, load_models, load_target
+from xpress_core.models import encode_prompt, load_models, load_target, native_bf16, resolve_dtype
 from xpress_core.sampling import draw_token
 from xpress_core.tree import build_tree, tree_attention_mask, tree_position_ids
+
+DETECTED_NATIVE_BF16 = native_bf16()  # read at import, before the tests' fp32 default replaces it (conftest.py)
 
 
 @pytest.fixture(scope="module", params=["llama", "gpt2", "qwen3"])
@@ -307,6 +310,18 @@ def test_bfloat16_runs_and_plain_decoding_equals_generate(zoo):
             assert list(result.token_ids) == ref
         else:
             assert result.token_ids[0] == ref[0] and result.new_tokens == NEW
+
+
+def test_auto_dtype_is_bf16_on_cuda_and_on_cpus_with_native_bf16(zoo, monkeypatch):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    for native, want in ((True, torch.bfloat16), (False, torch.float32)):
+        monkeypatch.setattr("xpress_core.models.native_bf16", lambda native=native: native)
+        assert resolve_dtype("auto", cpu) == want and resolve_dtype("auto", cuda) == torch.bfloat16
+        assert resolve_dtype("float32", cpu) == torch.float32 and resolve_dtype("bf16", cpu) == torch.bfloat16
+    # The CLI's default on this machine, unpatched (a new process): the dtype that ran is in the result.
+    args = ["generate", "--prompt", "hello", "--target", str(zoo["llama"]), "--drafter", "none", "--json"]
+    out = json.loads(cli(*args, "--max-new-tokens", "4").stdout)
+    assert out["dtype"] == ("bfloat16" if DETECTED_NATIVE_BF16 else "float32")
 
 
 def random_drafts(rng: random.Random) -> tuple[int, list[list[int]]]:

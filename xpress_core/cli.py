@@ -33,7 +33,11 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--mask-token-id", type=int, help="diffusion-LM drafter: its mask token id [its own]")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    parser.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        help="auto (bf16 on CUDA and on CPUs with native bf16, else fp32), float32 (token-for-token exact), bfloat16",
+    )
     parser.add_argument("--device-map", help="'auto': spread the target over all GPUs (accelerate), for big targets")
     parser.add_argument(
         "--allow-unknown-models", action="store_true", help=f"load Hub ids no preset names (env {ALLOW_UNKNOWN_ENV})"

@@ -48,9 +48,26 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+# CPU flags of native bf16 arithmetic (AVX-512 BF16, AMX): there a multi-token forward costs barely more than a
+# one-token forward in bf16, while fp32 pays for every token (docs/DESIGN.md §5.1; scripts/profile_round.py).
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def native_bf16() -> bool:
+    """Whether this CPU computes in bf16 natively (Linux: its /proc/cpuinfo flags; elsewhere: assume not)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return any(flag in flags for flag in NATIVE_BF16_FLAGS)
+
+
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """``auto``: bf16 on CUDA and on CPUs with native bf16 (faster there: speculation verifies many tokens per
+    forward), else fp32. Exactness: fp32 gives plain decoding's tokens exactly; bf16 gives plain bf16 decoding's up to
+    rounding, which differs between forward shapes (docs/DESIGN.md §2.5)."""
     if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return torch.bfloat16 if device.type == "cuda" or native_bf16() else torch.float32
     choices = {
         "float32": torch.float32,
         "fp32": torch.float32,
