@@ -13,7 +13,7 @@ from tests.oracles import PROMPTS, check_invariants, cli, hf_greedy, run
 from xpress_core.config import DecodeConfig
 from xpress_core.controller import LAST_PROBE, PLAIN_STEP, AutoControl, CostModel, RoundSetting
 from xpress_core.drafters.base import NoDrafter
-from xpress_core.engine import Models, decode
+from xpress_core.engine import Models, calibrated, decode
 from xpress_core.models import encode_prompt, load_models
 from xpress_core.trace import write_jsonl
 
@@ -65,13 +65,14 @@ def test_plain_steps_when_drafting_does_not_pay_with_probes_that_back_off():
 
 def test_auto_greedy_equals_generate_token_for_token(llama):
     models, prompts = llama
+    measured = calibrated(models)
+    assert measured.costs.verify_forward_s > 0 and measured.costs.verify_token_s >= 0
     for prompt_ids in prompts:
-        for costs in (COSTS, None):  # fixed costs, and the models' own calibration
-            traces, result = run(models, prompt_ids, AUTO, costs=costs)
+        for with_costs, costs in ((models, COSTS), (measured, None), (models, None)):  # fixed, calibrated, per request
+            traces, result = run(with_costs, prompt_ids, AUTO, costs=costs)
             assert list(result.token_ids) == hf_greedy(models, prompt_ids, new=AUTO.max_new_tokens)
             check_invariants(traces, prompt_ids.shape[1], result)
             assert [t.setting for t in traces[1:]] == list(result.settings) and len(result.settings) == result.rounds
-    assert models.costs.verify_forward_s > 0  # calibrated once, on first use
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

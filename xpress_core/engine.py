@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from functools import cached_property
 
 import torch
 
@@ -33,15 +32,11 @@ class Models:
     target: torch.nn.Module
     tokenizer: object
     drafter: Drafter
+    costs: CostModel | None = None  # stage costs the controller auto plans with; None: measured for each request
 
     @property
     def device(self) -> torch.device:
         return self.target.device
-
-    @cached_property
-    def costs(self) -> CostModel:
-        """Stage costs of these models for the controller, measured once, on first use (``calibrate``)."""
-        return calibrate(self)
 
 
 @dataclass
@@ -156,7 +151,7 @@ def control(models: Models, cfg: DecodeConfig, costs: CostModel | None) -> Fixed
     if not cfg.auto:
         return FixedControl(cfg)
     can_draft = not isinstance(models.drafter, NoDrafter)
-    return AutoControl(costs or models.costs, models.drafter.max_block, can_draft)
+    return AutoControl(costs or models.costs or calibrate(models), models.drafter.max_block, can_draft)
 
 
 def round_config(cfg: DecodeConfig, setting: RoundSetting) -> DecodeConfig:
@@ -278,8 +273,8 @@ def decode(
     """Yield one ``RoundTrace`` per round (round 0 is the prefill), then one ``DecodeResult``.
 
     ``watch``: the events carry the drafter's denoise steps (for the visualizer); without it drafting builds no
-    per-step lists and the events carry none. ``costs``: the stage costs ``auto`` plans with (default: the models'
-    own, measured once).
+    per-step lists and the events carry none. ``costs``: the stage costs ``auto`` plans with (default: the models',
+    or measured now: a caller that serves many requests keeps ``calibrated(models)``).
     """
     cfg.validate()
     if not cfg.auto:
@@ -391,6 +386,11 @@ def result(models: Models, state: DecodeState, cfg: DecodeConfig, prefill_s: flo
         settings=tuple(state.settings),
         dtype=str(models.target.dtype).removeprefix("torch."),
     )
+
+
+def calibrated(models: Models) -> Models:
+    """The models with their stage costs measured (``calibrate``), for callers that run many ``auto`` requests."""
+    return models if models.costs else replace(models, costs=calibrate(models))
 
 
 CALIBRATION_TEXT = "The quick brown fox jumps over the lazy dog while the cat sleeps in the warm afternoon sun. "
