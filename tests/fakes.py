@@ -1,10 +1,12 @@
-"""Fake drafters with known behaviour, to test the engine's acceptance and stopping against HF ``generate``."""
+"""Fake drafters with known behaviour, to test the engine's acceptance and stopping against HF ``generate``, and
+hand-made round events for the figure and verdict tests."""
 
 from __future__ import annotations
 
 import torch
 
 from xpress_core.drafters.base import Drafter, Drafts
+from xpress_core.trace import RoundTrace
 
 
 class ScriptedDrafter(Drafter):
@@ -43,3 +45,36 @@ class ScriptedDrafter(Drafter):
                 for k in range(1, cfg.drafts)
             ]
         return Drafts(tokens=tuple(map(tuple, drafts)))
+
+
+def round_trace(
+    index=1,
+    steps=(),
+    drafts=(),
+    draft_accept_lens=(),
+    accepted=(),
+    emitted=(7,),
+    draft_s=0.001,
+    verify_s=0.002,
+    other_s=0.0005,
+    new_tokens_total=1,
+    elapsed_s=0.01,
+) -> RoundTrace:
+    return RoundTrace(
+        index=index,
+        steps=steps,
+        drafts=drafts,
+        tree_tokens=(),
+        tree_parents=(),
+        draft_accept_lens=draft_accept_lens,
+        accepted=accepted,
+        emitted=emitted,
+        draft_s=draft_s,
+        verify_s=verify_s,
+        other_s=other_s,
+        new_tokens_total=new_tokens_total,
+        elapsed_s=elapsed_s,
+        peak_mem_mb=1.0,
+        cache_len=0,
+        draft_context_len=0,
+    )

@@ -9,50 +9,17 @@ from collections import Counter
 import plotly.graph_objects as go
 import pytest
 
-from tests.fakes import ScriptedDrafter
+from tests.fakes import ScriptedDrafter, round_trace
 from xpress_core import plots
 from xpress_core.config import DecodeConfig
 from xpress_core.drafters.base import NoDrafter
 from xpress_core.engine import Models, decode
 from xpress_core.models import encode_prompt, load_models
-from xpress_core.trace import MASKED, DecodeResult, DenoiseStep, RoundTrace
+from xpress_core.trace import MASKED, DecodeResult, DenoiseStep
 
 
 def token_text(token: int) -> str:
     return f"t{token}"
-
-
-def round_trace(
-    index=1,
-    steps=(),
-    drafts=(),
-    draft_accept_lens=(),
-    accepted=(),
-    emitted=(7,),
-    draft_s=0.001,
-    verify_s=0.002,
-    other_s=0.0005,
-    new_tokens_total=1,
-    elapsed_s=0.01,
-) -> RoundTrace:
-    return RoundTrace(
-        index=index,
-        steps=steps,
-        drafts=drafts,
-        tree_tokens=(),
-        tree_parents=(),
-        draft_accept_lens=draft_accept_lens,
-        accepted=accepted,
-        emitted=emitted,
-        draft_s=draft_s,
-        verify_s=verify_s,
-        other_s=other_s,
-        new_tokens_total=new_tokens_total,
-        elapsed_s=elapsed_s,
-        peak_mem_mb=1.0,
-        cache_len=0,
-        draft_context_len=0,
-    )
 
 
 # K=2 drafts, L=3, T=2 steps. Draft 1 is accepted for 2 tokens, draft 2 for none; the target then adds token 11.
@@ -223,6 +190,24 @@ def test_latency_figure_stacks_the_engine_timings(runs):
     assert lines["speculative tokens/s"].y[-1] == pytest.approx(result.tokens_per_s, rel=0.05)
     assert lines["plain tokens/s"].y[-1] == pytest.approx(plain_result.tokens_per_s, rel=0.05)
     assert lines["plain tokens/s"].x[-1] == plain_result.new_tokens
+
+
+def test_latency_figure_in_plain_steps_draws_each_rounds_cost_and_the_break_even_line(runs):
+    traces, result = runs["oracle"]
+    plain_step_s = 0.004
+    fig = plots.latency_figure(traces, plain_step_s=plain_step_s)
+    bars = [t for t in fig.data if isinstance(t, go.Bar)]
+    assert [b.name for b in bars] == ["draft", "verify", "other"]
+    assert list(bars[0].x) == list(range(1, result.rounds + 1))  # drafting rounds only: the prefill is left out
+    costs = [sum(b.y[i] for b in bars) for i in range(result.rounds)]
+    assert costs == pytest.approx([(t.draft_s + t.verify_s + t.other_s) / plain_step_s for t in traces[1:]])
+    lines = {t.name.split(" (")[0]: t for t in fig.data if isinstance(t, go.Scatter)}
+    assert list(lines["tokens the round emitted"].y) == [n + 1 for n in result.accept_lens]
+    break_even = sum(costs) / len(costs)
+    assert lines[f"break-even τ {break_even:.2f}"].y == pytest.approx((break_even, break_even))
+    assert lines[f"τ {result.mean_accept_len:.2f}"].y == (result.mean_accept_len, result.mean_accept_len)
+    speedup = result.mean_accept_len / break_even
+    assert fig.layout.title.text.endswith(f"→ {speedup:.2f}×")
 
 
 def test_running_tau_is_the_cumulative_mean_of_tokens_per_round():

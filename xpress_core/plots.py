@@ -15,6 +15,7 @@ from itertools import accumulate
 import plotly.graph_objects as go
 
 from .trace import MASKED, DenoiseStep, RoundTrace
+from .verdict import STAGES, RoundCost, round_cost
 
 TokenText = Callable[[int], str]
 
@@ -200,16 +201,19 @@ def draft_evolution_figure(trace: RoundTrace, token_text: TokenText, step: int |
             frames += [cell_frame(j, k, ACCEPTED_COLOUR, width) for j in range(min(accept_lens[k], length))]
             if accept_lens[k] < length:
                 frames.append(cell_frame(accept_lens[k], k, REJECTED_COLOUR, width))
-    title = f"{EVOLUTION_TITLE} · round {trace.index} · denoise step {shown + 1}/{last + 1}"
+    details = []  # a second, smaller title line: the panel sits in half the page's width
     if noise_level is not None:
-        title += f" · nearest tokens from noise t={noise_level:.2f}"
+        details.append(f"nearest tokens from noise t={noise_level:.2f}")
     if verified:
-        title += f" · accepted {trace.accept_len} of {length} + 1 from the target"
+        details.append(f"accepted {trace.accept_len} of {length} + 1 from the target")
+    title = f"{EVOLUTION_TITLE} · round {trace.index} · denoise step {shown + 1}/{last + 1}"
+    if details:
+        title += f"<br><sup>{' · '.join(details)}</sup>"
     fig.update_layout(
         title=title,
         shapes=frames,
         height=max(220, 90 + 42 * k_drafts),
-        margin={"l": 20, "r": 20, "t": 50, "b": 40},
+        margin={"l": 20, "r": 20, "t": 64, "b": 40},
         xaxis={"title": "position in block", "type": "category", "side": "bottom"},
         yaxis={"type": "category", "autorange": "reversed"},
         plot_bgcolor="white",
@@ -323,27 +327,27 @@ def accept_length_figure(traces: Sequence[RoundTrace]) -> go.Figure:
 LATENCY_TITLE = "Latency"
 
 
-def latency_figure(traces: Sequence[RoundTrace], plain: Sequence[RoundTrace] = ()) -> go.Figure:
-    """Per-round time split (round 0 = the prefill forward) and cumulative tokens/s, beside plain decoding if run."""
+def latency_figure(
+    traces: Sequence[RoundTrace], plain: Sequence[RoundTrace] = (), plain_step_s: float | None = None
+) -> go.Figure:
+    """Where the time went, and tokens/s so far (beside plain decoding if it ran).
+
+    With ``plain_step_s`` (one plain decoding step, measured) each drafting round's draft / verify / other time is
+    drawn in plain steps beside the tokens it emitted, with the break-even line: a round pays when it emits more
+    tokens than it costs plain steps (``verdict``). Without it, or before the first drafting round, the time of every
+    round (0 = the prefill forward) in ms.
+    """
     if not traces:
         return message_figure(LATENCY_TITLE, "No round yet.")
+    cost = round_cost(traces, plain_step_s) if plain_step_s else None
     fig = go.Figure()
-    x = [t.index for t in traces]
-    stages = {
-        "draft": [t.draft_s for t in traces],
-        "verify": [t.verify_s for t in traces],
-        "other": [t.other_s for t in traces],
-    }
-    for stage, seconds in stages.items():
-        fig.add_trace(
-            go.Bar(
-                x=x,
-                y=[1000 * s for s in seconds],
-                name=stage,
-                marker_color=STAGE_COLOURS[stage],
-                hovertemplate=f"round %{{x}}: {stage} %{{y:.2f}} ms<extra></extra>",
-            )
-        )
+    if cost is None:
+        stage_bars(fig, traces, 1000.0, "ms")
+        left, x_title, y_title, title = "time per round (ms)", "round (0 = prefill)", "ms", LATENCY_TITLE
+    else:
+        cost_per_round(fig, [t for t in traces if t.index > 0], cost)
+        left, x_title, y_title = "cost per round", "drafting round", "plain steps · tokens"
+        title = f"{LATENCY_TITLE} · τ {cost.tau:.2f} / {cost.plain_steps:.2f} plain steps a round → {cost.speedup:.2f}×"
     series = [("speculative", traces, SPECULATIVE_COLOUR)] + ([("plain", plain, PLAIN_COLOUR)] if plain else [])
     for name, run, colour in series:
         fig.add_trace(
@@ -358,12 +362,12 @@ def latency_figure(traces: Sequence[RoundTrace], plain: Sequence[RoundTrace] = (
                 hovertemplate=f"{name}: %{{y:.1f}} tokens/s after %{{x}} tokens<extra></extra>",
             )
         )
-    title = f"{LATENCY_TITLE} · {traces[-1].tokens_per_s:.1f} tokens/s"
+    speeds = f"tokens/s: {traces[-1].tokens_per_s:.1f}"
     if plain and plain[-1].tokens_per_s > 0:
-        title += f" vs plain {plain[-1].tokens_per_s:.1f}"
-    layout = two_panels("time per round (ms)", "tokens/s so far", split=0.55)
-    layout["xaxis"].update(title="round (0 = prefill)")
-    layout["yaxis"].update(title="ms")
+        speeds += f" (plain {plain[-1].tokens_per_s:.1f})"
+    layout = two_panels(left, speeds, split=0.6)
+    layout["xaxis"].update(title=x_title)
+    layout["yaxis"].update(title=y_title, rangemode="tozero")
     layout["xaxis2"].update(title="tokens generated")
     layout["yaxis2"].update(rangemode="tozero")
     fig.update_layout(
@@ -375,6 +379,55 @@ def latency_figure(traces: Sequence[RoundTrace], plain: Sequence[RoundTrace] = (
         **layout,
     )
     return fig
+
+
+def cost_per_round(fig: go.Figure, rounds: Sequence[RoundTrace], cost: RoundCost) -> None:
+    """Each drafting round's stages in plain steps beside the tokens it emitted, and the lines of τ and of the
+    break-even τ (a round's mean cost)."""
+    stage_bars(fig, rounds, 1 / cost.plain_step_s, "plain steps")
+    x = [t.index for t in rounds]
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=[t.accept_len + 1 for t in rounds],
+            mode="markers",
+            name="tokens the round emitted",
+            marker={"color": ACCEPTED_COLOUR, "size": 8, "symbol": "diamond"},
+            hovertemplate="round %{x}: %{y} tokens<extra></extra>",
+        )
+    )
+    for name, level, dash in (
+        (f"break-even τ {cost.plain_steps:.2f} (a round's mean cost)", cost.plain_steps, "dash"),
+        (f"τ {cost.tau:.2f} (tokens per round)", cost.tau, "solid"),
+    ):
+        fig.add_trace(
+            go.Scatter(
+                x=[x[0] - 0.5, x[-1] + 0.5],
+                y=[level, level],
+                mode="lines",
+                name=name,
+                line={"color": "black", "dash": dash, "width": 1.5},
+                hoverinfo="skip",
+            )
+        )
+
+
+def stage_bars(fig: go.Figure, rounds: Sequence[RoundTrace], scale: float, unit: str) -> None:
+    """Draft / verify / other of each round as stacked bars, seconds times ``scale`` in ``unit`` (hover: also ms)."""
+    x = [t.index for t in rounds]
+    in_ms = "" if unit == "ms" else " (%{customdata:.2f} ms)"
+    for stage in STAGES:
+        seconds = [getattr(t, f"{stage}_s") for t in rounds]
+        fig.add_trace(
+            go.Bar(
+                x=x,
+                y=[s * scale for s in seconds],
+                customdata=[1000 * s for s in seconds],
+                name=stage,
+                marker_color=STAGE_COLOURS[stage],
+                hovertemplate=f"round %{{x}}: {stage} %{{y:.2f}} {unit}{in_ms}<extra></extra>",
+            )
+        )
 
 
 # --- 4. Token provenance -------------------------------------------------------------------------------------------

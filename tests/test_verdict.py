@@ -1,0 +1,100 @@
+"""The verdict against known values: hand-made rounds with round timings, a real engine run whose result is the
+oracle, and the calibration of a plain step on scripted runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.fakes import round_trace
+from tests.oracles import run
+from xpress_core import verdict
+from xpress_core.config import DecodeConfig
+from xpress_core.engine import decode
+from xpress_core.models import encode_prompt, load_models
+from xpress_core.trace import RoundTrace
+
+PREFILL = round_trace(index=0, draft_s=0.0, verify_s=0.050, other_s=0.0)
+# Two rounds at 2 ms a plain step: draft 1 + verify 2.5 + other 0.5 ms = 2 plain steps each; 1 then 3 accepted.
+ROUNDS = [
+    PREFILL,
+    round_trace(index=1, accepted=(5,), draft_s=0.001, verify_s=0.0025, other_s=0.0005),
+    round_trace(index=2, accepted=(5, 6, 7), draft_s=0.001, verify_s=0.0025, other_s=0.0005),
+]
+
+
+def test_a_rounds_cost_in_plain_steps_the_break_even_and_the_speedup():
+    cost = verdict.round_cost(ROUNDS, plain_step_s=0.002)
+    assert cost.rounds == 2  # the prefill is left out
+    assert cost.tau == 3.0  # (1 + 3 accepted + 2 of the target's own) / 2 rounds
+    assert [cost.steps(stage) for stage in verdict.STAGES] == pytest.approx([0.5, 1.25, 0.25])
+    assert cost.plain_steps == pytest.approx(2.0)
+    assert cost.speedup == pytest.approx(1.5)
+    assert verdict.headline(cost) == "τ 3.00 × (1 / 2.00 plain steps per round) → 1.50× faster than plain"
+    assert verdict.breakdown(cost) == (
+        "a round = draft 0.50 + verify 1.25 + other 0.25 plain steps of 2.000 ms · break-even τ 2.00"
+    )
+
+
+def test_a_slower_reply_says_so_and_nothing_is_claimed_before_the_first_round():
+    slow = verdict.round_cost(ROUNDS, plain_step_s=0.001)  # each round costs 4 plain steps and emits 3 tokens
+    assert slow.speedup == pytest.approx(0.75)
+    assert verdict.headline(slow).endswith("→ 0.75× plain's speed")
+    assert verdict.round_cost(ROUNDS[:1], plain_step_s=0.002) is None
+    assert verdict.round_cost(ROUNDS, plain_step_s=0.0) is None
+
+
+def test_the_cost_of_an_engine_run_is_its_results_own(zoo):
+    models = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu")
+    prompt = encode_prompt(models.tokenizer, "I want to book a table", chat=True)
+    traces, result = run(models, prompt, DecodeConfig(drafts=3, steps=2, block=4, max_new_tokens=30))
+    cost = verdict.round_cost(traces, plain_step_s=0.003)
+    assert cost.tau == result.mean_accept_len  # the same tokens-per-round, exactly
+    assert cost.accept_lens == result.accept_lens
+    assert (cost.draft_s, cost.verify_s, cost.other_s) == pytest.approx(
+        (result.draft_s, result.verify_s, result.other_s)
+    )
+    round_s = (result.draft_s + result.verify_s + result.other_s) / result.rounds
+    assert cost.plain_steps == pytest.approx(round_s / 0.003)
+
+
+def scripted_decode(step_times: list[list[float]]):
+    """A stand-in for ``engine.decode`` whose n-th run has rounds of the given times (verify only) after a prefill."""
+    runs = iter(step_times)
+
+    def fake(models, prompt_ids, cfg):
+        times = next(runs)
+        yield round_trace(index=0, verify_s=1.0)  # a prefill that would spoil the mean if it counted
+        for i, seconds in enumerate(times, start=1):
+            yield round_trace(index=i, draft_s=0.0, verify_s=seconds, other_s=0.0)
+
+    return fake
+
+
+def test_calibration_skips_the_warm_up_and_averages_the_plain_steps(monkeypatch):
+    warm_up = [0.9] * verdict.CALIBRATION_TOKENS
+    timed = [[0.002] * 20, [0.004] * 20]  # 40 steps: enough after two timed runs
+    monkeypatch.setattr(verdict, "decode", scripted_decode([warm_up, *timed, [5.0] * 20]))
+    assert verdict.calibrate_plain_step(None, None) == pytest.approx(0.003)
+
+
+def test_calibration_repeats_runs_that_end_early_and_gives_up_on_empty_ones(monkeypatch):
+    short = [[0.001, 0.002]] * verdict.CALIBRATION_RUNS  # every run ends after 2 steps
+    monkeypatch.setattr(verdict, "decode", scripted_decode(short))
+    assert verdict.calibrate_plain_step(None, None) == pytest.approx(0.0015)
+    monkeypatch.setattr(verdict, "decode", scripted_decode([[]] * verdict.CALIBRATION_RUNS))
+    assert verdict.calibrate_plain_step(None, None) is None
+
+
+def test_calibration_times_real_plain_steps(zoo, monkeypatch):
+    models = load_models(zoo["llama"], "none", device="cpu")
+    seen: list[list[RoundTrace]] = []
+
+    def recording(*args):
+        seen.append([e for e in decode(*args) if isinstance(e, RoundTrace)])
+        yield from seen[-1]
+
+    monkeypatch.setattr(verdict, "decode", recording)
+    step = verdict.calibrate_plain_step(models, encode_prompt(models.tokenizer, "Once upon a time", chat=False))
+    timed = [t for traces in seen[1:] for t in traces if t.index > 0]  # the first run warms up
+    assert len(timed) >= verdict.CALIBRATION_ROUNDS or len(seen) == verdict.CALIBRATION_RUNS
+    assert step == pytest.approx(sum(t.draft_s + t.verify_s + t.other_s for t in timed) / len(timed))
