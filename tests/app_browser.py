@@ -73,11 +73,16 @@ def svg_text(page, elem_id: str) -> str:
     )
 
 
-def open_app(playwright, url: str):
-    """A page on the app, once its message box is there."""
+def open_app(playwright, url: str, width: int = 1400, height: int = 1000):
+    """A browser, and a page on the app in a window of ``width`` x ``height`` once its message box is there."""
     browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    return browser, open_page(browser, url, width, height)
+
+
+def open_page(browser, url: str, width: int, height: int):
+    """A new visitor's page on the app (a session of its own), once its message box is there."""
+    page = browser.new_page(viewport={"width": width, "height": height})
     page.set_default_timeout(TIMEOUT_MS)
     page.goto(url)
     page.wait_for_selector("#message textarea")
-    return browser, page
+    return page

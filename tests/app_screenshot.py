@@ -1,9 +1,10 @@
-"""The README's screenshot: the app mid-conversation with Race on, taken in chromium.
+"""The README's screenshot: what a visitor sees first, at 1440x900 in chromium, after sending the first example.
 
-    python -m tests.app_screenshot [--target DIR --drafter DIR] [--out assets/app_screenshot.png]
+    python -m tests.app_screenshot [--target DIR --drafter DIR] [--message TEXT] [--out assets/app_screenshot.png]
 
-Without --target the app starts on its embedded models (assets/); with it, on a custom preset. The browser test saves
-the same view (on the tiny random models) as test-output/browser-2-race-6-drafts.png.
+Without --target the app starts on its embedded models (assets/); with it, on a custom preset. ``--message`` types a
+message instead of clicking the example. The browser test saves the same view (on the tiny random models) as
+test-output/browser-first-screen-1440x900.png.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ import argparse
 import io
 from pathlib import Path
 
-from tests.app_browser import browser_problem, open_app, send, set_checkbox, set_number, wait_done
+from tests.app_browser import browser_problem, open_app, send, wait_done
 from tests.app_server import ROOT, serve_app
+from xpress_app.texts import EXAMPLES
 
-MESSAGE = "I want to book a table for two at an Italian restaurant tonight."
+FIRST_SCREEN = (1440, 900)  # a laptop browser window, in CSS pixels
 MAX_BYTES = 500_000
 
 
@@ -23,7 +25,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target")
     parser.add_argument("--drafter")
-    parser.add_argument("--message", default=MESSAGE)
+    parser.add_argument("--message", help="type this message instead of clicking the first example")
     parser.add_argument("--out", type=Path, default=ROOT / "assets" / "app_screenshot.png")
     args = parser.parse_args()
     problem = browser_problem()
@@ -34,13 +36,14 @@ def main() -> None:
 
     env = {name: value for name, value in (("XPRESS_TARGET", args.target), ("XPRESS_DRAFTER", args.drafter)) if value}
     with serve_app(env, "app-screenshot") as url, sync_playwright() as playwright:
-        browser, page = open_app(playwright, url)
-        set_number(page, "max-new-tokens", 64)
-        set_checkbox(page, "race", True)
-        send(page, args.message)
+        browser, page = open_app(playwright, url, *FIRST_SCREEN)
+        if args.message:
+            send(page, args.message)
+        else:
+            page.get_by_role("button", name=next(iter(EXAMPLES))).click()
         wait_done(page)
         page.wait_for_timeout(1000)  # the last Plotly redraws
-        png = page.screenshot(full_page=True)
+        png = page.screenshot()  # the first screen only, as a visitor sees it
         browser.close()
     image = Image.open(io.BytesIO(png))
     while len(png) > MAX_BYTES:  # keep the repository light: shrink until it fits

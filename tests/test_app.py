@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import json
+import re
 import threading
 from dataclasses import fields
 from pathlib import Path
@@ -27,10 +28,10 @@ from xpress_app.config import (
 from xpress_app.models import Loaded, ModelCache, TokenTexts
 from xpress_app.settings import MAX_MESSAGE_CHARS, UI_MAX_BLOCK, Settings, fit_prompt
 from xpress_app.sweep import CHAT_BOX, HELD_OUT, SweepRequest, run_sweep
-from xpress_app.texts import EMPTY_MESSAGE
+from xpress_app.texts import EMPTY_MESSAGE, VERDICT_PENDING
 from xpress_app.ui import build_app
 from xpress_app.widgets import block_slider
-from xpress_core import bench
+from xpress_core import bench, verdict
 from xpress_core.config import DecodeConfig
 from xpress_core.drafters.base import NoDrafter
 from xpress_core.engine import Models, decode
@@ -159,6 +160,29 @@ def test_race_decodes_plainly_beside_with_the_same_tokens(cache, oracle_models):
     assert last.reply.plain_result.token_ids == plain.token_ids == last.reply.result.token_ids
     assert "same tokens ✓" in last.status
     assert {t.name for t in last.latency.data} >= {"speculative tokens/s", "plain tokens/s"}
+
+
+def test_the_verdict_is_the_replys_own_rounds_over_a_plain_step_timed_at_load(cache, oracle_models):
+    views = list(run_chat(cache, "I want to book a table", [], settings()))
+    assert next(v.verdict for v in views if v.verdict) == VERDICT_PENDING  # the prefill alone: nothing to judge yet
+    last = final(views)
+    _, result = engine_run(
+        oracle_models[TINY], [{"role": "user", "content": "I want to book a table"}], settings().decode_config()
+    )
+    cost = verdict.round_cost(last.reply.traces, cache.get(TINY).plain_step_s)
+    assert cost.tau == result.mean_accept_len and cost.accept_lens == result.accept_lens
+    assert cost.draft_s + cost.verify_s + cost.other_s == pytest.approx(
+        last.reply.result.draft_s + last.reply.result.verify_s + last.reply.result.other_s
+    )
+    assert last.verdict == f"**{verdict.headline(cost)}** · {verdict.breakdown(cost)} (timed when the models loaded)"
+
+
+def test_with_the_race_the_verdict_counts_in_the_races_own_plain_steps(cache):
+    last = final(list(run_chat(cache, "Once upon a time", [], settings(race=True))))
+    plain = last.reply.plain_result
+    step_ms = 1000 * (plain.draft_s + plain.verify_s + plain.other_s) / plain.rounds
+    shown = re.search(r"plain steps of ([\d.]+) ms", last.verdict)
+    assert float(shown[1]) == pytest.approx(step_ms, abs=0.0006) and last.verdict.endswith("(measured by the Race)")
 
 
 @pytest.mark.parametrize(
@@ -405,6 +429,7 @@ def test_engine_runs_without_autograd_whichever_thread_resumes_it(config, oracle
         Models(models.target, models.tokenizer, spy),
         Models(models.target, models.tokenizer, NoDrafter()),
         TokenTexts(models.tokenizer),
+        plain_step_s=None,
     )
     spy_cache = ModelCache(config)
     monkeypatch.setattr(spy_cache, "get", lambda name: loaded)
@@ -490,6 +515,7 @@ def test_building_the_app_loads_no_model(config, monkeypatch):
         "round-slider",
         "step-slider",
         "download-log",
+        "verdict",
     ]
     assert demo._queue.default_concurrency_limit == config.concurrency
 

@@ -117,7 +117,7 @@ def test_four_concurrent_clients_get_their_own_correct_replies(server, models):
     "changes,message",
     [
         ({"drafts": 20}, "greater than maximum value 8"),  # beyond the slider: Gradio refuses it before the handler
-        ({"steps": 8, "block": 4}, "denoise steps T must be in 1..L=4"),
+        ({"steps": 4, "block": 3}, "denoise steps T must be in 1..L=3"),  # within both sliders: the handler refuses
         ({"refine": "sideways"}, "sideways"),
         ({"preset": "No such preset"}, "No such preset"),
     ],

@@ -18,6 +18,7 @@ import pytest
 from tests.app_browser import (
     BOT,
     open_app,
+    open_page,
     require_browser,
     send,
     set_checkbox,
@@ -30,6 +31,7 @@ from tests.app_browser import (
 from tests.app_server import OUTPUT, serve_app, zoo_env
 from xpress_app.settings import DEFAULTS
 from xpress_app.sweep import CHAT_BOX
+from xpress_app.texts import EXAMPLES
 from xpress_core import bench
 from xpress_core.config import DecodeConfig
 from xpress_core.engine import decode
@@ -105,7 +107,7 @@ def test_a_reply_streams_in_and_the_four_panels_draw_it(page, models):
     for plot in PLOTS:
         assert page.locator(f"#{plot} .js-plotly-plot .main-svg").count() >= 1, f"{plot} was not drawn"
     evolution = svg_text(page, "plot-evolution")
-    assert f"round {expected.rounds} · denoise step 2/2" in evolution
+    assert f"round {expected.rounds} · denoise step {DEFAULTS.steps}/{DEFAULTS.steps}" in evolution
     assert f"draft {DEFAULTS.drafts}" in evolution and f"draft {DEFAULTS.drafts + 1}" not in evolution
     assert f"τ = {expected.tau:.2f}" in svg_text(page, "plot-accept")
     assert "tokens came from accepted drafts" in svg_text(page, "plot-provenance")
@@ -117,6 +119,55 @@ def test_a_reply_streams_in_and_the_four_panels_draw_it(page, models):
     screenshot(page, "browser-1-reply.png")
 
 
+VERDICT = re.compile(
+    r"τ ([\d.]+) × \(1 / ([\d.]+) plain steps per round\) → ([\d.]+)× .* · a round = draft ([\d.]+) \+ "
+    r"verify ([\d.]+) \+ other ([\d.]+) plain steps of ([\d.]+) ms · break-even τ ([\d.]+)"
+)
+FIRST_SCREEN = ("chatbot", "verdict", "plot-evolution", "round-slider", "step-slider")
+
+
+@pytest.mark.parametrize("width,height", [(1440, 900), (1280, 720)])
+def test_after_an_example_reply_the_first_screen_shows_chat_drafts_and_the_engines_verdict(page, models, width, height):
+    screen = open_page(page.context.browser, page.url, width, height)  # a new visitor
+    label, text = next(iter(EXAMPLES.items()))
+    screen.get_by_role("button", name=label).click()  # one click sends it
+    done = wait_done(screen)
+    expected = engine_result(models, text)
+    assert (int(done[1]), int(done[2]), done[3]) == (
+        expected.new_tokens,
+        expected.rounds,
+        f"{expected.mean_accept_len:.2f}",
+    )
+    assert screen.inner_text("#chatbot [data-testid='user']").strip() == text
+    screen.wait_for_timeout(1000)  # the last Plotly redraws
+    assert screen.evaluate("window.scrollY") == 0
+    for elem_id in FIRST_SCREEN:
+        box = screen.locator(f"#{elem_id}").bounding_box()
+        inside = (
+            box["x"] >= 0 and box["y"] >= 0 and box["x"] + box["width"] <= width and box["y"] + box["height"] <= height
+        )
+        assert inside, f"#{elem_id} at {box} is not inside the first {width}x{height} screen"
+    screen.screenshot(path=str(OUTPUT / f"browser-first-screen-{width}x{height}.png"))
+
+    # The verdict's numbers are the reply's own: τ the engine's, the stages its round log's times over the plain step.
+    shown = VERDICT.search(screen.inner_text("#verdict"))
+    assert shown, screen.inner_text("#verdict")
+    assert shown[1] == f"{expected.mean_accept_len:.2f}"
+    per_round, speedup, *stages, step_ms, break_even = (float(x) for x in shown.groups()[1:])
+    with screen.expect_download() as download:
+        screen.click("#download-log")
+    rounds = [json.loads(line) for line in download.value.path().read_text().splitlines()][1:]  # 0: the prefill
+    assert [r["accept_len"] for r in rounds] == list(expected.accept_lens)
+    within = {"rel": 2e-3, "abs": 0.006}  # the page rounds to 2 decimals, the plain step to 3 (in ms)
+    for stage, steps in zip(("draft", "verify", "other"), stages):
+        ms = 1000 * sum(r[f"{stage}_time"] for r in rounds) / len(rounds)
+        assert steps == pytest.approx(ms / step_ms, **within), stage
+    exact = 1000 * sum(r["draft_time"] + r["verify_time"] + r["other_time"] for r in rounds) / len(rounds) / step_ms
+    assert per_round == break_even == pytest.approx(exact, **within)
+    assert speedup == pytest.approx(expected.mean_accept_len / exact, **within)
+    screen.close()
+
+
 def test_more_drafts_and_a_race_then_scrubbing_the_rounds(page, models):
     start_fresh(page)
     set_checkbox(page, "animate", False)
@@ -126,11 +177,12 @@ def test_more_drafts_and_a_race_then_scrubbing_the_rounds(page, models):
     for _ in range(6 - int(drafts.input_value())):
         drafts.press("ArrowRight")  # the keyboard moves a slider the way a user's arrow keys do
     assert page.input_value("#drafts input[type=number]") == "6"
+    set_number(page, "steps", 2)
     set_checkbox(page, "race", True)
     page.wait_for_selector("#plain-reply", state="visible")
     send(page, "Please find me a flight")
     done = wait_done(page)
-    expected = engine_result(models, "Please find me a flight", drafts=6, max_new_tokens=40)
+    expected = engine_result(models, "Please find me a flight", drafts=6, steps=2, max_new_tokens=40)
     assert (int(done[1]), int(done[2])) == (expected.new_tokens, expected.rounds)
     page.wait_for_function("document.querySelector('#status').innerText.includes('same tokens ✓')")
     assert "Race · plain decoding" in status(page)

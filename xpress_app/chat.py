@@ -14,7 +14,7 @@ from contextlib import closing, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from xpress_core import plots
+from xpress_core import plots, verdict
 from xpress_core.engine import context_limit, decode
 from xpress_core.race import race
 from xpress_core.trace import DecodeResult, RoundTrace, write_jsonl
@@ -22,7 +22,7 @@ from xpress_core.trace import DecodeResult, RoundTrace, write_jsonl
 from .models import Loaded, ModelCache, TokenTexts, check_block
 from .session import never
 from .settings import Settings, fit_prompt, history_messages
-from .texts import EMPTY_MESSAGE
+from .texts import EMPTY_MESSAGE, VERDICT_PENDING
 from .zerogpu import on_gpu
 
 # Rendering may take at most this share of the wall time, so that watching barely slows decoding; the engine's own
@@ -67,6 +67,7 @@ class View:
     latency: object | None = None
     provenance: object | None = None
     reply: Reply | None = None
+    verdict: str | None = None  # why the reply was faster or slower than plain decoding
     notice: str | None = None  # shown as a toast
     done: bool = False  # the reply is complete: sliders and the log follow
 
@@ -113,7 +114,11 @@ class Board:
     def text_view(self) -> View:
         """The reply's text and status only: cheap enough to stream often."""
         return View(
-            history=self.chat(), status=self.status(), plain=self.text(PLAIN) if self.race else None, reply=self.reply()
+            history=self.chat(),
+            status=self.status(),
+            plain=self.text(PLAIN) if self.race else None,
+            reply=self.reply(),
+            verdict=self.why(),
         )
 
     def view(self, done: bool = False, **extra) -> View:
@@ -123,11 +128,27 @@ class Board:
             self.text_view(),
             evolution=plots.draft_evolution_figure(traces[-1], token_text) if traces else None,
             accept=plots.accept_length_figure(traces),
-            latency=plots.latency_figure(traces, plain),
+            latency=plots.latency_figure(traces, plain, self.plain_step()[0]),
             provenance=plots.provenance_figure(traces, token_text),
             done=done,
             **extra,
         )
+
+    def plain_step(self) -> tuple[float | None, str]:
+        """One plain decoding step's time, and where it comes from: the Race's own plain rounds when it ran (the
+        same prompt, at the same time), else the timing taken when the models loaded."""
+        raced = verdict.plain_step_s(self.traces[PLAIN]) if self.race else None
+        if raced:
+            return raced, "measured by the Race"
+        return self.loaded.plain_step_s, "timed when the models loaded"
+
+    def why(self) -> str:
+        """The verdict: τ against what a round cost in plain steps, so far."""
+        step_s, source = self.plain_step()
+        cost = verdict.round_cost(self.traces[SPECULATIVE], step_s) if step_s else None
+        if cost is None:
+            return VERDICT_PENDING
+        return f"**{verdict.headline(cost)}** · {verdict.breakdown(cost)} ({source})"
 
     def status(self) -> str:
         traces = self.traces[SPECULATIVE]
@@ -260,7 +281,9 @@ def animation(board: Board, trace: RoundTrace, stop_requested: Callable[[], bool
             return
         frame = View(evolution=plots.draft_evolution_figure(trace, board.loaded.token_text, step))
         if step == len(trace.steps) - 1:
-            frame = replace(frame, history=board.chat(), status=board.status(), reply=board.reply())
+            frame = replace(
+                frame, history=board.chat(), status=board.status(), reply=board.reply(), verdict=board.why()
+            )
         yield frame
         time.sleep(ANIMATION_FRAME_S)
 

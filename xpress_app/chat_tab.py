@@ -20,13 +20,15 @@ from .figures import empty_panels
 from .models import ModelCache
 from .session import CLEAR_WAIT_S, Controls
 from .settings import DEFAULTS, MAX_SEED, MAX_TEMPERATURE, UI_MAX_BLOCK, UI_MAX_DRAFTS, UI_MAX_NEW_TOKENS, Settings
-from .texts import HELP, INTRO, PANEL_HELP
+from .texts import DEFAULTS_NOTE, EXAMPLES, HELP, INTRO, PANEL_HELP, VERDICT_PENDING
 from .widgets import block_slider, int_slider
+
+CHAT_HEIGHT = 300  # px: with the header, the message box and its buttons, inside a 720-pixel-high first screen
 
 
 @dataclass(frozen=True)
 class ChatTab:
-    """The Chat tab's components that events read or write."""
+    """The Chat tab's components that events read or write (the settings live in the page's sidebar)."""
 
     message: gr.Textbox
     chatbot: gr.Chatbot
@@ -40,6 +42,8 @@ class ChatTab:
     round_slider: gr.Slider
     step_slider: gr.Slider
     download: gr.DownloadButton
+    verdict: gr.Markdown  # why the reply was faster or slower than plain decoding
+    examples: dict  # example prompt -> the button that sends it
     settings: dict  # Settings field name -> its control
     preset_note: gr.Markdown
     send: gr.Button
@@ -63,6 +67,7 @@ class ChatTab:
             self.round_slider,
             self.step_slider,
             self.download,
+            self.verdict,
         ]
 
     @property
@@ -71,84 +76,89 @@ class ChatTab:
         return {"message": self.message, "history": self.chatbot, **self.settings, "controls": self.controls}
 
 
-def chat_layout(preset_names: list[str]) -> ChatTab:
-    """The Chat tab's components, laid out inside the current tab."""
+def chat_layout(settings: dict, preset_note: gr.Markdown) -> ChatTab:
+    """The Chat tab's components, laid out inside the current tab: the conversation and the draft panel side by side
+    (both on the first screen after a reply, down to 1280x720), the other panels below."""
     reply = gr.State(None)
     controls = gr.State(Controls())
     gr.Markdown(INTRO)
-    with gr.Row():
-        with gr.Column(scale=3):
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=4, min_width=320):
             conversation = conversation_column()
-        with gr.Column(scale=2):
-            settings, preset_note = settings_column(preset_names)
-    panels = panels_column()
-    return ChatTab(**conversation, **panels, reply=reply, settings=settings, preset_note=preset_note, controls=controls)
+        with gr.Column(scale=5, min_width=400):
+            drafts = drafts_column()
+    panels = panels_below()
+    return ChatTab(
+        **conversation, **drafts, **panels, reply=reply, settings=settings, preset_note=preset_note, controls=controls
+    )
 
 
 def conversation_column() -> dict:
-    with gr.Row():
-        chatbot = gr.Chatbot(label="Chat", height=440, elem_id="chatbot", scale=3)
-        plain = gr.Textbox(
-            label="Race: plain decoding (no drafter)",
-            lines=18,
-            max_lines=18,
-            interactive=False,
-            visible=DEFAULTS.race,
-            elem_id="plain-reply",
-            scale=2,
-        )
+    chatbot = gr.Chatbot(label="Chat", height=CHAT_HEIGHT, elem_id="chatbot")
     message = gr.Textbox(
         show_label=False, placeholder="Type a message and press Enter", lines=1, max_lines=6, elem_id="message"
     )
     with gr.Row():
-        send = gr.Button("Send", variant="primary", elem_id="send")
-        stop = gr.Button("Stop", variant="stop", elem_id="stop")
-        clear = gr.Button("Clear", elem_id="clear")
+        send = gr.Button("Send", variant="primary", size="sm", min_width=60, elem_id="send")
+        stop = gr.Button("Stop", variant="stop", size="sm", min_width=60, elem_id="stop")
+        clear = gr.Button("Clear", size="sm", min_width=60, elem_id="clear")
+    with gr.Row():
+        examples = {
+            text: gr.Button(label, size="sm", min_width=60, elem_id=f"example-{n}")
+            for n, (label, text) in enumerate(EXAMPLES.items(), start=1)
+        }
     status = gr.Markdown(elem_id="status")
     return {
         "chatbot": chatbot,
-        "plain": plain,
         "message": message,
         "send": send,
         "stop": stop,
         "clear": clear,
+        "examples": examples,
         "status": status,
     }
 
 
+def drafts_column() -> dict:
+    """The verdict, the draft-evolution panel and its scrubbers."""
+    verdict = gr.Markdown(VERDICT_PENDING, elem_id="verdict")
+    evolution = gr.Plot(empty_panels()["evolution"], show_label=False, elem_id="plot-evolution")
+    with gr.Row():
+        round_slider = int_slider(0, 1, 1, "Round (0 = prefill)", "round-slider")
+        step_slider = int_slider(1, 2, 1, "Denoise step", "step-slider")
+    return {"verdict": verdict, "evolution": evolution, "round_slider": round_slider, "step_slider": step_slider}
+
+
 def settings_column(preset_names: list[str]) -> tuple[dict, gr.Markdown]:
-    """The decoding controls, by Settings field name, and the note under the preset menu."""
+    """The decoding controls, by Settings field name, and the note under the preset menu; one above the other (the
+    sidebar is narrow)."""
     d = DEFAULTS
     preset = gr.Dropdown(
         preset_names, value=preset_names[0], label="Model preset", info=HELP["preset"], elem_id="preset"
     )
     preset_note = gr.Markdown(elem_id="preset-note")
+    gr.Markdown(DEFAULTS_NOTE, elem_id="defaults-note")
     drafts = int_slider(1, UI_MAX_DRAFTS, d.drafts, "Drafts K", "drafts", info=HELP["drafts"])
     block = int_slider(1, UI_MAX_BLOCK, d.block, "Block L", "block", info=HELP["block"])
     steps = int_slider(1, d.block, d.steps, "Denoise steps T", "steps", info=HELP["steps"])
-    with gr.Row():
-        temperature = gr.Slider(
-            0.0,
-            MAX_TEMPERATURE,
-            value=d.temperature,
-            step=0.05,
-            label="Temperature",
-            info=HELP["temperature"],
-            elem_id="temperature",
-        )
-        top_p = gr.Slider(0.05, 1.0, value=d.top_p, step=0.05, label="Top-p", info=HELP["top_p"], elem_id="top-p")
-    with gr.Row():
-        seed = gr.Number(
-            d.seed, precision=0, minimum=0, maximum=MAX_SEED, label="Seed", info=HELP["seed"], elem_id="seed"
-        )
-        max_new_tokens = int_slider(
-            1, UI_MAX_NEW_TOKENS, d.max_new_tokens, "Max new tokens", "max-new-tokens", info=HELP["max_new_tokens"]
-        )
+    race = gr.Checkbox(d.race, label="Race plain decoding", info=HELP["race"], elem_id="race")
+    animate = gr.Checkbox(d.animate, label="Animate denoising", info=HELP["animate"], elem_id="animate")
+    temperature = gr.Slider(
+        0.0,
+        MAX_TEMPERATURE,
+        value=d.temperature,
+        step=0.05,
+        label="Temperature",
+        info=HELP["temperature"],
+        elem_id="temperature",
+    )
+    top_p = gr.Slider(0.05, 1.0, value=d.top_p, step=0.05, label="Top-p", info=HELP["top_p"], elem_id="top-p")
+    seed = gr.Number(d.seed, precision=0, minimum=0, maximum=MAX_SEED, label="Seed", info=HELP["seed"], elem_id="seed")
+    max_new_tokens = int_slider(
+        1, UI_MAX_NEW_TOKENS, d.max_new_tokens, "Max new tokens", "max-new-tokens", info=HELP["max_new_tokens"]
+    )
     refine = gr.Radio(list(REFINE_MODES), value=d.refine, label="Refinement", info=HELP["refine"], elem_id="refine")
     verify = gr.Radio(list(VERIFY_MODES), value=d.verify, label="Verification", info=HELP["verify"], elem_id="verify")
-    with gr.Row():
-        race = gr.Checkbox(d.race, label="Race plain decoding", info=HELP["race"], elem_id="race")
-        animate = gr.Checkbox(d.animate, label="Animate denoising", info=HELP["animate"], elem_id="animate")
     controls = {
         "preset": preset,
         "drafts": drafts,
@@ -166,12 +176,17 @@ def settings_column(preset_names: list[str]) -> tuple[dict, gr.Markdown]:
     return controls, preset_note
 
 
-def panels_column() -> dict:
+def panels_below() -> dict:
+    """Below the first screen: the Race's plain reply, the accepted-length, latency and provenance panels, the log."""
     empty = empty_panels()
-    evolution = gr.Plot(empty["evolution"], label="Draft evolution", elem_id="plot-evolution")
-    with gr.Row():
-        round_slider = int_slider(0, 1, 1, "Round (0 = prefill)", "round-slider")
-        step_slider = int_slider(1, 2, 1, "Denoise step", "step-slider")
+    plain = gr.Textbox(
+        label="Race: plain decoding (no drafter)",
+        lines=3,
+        max_lines=8,
+        interactive=False,
+        visible=DEFAULTS.race,
+        elem_id="plain-reply",
+    )
     with gr.Row():
         accept = gr.Plot(empty["accept"], label="Accepted length", elem_id="plot-accept")
         latency = gr.Plot(empty["latency"], label="Latency", elem_id="plot-latency")
@@ -179,15 +194,7 @@ def panels_column() -> dict:
     download = gr.DownloadButton("Download the round log (JSONL)", value=None, elem_id="download-log")
     with gr.Accordion("How to read the panels", open=False):
         gr.Markdown(PANEL_HELP)
-    return {
-        "evolution": evolution,
-        "round_slider": round_slider,
-        "step_slider": step_slider,
-        "accept": accept,
-        "latency": latency,
-        "provenance": provenance,
-        "download": download,
-    }
+    return {"plain": plain, "accept": accept, "latency": latency, "provenance": provenance, "download": download}
 
 
 # --- handlers ------------------------------------------------------------------------------------------------------
@@ -207,6 +214,7 @@ def view_update(tab: ChatTab, log_dir: Path, view: View) -> dict:
         tab.latency: view.latency,
         tab.provenance: view.provenance,
         tab.reply: view.reply,
+        tab.verdict: view.verdict,
     }
     update = {component: value for component, value in values.items() if value is not None}
     if view.done and view.reply is not None:
@@ -252,6 +260,7 @@ def cleared(tab: ChatTab, controls: Controls) -> dict:
         tab.round_slider: gr.update(maximum=1, value=1),
         tab.step_slider: gr.update(maximum=2, value=1),
         tab.download: gr.update(value=None),
+        tab.verdict: VERDICT_PENDING,
     }
 
 
@@ -262,18 +271,19 @@ def wire_chat(demo: gr.Blocks, tab: ChatTab, cache: ModelCache, log_dir: Path) -
     """The Chat tab's events."""
     private = {"queue": False, "api_visibility": "private"}
     preset, block, steps, race = (tab.settings[name] for name in ("preset", "block", "steps", "race"))
-    armed = gr.on([tab.message.submit, tab.send.click], Controls.arm, tab.controls, None, **private)
 
     def respond(message, history, controls: Controls, **settings):
         yield from reply_updates(tab, cache, log_dir, message, history, controls, settings)
 
-    reply_event = armed.then(
-        respond,
-        inputs_kwargs=tab.inputs,
-        outputs=tab.outputs,
-        api_name="chat",
-        show_progress="minimal",
-    )
+    def answer(armed, **api):
+        """The reply to the message box, once ``armed`` (the event that forgot an earlier Stop) has run."""
+        return armed.then(respond, inputs_kwargs=tab.inputs, outputs=tab.outputs, show_progress="minimal", **api)
+
+    sent = gr.on([tab.message.submit, tab.send.click], Controls.arm, tab.controls, None, **private)
+    replies = [answer(sent, api_name="chat")]
+    for text, button in tab.examples.items():  # an example fills the message box and is sent at once
+        filled = button.click(lambda text=text: text, None, tab.message, **private)
+        replies.append(answer(filled.then(Controls.arm, tab.controls, None, **private), api_visibility="private"))
     tab.stop.click(Controls.request_stop, tab.controls, None, **private)
     tab.clear.click(partial(cleared, tab), tab.controls, tab.outputs, **private)
     for slider in (tab.round_slider, tab.step_slider):
@@ -292,5 +302,5 @@ def wire_chat(demo: gr.Blocks, tab: ChatTab, cache: ModelCache, log_dir: Path) -
     demo.load(cache.describe, preset, tab.preset_note, **private)
     # Block L never offers more than the drafter was trained for: capped whenever the preset's models may have just
     # loaded (a reply, a page load, another preset).
-    for cap_trigger in (reply_event.then, preset.change, demo.load):
+    for cap_trigger in (*(reply.then for reply in replies), preset.change, demo.load):
         cap_trigger(partial(block_slider, cache), [preset, block], block, **private)

@@ -3,17 +3,29 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from xpress_core.drafters.base import NoDrafter
-from xpress_core.engine import Models
+from xpress_core.engine import Models, decode_to_end
 from xpress_core.errors import XpressError
-from xpress_core.models import NO_DRAFTER, DrafterOptions, load_drafter, load_target, resolve_device, resolve_dtype
+from xpress_core.models import (
+    NO_DRAFTER,
+    DrafterOptions,
+    encode_prompt,
+    load_drafter,
+    load_target,
+    resolve_device,
+    resolve_dtype,
+)
 from xpress_core.presets import Access, ModelPreset, is_local
+from xpress_core.verdict import CALIBRATION_TOKENS, calibrate_plain_step
 
 from .config import ENV, AppConfig
-from .settings import UI_MAX_BLOCK
+from .settings import DEFAULTS, UI_MAX_BLOCK
+
+# Plain decoding is timed on this text at load (raw text, no chat template: a continuation rarely ends early).
+CALIBRATION_TEXT = "Once upon a time"
 
 
 def preset_problem(preset: ModelPreset, access: Access) -> str | None:
@@ -55,6 +67,7 @@ class Loaded:
     speculative: Models
     plain: Models  # the same target without a drafter: the Race
     token_text: TokenTexts
+    plain_step_s: float | None  # one plain decoding step, timed at load: the unit of the verdict's round cost
 
     @property
     def block_limit(self) -> int:
@@ -115,7 +128,23 @@ class ModelCache:
         target, tokenizer = self._targets[preset.target]
         options = DrafterOptions(kind=preset.drafter_kind)
         drafter = load_drafter(preset.drafter, target, tokenizer, target.device, dtype, options, self.access)
-        return Loaded(Models(target, tokenizer, drafter), Models(target, tokenizer, NoDrafter()), TokenTexts(tokenizer))
+        return calibrated(
+            Models(target, tokenizer, drafter), Models(target, tokenizer, NoDrafter()), TokenTexts(tokenizer)
+        )
+
+
+def calibrated(speculative: Models, plain: Models, token_text: TokenTexts) -> Loaded:
+    """The loaded models with one plain decoding step timed (the verdict's unit), after a short speculative run at the
+    default setting: the first run pays one-off costs (first shapes, kernel choices), here and not in a reply."""
+    prompt = encode_prompt(plain.tokenizer, CALIBRATION_TEXT, chat=False)
+    default = DEFAULTS.decode_config()
+    block = min(default.block, speculative.drafter.max_block or default.block)
+    decode_to_end(
+        speculative,
+        prompt,
+        replace(default, block=block, steps=min(default.steps, block), max_new_tokens=CALIBRATION_TOKENS),
+    )
+    return Loaded(speculative, plain, token_text, calibrate_plain_step(plain, prompt))
 
 
 def check_block(block: int, loaded: Loaded, preset: str) -> None:

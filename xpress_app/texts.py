@@ -35,11 +35,28 @@ HELP = {
     ),
 }
 
-INTRO = """# xPress · speculative decoding with a diffusion drafter
-A small **drafter** proposes K drafts of L tokens by denoising masked blocks in T steps; the **target** LM checks all
-of them in one forward and keeps the longest prefix it agrees with, plus one token of its own. The reply is exactly
-what the target alone would write (same seed, same text): only faster when the drafts are good.
+INTRO = """### xPress · speculative decoding with a diffusion drafter
+A small **drafter** proposes K drafts of L tokens by denoising them in T steps; the **target** LM checks them all in one
+forward and keeps what it agrees with, plus one token of its own: the same text as the target alone, faster when the
+drafts are good.
 """
+
+DEFAULTS_NOTE = (
+    "Starts on K=1 · T=1 · L=4, the fastest fixed setting the benchmark measured on a 2-core CPU with the embedded "
+    "models (README, Results)."
+)
+
+# One click sends each: a booking (the chats the embedded target learned most from), a story, small talk.
+EXAMPLES = {
+    "Book a table": "I want to book a table for two at an Italian restaurant tonight.",
+    "Tell a story": "Tell me a story about a little fox.",
+    "Small talk": "Do you like football?",
+}
+
+VERDICT_PENDING = (
+    "After a reply, this line says why it was faster or slower than plain decoding: τ (tokens per round) against "
+    "what a round cost, counted in plain decoding steps."
+)
 
 PANEL_HELP = """
 - **Draft evolution**: rows are the K drafts, columns the L block positions. Grey cells are still masked; colour is
@@ -48,8 +65,13 @@ PANEL_HELP = """
   With the gaussian drafter no cell is masked: every step shows each position's nearest token at that noise level.
 - **Accepted length**: draft tokens accepted per round (grey dots: each draft; green: the chosen path), the running
   τ (tokens emitted per round, the speed-up's upper bound) and a histogram.
-- **Latency**: time per round split into draft / verify / other (round 0 is the prompt's prefill), and tokens/s so far,
-  beside plain decoding when Race is on. Times are the engine's own: rendering is excluded.
+- **Latency**: what each drafting round cost, split into draft / verify / other and counted in plain decoding steps
+  (one step of the target alone, timed when the models loaded, or by the Race when it runs), beside the tokens the
+  round emitted. The dashed line is the break-even τ (a round's mean cost): rounds that emit more tokens than they
+  cost beat plain decoding. Right: tokens/s so far, beside plain decoding when Race is on. Times are the engine's
+  own: rendering is excluded; the prompt's prefill (the same for both) is in the status line.
+- **The verdict** above the draft panel: τ × (1 / plain steps per round) = the speedup over plain decoding, the
+  prefill aside.
 - **Token provenance**: the reply, each token coloured by where it came from: an accepted draft token or the target's
   own token (the one each round adds after the accepted path). Shades alternate with the round.
 """

@@ -7,20 +7,26 @@ from pathlib import Path
 
 import gradio as gr
 
-from .chat_tab import chat_layout, wire_chat
+from .chat_tab import chat_layout, settings_column, wire_chat
 from .config import QUEUE_SIZE, AppConfig
 from .models import ModelCache
 from .sweep_tab import sweep_layout, wire_sweep
+
+SIDEBAR_WIDTH = 300  # px
 
 
 def build_app(config: AppConfig, cache: ModelCache | None = None) -> gr.Blocks:
     """The Gradio app; no model is loaded until a request needs one."""
     cache = cache or ModelCache(config)
     log_dir = Path(tempfile.mkdtemp(prefix="xpress-logs-"))  # the replies' JSONL logs, offered for download
-    with gr.Blocks(title="xPress", analytics_enabled=False, delete_cache=(3600, 3600)) as demo:
+    with gr.Blocks(title="xPress", analytics_enabled=False, delete_cache=(3600, 3600), fill_width=True) as demo:
+        # The settings apply to both tabs (the Sweep runs on the chosen preset); a sidebar keeps them off the first
+        # screen's width budget and folds away.
+        with gr.Sidebar(label="Settings", width=SIDEBAR_WIDTH, elem_id="settings"):
+            settings, preset_note = settings_column(list(cache.presets))
         with gr.Tabs():
             with gr.Tab("Chat", id="chat"):
-                chat = chat_layout(list(cache.presets))
+                chat = chat_layout(settings, preset_note)
             with gr.Tab("Sweep", id="sweep") as sweep_block:
                 sweep = sweep_layout()
         wire_chat(demo, chat, cache, log_dir)
