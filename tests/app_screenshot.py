@@ -44,6 +44,7 @@ def main() -> None:
         wait_done(page)
         page.wait_for_timeout(1000)  # the last Plotly redraws
         png = page.screenshot()  # the first screen only, as a visitor sees it
+        verdict = page.inner_text("#verdict")
         browser.close()
     image = Image.open(io.BytesIO(png))
     while len(png) > MAX_BYTES:  # keep the repository light: shrink until it fits
@@ -52,7 +53,7 @@ def main() -> None:
         image.save(buffer, format="PNG", optimize=True)
         png = buffer.getvalue()
     args.out.write_bytes(png)
-    print(f"{args.out} ({image.width}x{image.height}, {len(png) // 1000} kB)")
+    print(f"{args.out} ({image.width}x{image.height}, {len(png) // 1000} kB)\nverdict: {verdict}")
 
 
 if __name__ == "__main__":

@@ -374,7 +374,7 @@ def latency_figure(
         title=title,
         barmode="stack",
         height=330,
-        margin={"l": 50, "r": 20, "t": 70, "b": 40},
+        margin={"l": 60, "r": 20, "t": 70, "b": 40},
         legend={"orientation": "h", "y": -0.25},
         **layout,
     )
