@@ -170,7 +170,7 @@ def test_the_verdict_is_the_replys_own_rounds_over_a_plain_step_timed_at_load(ca
         oracle_models[TINY], [{"role": "user", "content": "I want to book a table"}], settings().decode_config()
     )
     cost = verdict.round_cost(last.reply.traces, cache.get(TINY).plain_step_s)
-    assert cost.tau == result.mean_accept_len and cost.accept_lens == result.accept_lens
+    assert cost.tau == result.tau and cost.accept_lens == result.accept_lens
     assert cost.draft_s + cost.verify_s + cost.other_s == pytest.approx(
         last.reply.result.draft_s + last.reply.result.verify_s + last.reply.result.other_s
     )

@@ -136,7 +136,7 @@ def test_after_an_example_reply_the_first_screen_shows_chat_drafts_and_the_engin
     assert (int(done[1]), int(done[2]), done[3]) == (
         expected.new_tokens,
         expected.rounds,
-        f"{expected.mean_accept_len:.2f}",
+        f"{expected.tau:.2f}",
     )
     assert screen.inner_text("#chatbot [data-testid='user']").strip() == text
     screen.wait_for_timeout(1000)  # the last Plotly redraws
@@ -152,7 +152,7 @@ def test_after_an_example_reply_the_first_screen_shows_chat_drafts_and_the_engin
     # The verdict's numbers are the reply's own: τ the engine's, the stages its round log's times over the plain step.
     shown = VERDICT.search(screen.inner_text("#verdict"))
     assert shown, screen.inner_text("#verdict")
-    assert shown[1] == f"{expected.mean_accept_len:.2f}"
+    assert shown[1] == f"{expected.tau:.2f}"
     per_round, speedup, *stages, step_ms, break_even = (float(x) for x in shown.groups()[1:])
     with screen.expect_download() as download:
         screen.click("#download-log")
@@ -164,7 +164,7 @@ def test_after_an_example_reply_the_first_screen_shows_chat_drafts_and_the_engin
         assert steps == pytest.approx(ms / step_ms, **within), stage
     exact = 1000 * sum(r["draft_time"] + r["verify_time"] + r["other_time"] for r in rounds) / len(rounds) / step_ms
     assert per_round == break_even == pytest.approx(exact, **within)
-    assert speedup == pytest.approx(expected.mean_accept_len / exact, **within)
+    assert speedup == pytest.approx(expected.tau / exact, **within)
     screen.close()
 
 

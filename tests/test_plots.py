@@ -205,8 +205,8 @@ def test_latency_figure_in_plain_steps_draws_each_rounds_cost_and_the_break_even
     assert list(lines["tokens the round emitted"].y) == [n + 1 for n in result.accept_lens]
     break_even = sum(costs) / len(costs)
     assert lines[f"break-even τ {break_even:.2f}"].y == pytest.approx((break_even, break_even))
-    assert lines[f"τ {result.mean_accept_len:.2f}"].y == (result.mean_accept_len, result.mean_accept_len)
-    speedup = result.mean_accept_len / break_even
+    assert lines[f"τ {result.tau:.2f}"].y == (result.tau, result.tau)
+    speedup = result.tau / break_even
     assert fig.layout.title.text.endswith(f"→ {speedup:.2f}×")
 
 

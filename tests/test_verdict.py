@@ -48,7 +48,7 @@ def test_the_cost_of_an_engine_run_is_its_results_own(zoo):
     prompt = encode_prompt(models.tokenizer, "I want to book a table", chat=True)
     traces, result = run(models, prompt, DecodeConfig(drafts=3, steps=2, block=4, max_new_tokens=30))
     cost = verdict.round_cost(traces, plain_step_s=0.003)
-    assert cost.tau == result.mean_accept_len  # the same tokens-per-round, exactly
+    assert cost.tau == result.tau  # the same tokens-per-round, exactly
     assert cost.accept_lens == result.accept_lens
     assert (cost.draft_s, cost.verify_s, cost.other_s) == pytest.approx(
         (result.draft_s, result.verify_s, result.other_s)
