@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from abc import abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import pairwise
 
 import torch
@@ -102,10 +102,17 @@ CONTEXT_HEADROOM = 512
 @dataclass
 class DiffusionState:
     """The committed context's keys/values in preallocated buffers: a commit writes its tokens' slots in place instead
-    of concatenating a new tensor every round."""
+    of concatenating a new tensor every round. Committed tokens wait as target features in ``pending`` until the next
+    draft projects them all in one forward: a run of plain steps (the controller's L = 0) costs the drafter nothing."""
 
     buffers: ContextKV  # per drafter layer (1, kv_heads, capacity, head_dim); the first ``length`` slots are used
-    length: int  # S: committed tokens in the context (= target cache length)
+    length: int  # tokens whose keys/values are in the buffers
+    pending: list[torch.Tensor] = field(default_factory=list)  # (m, F) tapped features of tokens committed since
+
+    @property
+    def committed(self) -> int:
+        """Committed tokens in the context, pending ones included (= target cache length)."""
+        return self.length + sum(f.shape[0] for f in self.pending)
 
     @property
     def context(self) -> ContextKV:
@@ -152,17 +159,24 @@ class TargetConditionedDrafter(Drafter):
         capacity = n + CONTEXT_HEADROOM
         return DiffusionState([(grown(k, capacity), grown(v, capacity)) for k, v in context], n)
 
-    @torch.no_grad()
     def commit(self, state: DiffusionState, tokens, features):
-        m = features.shape[0]
-        positions = torch.arange(state.length, state.length + m, device=features.device)[None]
-        state.append(self.model.context_kv(features[None], positions))
+        state.pending.append(features)
 
     def context_length(self, state: DiffusionState) -> int:
-        return state.length
+        return state.committed
+
+    @torch.no_grad()
+    def project_pending(self, state: DiffusionState) -> None:
+        """The pending tokens' context keys/values, in one forward, into the buffers."""
+        if state.pending:
+            features = torch.cat(state.pending)
+            positions = torch.arange(state.length, state.length + features.shape[0], device=features.device)[None]
+            state.pending = []
+            state.append(self.model.context_kv(features[None], positions))
 
     def block_logits(self, state: DiffusionState, block_embeds: torch.Tensor) -> torch.Tensor:
         """One drafter forward on R blocks ``[root, L positions]`` (R, L+1, H) after the context -> (R, L, V)."""
+        self.project_pending(state)
         rows, span, _ = block_embeds.shape
         positions = torch.arange(state.length, state.length + span, device=block_embeds.device).expand(rows, -1)
         context = [(ck.expand(rows, -1, -1, -1), cv.expand(rows, -1, -1, -1)) for ck, cv in state.context]
