@@ -63,10 +63,10 @@ class MaskedDiffusionDrafter(Drafter):
         Returns candidates (K, L), their confidence (K, L) and the (K, L) positions forced to commit now (branches).
         """
         probs = allowed_logits(logits, self.banned).softmax(-1)  # (K, L, V)
-        scores = probs.log()
+        scores = probs  # the argmax of p is the argmax of log p: the log is only needed to add Gumbel noise
         if cfg.diversity == "gumbel" and cfg.drafts > 1:
             uniform = torch.rand(probs.shape, generator=generator, device=generator.device).to(probs.device)
-            scores = scores - torch.log(-torch.log(uniform.clamp_min(1e-20)))
+            scores = probs.log() - torch.log(-torch.log(uniform.clamp_min(1e-20)))
         candidates = scores.argmax(-1)
         conf = probs.gather(-1, candidates[..., None])[..., 0]
         forced = torch.zeros_like(candidates, dtype=torch.bool)
@@ -81,6 +81,8 @@ class MaskedDiffusionDrafter(Drafter):
     def commit_schedule(conf, committed, forced, total: int, cfg: DecodeConfig) -> torch.Tensor:
         """(K, L) bool: positions to commit this step so that ``total`` are committed in each row."""
         length = conf.shape[1]
+        if total == length:  # the last step (the only one at T = 1) commits whatever is left, in any order
+            return ~committed
         if cfg.schedule == "confidence":
             priority = conf.clone()
         else:  # left to right: earlier positions first
