@@ -1,8 +1,9 @@
 """The decoding loop: prefill -> (draft -> tree -> verify -> accept -> commit)*, yielding one event per round.
 
-State between rounds (docs/DESIGN.md §2): the committed tokens are the prompt plus ``output``; the target cache holds all of
-them but the last one, the *root*, which enters the cache with the next verify forward. The drafter's context holds
-exactly what the target cache holds.
+State between rounds (docs/DESIGN.md §2): the committed tokens are the prompt plus ``output``; the target cache holds
+all of them but the last one, the *root*, which enters the cache with the next verify forward. The drafter's context
+holds exactly what the target cache holds. Before each round the settings' control (``controller.py``) says what to
+draft: a fixed (K, T, L), or ``auto``'s choice.
 """
 
 from __future__ import annotations
