@@ -1,4 +1,4 @@
-"""How much to speculate, round by round: a fixed (K, T, L), or the controller ``auto`` (docs/DESIGN.md §2.8).
+"""How much to speculate, round by round: a fixed (K, T, L), or the controller ``auto`` (docs/DESIGN.md §2.6).
 
 ``auto`` picks, before each round, the setting with the most expected tokens per second:
 

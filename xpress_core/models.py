@@ -49,7 +49,7 @@ def resolve_device(device: str) -> torch.device:
 
 
 # CPU flags of native bf16 arithmetic (AVX-512 BF16, AMX): there a multi-token forward costs barely more than a
-# one-token forward in bf16, while fp32 pays for every token (docs/DESIGN.md §2.9; scripts/profile_round.py).
+# one-token forward in bf16, while fp32 pays for every token (docs/DESIGN.md §5.1; scripts/profile_round.py).
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
@@ -65,7 +65,7 @@ def native_bf16() -> bool:
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     """``auto``: bf16 on CUDA and on CPUs with native bf16 (faster there: speculation verifies many tokens per
     forward), else fp32. Exactness: fp32 gives plain decoding's tokens exactly; bf16 gives plain bf16 decoding's up to
-    rounding, which differs between forward shapes (docs/DESIGN.md §2.9)."""
+    rounding, which differs between forward shapes (docs/DESIGN.md §2.5)."""
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" or native_bf16() else torch.float32
     choices = {

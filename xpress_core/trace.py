@@ -82,7 +82,7 @@ class DecodeResult:
     stop_reason: str  # "eos", "stop_string", "max_new_tokens"
     target_forwards: int
     settings: tuple[tuple[int, int, int], ...] = ()  # per drafting round: (K, T, L), L = 0 for a plain step
-    dtype: str = "float32"  # the dtype the models ran in (exactness: docs/DESIGN.md §2.9)
+    dtype: str = "float32"  # the dtype the models ran in (exactness: docs/DESIGN.md §2.5)
 
     @property
     def new_tokens(self) -> int:
