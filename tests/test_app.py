@@ -31,8 +31,11 @@ from xpress_app.sweep import CHAT_BOX, HELD_OUT, SweepRequest, run_sweep
 from xpress_app.texts import EMPTY_MESSAGE, VERDICT_PENDING
 from xpress_app.ui import build_app
 from xpress_app.widgets import block_slider
-from xpress_core import bench, verdict
+from xpress_core import verdict
+from xpress_core.bench import measure as bench_measure
+from xpress_core.bench.methods import REFERENCE, XPRESS
 from xpress_core.config import DecodeConfig
+from xpress_core.data import SGD_DEV, default_prompts, spread
 from xpress_core.drafters.base import NoDrafter
 from xpress_core.engine import Models, decode
 from xpress_core.errors import XpressError
@@ -560,33 +563,31 @@ def heatmap_cells(fig) -> dict[tuple[int, int], float]:
 
 
 def test_sweep_draws_what_bench_sweep_measured(cache, oracle_models, monkeypatch):
-    runs, real_sweep = [], bench.sweep
+    runs, real_sweep = [], bench_measure.sweep
 
     def recording_sweep(*args, **kwargs):
         runs.append(real_sweep(*args, **kwargs))
         return runs[-1]
 
-    monkeypatch.setattr(bench, "sweep", recording_sweep)
+    monkeypatch.setattr(bench_measure, "sweep", recording_sweep)
     seen = []
     view = run_sweep(cache, sweep_request(), "  Book a table for two.  ", lambda *p: seen.append(p))
     (run,) = runs
     assert view.run is run
     settings_run = {
-        (s.setting.decode.drafts, s.setting.decode.steps): s for s in run.summaries if s.setting.method == bench.XPRESS
+        (s.setting.decode.drafts, s.setting.decode.steps): s for s in run.summaries if s.setting.method == XPRESS
     }
     assert set(settings_run) == {(1, 1), (1, 2), (2, 1), (2, 2)}
     assert heatmap_cells(view.tokens_per_s) == {key: s.tokens_per_s for key, s in settings_run.items()}
     assert heatmap_cells(view.tau) == {key: s.tau for key, s in settings_run.items()}
-    # τ does not depend on timing: bench.sweep run directly on the same prompt gives the same heatmap.
-    oracle = bench.sweep(oracle_models[TINY], ["Book a table for two."], "K=1,2 T=1,2 L=4", max_new_tokens=8)
+    # τ does not depend on timing: bench_measure.sweep run directly on the same prompt gives the same heatmap.
+    oracle = bench_measure.sweep(oracle_models[TINY], ["Book a table for two."], "K=1,2 T=1,2 L=4", max_new_tokens=8)
     assert heatmap_cells(view.tau) == {
-        (s.setting.decode.drafts, s.setting.decode.steps): s.tau
-        for s in oracle.summaries
-        if s.setting.method == bench.XPRESS
+        (s.setting.decode.drafts, s.setting.decode.steps): s.tau for s in oracle.summaries if s.setting.method == XPRESS
     }
     assert seen[-1][0] == seen[-1][1] == 5 * 2  # (baseline + 4 settings) x (warm-up + 1 prompt)
     assert run.mismatches == () and "Every output equals plain decoding's" in view.status
-    reference = next(s for s in run.summaries if s.setting.method == bench.REFERENCE)
+    reference = next(s for s in run.summaries if s.setting.method == REFERENCE)
     rows = view.table.splitlines()[2:]
     assert rows[0] == f"| plain decoding (transformers generate) | {reference.tokens_per_s:.1f} | ×1.00 | 1.00 | - |"
     assert rows[1:] == [
@@ -603,9 +604,9 @@ def test_a_preset_without_a_drafter_has_nothing_to_sweep(zoo):
 
 def test_sweep_on_held_out_prompts(cache, tmp_path, monkeypatch):
     """The benchmark's held-out prompts, spread; without the data folder the built-in story requests stand in."""
-    used, real_sweep = [], bench.sweep
+    used, real_sweep = [], bench_measure.sweep
     monkeypatch.setattr(
-        bench,
+        bench_measure,
         "sweep",
         lambda models, prompts, grid, **kw: used.append(prompts) or real_sweep(models, prompts, grid, **kw),
     )
@@ -615,9 +616,9 @@ def test_sweep_on_held_out_prompts(cache, tmp_path, monkeypatch):
     assert "built-in story requests stand in" in view.status
     (tmp_path / "sgd").mkdir()
     dialogues = [f"User: hello {i}\nAssistant: hi {i}\nUser: book {i}\n" for i in range(10)]
-    (tmp_path / bench.SGD_DEV).write_text("\n".join(dialogues))
+    (tmp_path / SGD_DEV).write_text("\n".join(dialogues))
     view = run_sweep(cache, request, "", data_dir=tmp_path)
-    assert [p.name for p in used[-1]] == [p.name for p in bench.spread(bench.default_prompts(tmp_path), 2)]
+    assert [p.name for p in used[-1]] == [p.name for p in spread(default_prompts(tmp_path), 2)]
     assert "stand in" not in view.status
 
 

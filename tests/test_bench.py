@@ -13,15 +13,22 @@ import pytest
 import torch
 
 from tests.app_browser import require_browser
-from xpress_core import bench
-from xpress_core.bench_figures import HEATMAP_METRICS, bench_figures, heatmap
+from xpress_core.bench.cli import SAMPLING_TEMPERATURE
+from xpress_core.bench.figures import HEATMAP_METRICS, bench_figures, heatmap
+from xpress_core.bench.grid import FULL_GRID, parse_grid
+from xpress_core.bench.hf import ForwardCall, ForwardProbe, hf_rounds
+from xpress_core.bench.measure import RunPlan, check_outputs, measure, sweep, synchronized_clock
+from xpress_core.bench.methods import METHODS, REFERENCE, XPRESS, XPRESS_NONE, BenchModels, method_settings
+from xpress_core.bench.report import SCHEMA
+from xpress_core.bench.summary import summarize
 from xpress_core.cli import main
 from xpress_core.config import DecodeConfig
+from xpress_core.data import SGD_DEV, default_prompts, read_prompt_file
 from xpress_core.errors import XpressError
 from xpress_core.models import load_models
 
 GRID = "K=1,4 T=1 L=4; K=4 T=2 L=4 refine=serial verify=batch"
-TEMPERATURES = (0.0, bench.SAMPLING_TEMPERATURE)
+TEMPERATURES = (0.0, SAMPLING_TEMPERATURE)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +56,7 @@ def bench_run(zoo, prompt_file, tmp_path_factory) -> Path:
 
 def test_bench_outputs_are_complete_and_valid(bench_run):
     doc = json.loads(bench_run.read_text())
-    assert doc["schema"] == bench.SCHEMA
+    assert doc["schema"] == SCHEMA
     for key in ("args", "machine", "models", "stages", "summaries", "grid", "best", "goals", "mismatches", "skipped",
                 "measurements", "files"):
         assert key in doc, key
@@ -63,7 +70,7 @@ def test_bench_outputs_are_complete_and_valid(bench_run):
     assert len(rows) == len(doc["measurements"]) == search_settings + final_settings * len(TEMPERATURES) * 2
     assert [r["stage"] for r in rows].count("search") == search_settings
     assert len(doc["grid"]) == search_settings and len(doc["summaries"]) == final_settings * len(TEMPERATURES)
-    assert {r["method"] for r in rows if r["stage"] == "final"} == set(bench.METHODS)
+    assert {r["method"] for r in rows if r["stage"] == "final"} == set(METHODS)
     for row in doc["measurements"]:
         assert row["new_tokens"] >= 1 and row["time_s"] > 0 and row["tokens_per_s"] > 0
         assert row["target_forwards"] >= 1 and row["tau"] >= 1.0
@@ -71,7 +78,7 @@ def test_bench_outputs_are_complete_and_valid(bench_run):
         assert summary["speedup"] > 0 and summary["tokens_per_s_min"] <= summary["tokens_per_s"]
         assert sum(summary["tau_hist"].values()) > 0
         assert set(summary["ms_per_token"]) == {"prefill", "draft", "verify", "other"}
-    reference = [s for s in doc["summaries"] if s["method"] == bench.REFERENCE]
+    reference = [s for s in doc["summaries"] if s["method"] == REFERENCE]
     assert all(s["speedup"] == 1.0 for s in reference)
     for name in ("speedup", "tau_hist", "latency", "heatmap_tokens_per_s", "heatmap_tau"):
         html = Path(doc["files"][name])
@@ -89,8 +96,8 @@ def test_greedy_outputs_of_every_method_equal_generate(bench_run):
     assert doc["mismatches"] == []
     for row in doc["measurements"]:
         if row["temperature"] == 0.0:
-            assert row["matches_reference"] is (None if row["method"] == bench.REFERENCE else True), row
-        elif row["method"] == bench.XPRESS:  # same seed, same tokens as the engine's plain loop
+            assert row["matches_reference"] is (None if row["method"] == REFERENCE else True), row
+        elif row["method"] == XPRESS:  # same seed, same tokens as the engine's plain loop
             assert row["matches_reference"] is True, row
         else:  # transformers samples with its own draws: not comparable, and not claimed
             assert row["matches_reference"] is None, row
@@ -99,30 +106,30 @@ def test_greedy_outputs_of_every_method_equal_generate(bench_run):
 def test_mismatches_are_counted_and_listed(zoo, prompt_file):
     """A method whose output differs from generate's is flagged, not hidden."""
     loaded = load_models(zoo["llama"], "none", device="cpu", dtype="float32")
-    models = bench.BenchModels(loaded.target, loaded.tokenizer)
-    prompts = bench.read_prompt_file(prompt_file)[:1]
-    plan = bench.RunPlan(bench.method_settings([bench.XPRESS_NONE], (), (), ()), (0.0,), 6, 1, 0)
-    run = bench.measure(models, prompts, plan)
-    none = next(m for m in run.measurements if m.setting.method == bench.XPRESS_NONE)
+    models = BenchModels(loaded.target, loaded.tokenizer)
+    prompts = read_prompt_file(prompt_file)[:1]
+    plan = RunPlan(method_settings([XPRESS_NONE], (), (), ()), (0.0,), 6, 1, 0)
+    run = measure(models, prompts, plan)
+    none = next(m for m in run.measurements if m.setting.method == XPRESS_NONE)
     tokens = none.outcome.token_ids
     altered = replace(none, outcome=replace(none.outcome, token_ids=tokens[:-1] + (tokens[-1] + 1,)))
     measurements = [m for m in run.measurements if m is not none] + [altered]
-    checked, mismatches = bench.check_outputs(measurements, models.tokenizer)
-    assert [m.matches for m in checked if m.setting.method == bench.XPRESS_NONE] == [False]
-    assert len(mismatches) == 1 and mismatches[0].reference == bench.REFERENCE
+    checked, mismatches = check_outputs(measurements, models.tokenizer)
+    assert [m.matches for m in checked if m.setting.method == XPRESS_NONE] == [False]
+    assert len(mismatches) == 1 and mismatches[0].reference == REFERENCE
     assert mismatches[0].first_difference == len(tokens) - 1
-    summary = next(s for s in bench.summarize(checked) if s.setting.method == bench.XPRESS_NONE)
+    summary = next(s for s in summarize(checked) if s.setting.method == XPRESS_NONE)
     assert (summary.checked, summary.mismatches) == (1, 1)
 
 
 def test_sweep_api_reports_progress_and_feeds_the_heatmaps(zoo):
     models = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu", dtype="float32")
     seen = []
-    run = bench.sweep(models, ["Book a table for two."], "K=1,2 T=1,2 L=4", max_new_tokens=8, warmup=0,
+    run = sweep(models, ["Book a table for two."], "K=1,2 T=1,2 L=4", max_new_tokens=8, warmup=0,
                       progress=lambda done, total, label: seen.append((done, total, label)))
     assert seen[-1][0] == seen[-1][1] == 5  # reference + 4 grid settings, one prompt
-    assert {s.setting.method for s in run.summaries} == {bench.REFERENCE, bench.XPRESS}
-    measured = {s.setting.decode: s for s in run.summaries if s.setting.method == bench.XPRESS}
+    assert {s.setting.method for s in run.summaries} == {REFERENCE, XPRESS}
+    measured = {s.setting.decode: s for s in run.summaries if s.setting.method == XPRESS}
     for metric in HEATMAP_METRICS:
         fig = heatmap(run.summaries, metric)
         assert isinstance(fig, go.Figure)
@@ -136,44 +143,44 @@ def test_sweep_api_reports_progress_and_feeds_the_heatmaps(zoo):
 
 
 def test_grid_parsing():
-    configs = bench.parse_grid("K=1,4 T=1,L L=4,8; K=4 T=4 L=4 refine=serial")
+    configs = parse_grid("K=1,4 T=1,L L=4,8; K=4 T=4 L=4 refine=serial")
     keys = [(c.drafts, c.steps, c.block, c.refine) for c in configs]
     assert keys == [(1, 1, 4, "parallel"), (1, 1, 8, "parallel"), (1, 4, 4, "parallel"), (1, 8, 8, "parallel"),
                     (4, 1, 4, "parallel"), (4, 1, 8, "parallel"), (4, 4, 4, "parallel"), (4, 8, 8, "parallel"),
                     (4, 4, 4, "serial")]
-    assert bench.parse_grid("T=4,L L=4") == (DecodeConfig(steps=4, block=4),)  # T=4 and T=L are one setting
-    assert len(bench.parse_grid(bench.FULL_GRID)) == 4 * (3 + 4 + 4) * 2 * 2
+    assert parse_grid("T=4,L L=4") == (DecodeConfig(steps=4, block=4),)  # T=4 and T=L are one setting
+    assert len(parse_grid(FULL_GRID)) == 4 * (3 + 4 + 4) * 2 * 2
     for bad, needle in [("K=0", "positive integer"), ("X=1", "KEY=V1,V2"), ("verify=forest", "choose from"),
                         ("T=8 L=4", "selects no setting"), ("K=16 L=32", "exceeds the cap")]:
         with pytest.raises(XpressError, match=needle):
-            bench.parse_grid(bad)
+            parse_grid(bad)
 
 
 def test_hf_rounds_from_cache_lengths():
     """Prompt of 10 tokens, assisted: the prefill verifies 3 candidates and keeps 2, then rounds keep 0 and 3."""
-    calls = [bench.ForwardCall(0, 13), bench.ForwardCall(12, 4), bench.ForwardCall(13, 4)]
-    accepted, verified = bench.hf_rounds(calls, prompt_len=10, new_tokens=8)
+    calls = [ForwardCall(0, 13), ForwardCall(12, 4), ForwardCall(13, 4)]
+    accepted, verified = hf_rounds(calls, prompt_len=10, new_tokens=8)
     assert accepted == (2, 0, 3) and verified == (3, 3, 3)
-    plain = [bench.ForwardCall(0, 10)] + [bench.ForwardCall(10 + i, 1) for i in range(4)]
-    assert bench.hf_rounds(plain, prompt_len=10, new_tokens=5) == ((0,) * 4, (0,) * 4)  # the prefill is no round
+    plain = [ForwardCall(0, 10)] + [ForwardCall(10 + i, 1) for i in range(4)]
+    assert hf_rounds(plain, prompt_len=10, new_tokens=5) == ((0,) * 4, (0,) * 4)  # the prefill is no round
 
 
 def test_prompt_sources(tmp_path, prompt_file):
-    prompts = bench.read_prompt_file(prompt_file)
+    prompts = read_prompt_file(prompt_file)
     assert [p.chat for p in prompts] == [True, False] and prompts[1].name == "raw"
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"messages": "hello"}\n')
     with pytest.raises(XpressError, match="bad.jsonl:1"):
-        bench.read_prompt_file(bad)
+        read_prompt_file(bad)
     data = tmp_path / "data"
     (data / "sgd").mkdir(parents=True)
     dialogues = [f"User: hello {i}\nAssistant: hi {i}\nUser: book {i}\nAssistant: done\n" for i in range(6)]
-    (data / bench.SGD_DEV).write_text("\n".join(dialogues))
-    defaults = bench.default_prompts(data, sgd=3, stories=2)
+    (data / SGD_DEV).write_text("\n".join(dialogues))
+    defaults = default_prompts(data, sgd=3, stories=2)
     assert [p.name for p in defaults] == ["sgd_dev-0", "sgd_dev-2", "sgd_dev-4", "story-0", "story-1"]
     assert [role for role, _ in defaults[0].content] == ["user", "assistant", "user"]
     with pytest.raises(XpressError, match="shared data folder"):
-        bench.default_prompts(tmp_path / "missing")
+        default_prompts(tmp_path / "missing")
 
 
 def test_missing_data_is_a_clear_error(zoo, tmp_path, capsys):
@@ -199,7 +206,7 @@ def test_forward_probe_ignores_other_threads(zoo):
 
     loaded = load_models(zoo["llama"], "none", device="cpu", dtype="float32")
     ids = torch.tensor([[5, 6, 7]])
-    with bench.ForwardProbe(loaded.target, bench.synchronized_clock(loaded.device)) as probe:
+    with ForwardProbe(loaded.target, synchronized_clock(loaded.device)) as probe:
         other = threading.Thread(target=lambda: loaded.target(input_ids=ids))
         other.start()
         other.join()

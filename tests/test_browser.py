@@ -32,7 +32,8 @@ from tests.app_server import OUTPUT, serve_app, zoo_env
 from xpress_app.settings import DEFAULTS
 from xpress_app.sweep import CHAT_BOX
 from xpress_app.texts import EXAMPLES
-from xpress_core import bench
+from xpress_core.bench import measure as bench_measure
+from xpress_core.bench.methods import XPRESS
 from xpress_core.config import DecodeConfig
 from xpress_core.engine import decode
 from xpress_core.models import encode_prompt, load_models
@@ -263,8 +264,8 @@ def test_a_sweep_runs_live_with_a_progress_bar_draws_its_heatmaps_and_stops(page
     page.click("#sweep-run")
     page.wait_for_function("document.querySelector('#sweep-status').innerText.includes('✓')")
     assert page.evaluate("window.progressSeen.length") > 0, "no progress bar was shown"
-    oracle = bench.sweep(models, [message], "K=1,2 T=1 L=4", max_new_tokens=24)
-    xpress = [s for s in oracle.summaries if s.setting.method == bench.XPRESS]
+    oracle = bench_measure.sweep(models, [message], "K=1,2 T=1 L=4", max_new_tokens=24)
+    xpress = [s for s in oracle.summaries if s.setting.method == XPRESS]
     page.wait_for_selector("#sweep-heatmap-tau .js-plotly-plot .main-svg")
     tau = svg_text(page, "sweep-heatmap-tau")
     assert "L = 4" in tau and "T (denoise steps)" in tau

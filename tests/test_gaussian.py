@@ -9,13 +9,15 @@ import pytest
 import torch
 
 from tests.oracles import NEW, PROMPTS, check_invariants, hf_greedy, run
+from xpress_core.bench.methods import XPRESS_NONE
 from xpress_core.cli import main
 from xpress_core.config import DecodeConfig
+from xpress_core.data import Prompt
 from xpress_core.drafters.diffusion import GaussianDiffusionDrafter, ddim_step, noise_levels
 from xpress_core.drafters.diffusion_model import XpressDrafterConfig, add_noise, signal_share
 from xpress_core.engine import stop_token_ids
 from xpress_core.models import encode_prompt, load_models
-from xpress_core.train.evaluate import evaluate
+from xpress_core.train.evaluate import drafter_scores, evaluate_run
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen3"])
@@ -99,16 +101,26 @@ def test_noise_process_and_ddim_ends():
 
 def test_eval_compares_drafters_turn_by_turn_with_their_own_results(zoo):
     models = {name: load_models(zoo["llama"], zoo[name], device="cpu") for name in ("drafter_llama", "gauss_llama")}
-    prompts = [encode_prompt(models["gauss_llama"].tokenizer, p, chat=True) for p in PROMPTS]
-    scores = evaluate(models, prompts, [(2, 2, 4)], max_new_tokens=12)
+    prompts = [Prompt(f"prompt-{i}", p, chat=True) for i, p in enumerate(PROMPTS)]
+    measured = evaluate_run(models, prompts, [(2, 2, 4)], max_new_tokens=12)
+    scores = drafter_scores(measured, len(prompts))
     cfg = DecodeConfig(drafts=2, steps=2, block=4, max_new_tokens=12)
+    plain = [m for m in measured.measurements if m.setting.method == XPRESS_NONE]
     for name, m in models.items():
-        alone = [run(m, p, cfg)[1] for p in prompts]  # each drafter on its own: taking turns changes nothing
+        alone = [run(m, p.ids(m.tokenizer), cfg)[1] for p in prompts]  # taking turns changes nothing
         rounds = sum(r.rounds for r in alone)
         (score,) = scores[name]
         assert score.tau == pytest.approx(sum(sum(r.accept_lens) + r.rounds for r in alone) / rounds)
         assert (score.drafts, score.steps, score.block, score.prompts) == (2, 2, 4, 2)
-        assert score.draft_ms_per_round > 0
+        # The timings are the measured calls' own: the engine's draft timer per drafting round, and tokens per second.
+        calls = [c for c in measured.measurements if c.setting.drafter == name]
+        assert [c.outcome.token_ids for c in calls] == [r.token_ids for r in alone]
+        draft_s = sum(c.outcome.draft_s for c in calls)
+        assert score.draft_ms_per_round == pytest.approx(1000 * draft_s / rounds)
+        assert score.tokens_per_s == pytest.approx(sum(c.new_tokens for c in calls) / sum(c.time_s for c in calls))
+        assert score.plain_tokens_per_s == pytest.approx(
+            sum(c.new_tokens for c in plain) / sum(c.time_s for c in plain)
+        )
 
 
 def test_eval_cli_wants_one_out_file_per_drafter(capsys):

@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from xpress_core import plots, verdict
-from xpress_core.engine import context_limit, decode
+from xpress_core.engine import decode
+from xpress_core.models import context_limit
 from xpress_core.race import race
 from xpress_core.trace import DecodeResult, RoundTrace, write_jsonl
 

@@ -1,10 +1,10 @@
 """The figures the page shows before anything was decoded or measured; the panels' figures themselves are
-``xpress_core.plots``' and ``xpress_core.bench_figures``'."""
+``xpress_core.plots``' and ``xpress_core.bench.figures``'."""
 
 from __future__ import annotations
 
 from xpress_core import plots
-from xpress_core.bench_figures import HEATMAP_METRICS
+from xpress_core.bench.figures import HEATMAP_METRICS
 
 
 def empty_panels() -> dict[str, object]:

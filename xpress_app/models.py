@@ -7,18 +7,20 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from xpress_core.drafters.base import NoDrafter
-from xpress_core.engine import Models, decode_to_end
+from xpress_core.engine import decode_to_end
 from xpress_core.errors import XpressError
+from xpress_core.hub import is_local
 from xpress_core.models import (
     NO_DRAFTER,
     DrafterOptions,
+    Models,
     encode_prompt,
     load_drafter,
     load_target,
     resolve_device,
     resolve_dtype,
 )
-from xpress_core.presets import Access, ModelPreset, is_local
+from xpress_core.presets import Access, ModelPreset
 from xpress_core.verdict import CALIBRATION_TOKENS, calibrate_plain_step
 
 from .config import ENV, AppConfig

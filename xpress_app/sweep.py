@@ -1,5 +1,5 @@
 """The Sweep tab's measurement: a small (K, T) grid measured live on a preset's models by the benchmark's own
-``bench.sweep`` (transformers generate as the plain-decoding baseline, every output checked against it), drawn with the
+``bench.measure.sweep`` (transformers generate as the plain-decoding baseline, every output checked against it), drawn with the
 benchmark's heatmap builders."""
 
 from __future__ import annotations
@@ -8,12 +8,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from xpress_core import bench
-from xpress_core.bench_figures import heatmap
+from xpress_core.bench import measure
+from xpress_core.bench.figures import heatmap
+from xpress_core.bench.measure import BenchRun, Progress
+from xpress_core.bench.methods import REFERENCE, XPRESS
+from xpress_core.bench.summary import Summary
 from xpress_core.config import DecodeConfig
+from xpress_core.data import DEFAULT_DATA, SGD_DEV, default_prompts, spread, story_prompts
 from xpress_core.drafters.base import NoDrafter
 from xpress_core.errors import XpressError
-from xpress_core.train.cli import DEFAULT_DATA
 
 from .models import ModelCache, check_block
 from .session import never
@@ -82,7 +85,7 @@ class SweepView:
     tokens_per_s: object | None = None  # plotly figures
     tau: object | None = None
     table: str | None = None  # markdown
-    run: bench.BenchRun | None = None
+    run: BenchRun | None = None
 
 
 class SweepCancelled(Exception):
@@ -99,21 +102,21 @@ def sweep_prompts(request: SweepRequest, message: str | None, data_dir: Path) ->
                 "The chat box is empty: type a prompt there (no need to send it), or use held-out prompts."
             )
         return (text,), None
-    if (data_dir / bench.SGD_DEV).exists():
-        return bench.spread(bench.default_prompts(data_dir), request.prompts), None
-    note = f"no held-out chats here ({data_dir / bench.SGD_DEV} is missing): the built-in story requests stand in"
-    return bench.spread(bench.story_prompts(), request.prompts), note
+    if (data_dir / SGD_DEV).exists():
+        return spread(default_prompts(data_dir), request.prompts), None
+    note = f"no held-out chats here ({data_dir / SGD_DEV} is missing): the built-in story requests stand in"
+    return spread(story_prompts(), request.prompts), note
 
 
 def run_sweep(
     cache: ModelCache,
     request: SweepRequest,
     message: str | None,
-    progress: bench.Progress | None = None,
+    progress: Progress | None = None,
     stop_requested: Callable[[], bool] = never,
     data_dir: Path = DEFAULT_DATA,
 ) -> SweepView:
-    """Run the Sweep tab's grid with ``bench.sweep`` and build its heatmaps and table.
+    """Run the Sweep tab's grid with ``bench.measure.sweep`` and build its heatmaps and table.
 
     ``progress`` gets (runs done, runs in all, setting); ``stop_requested`` is polled after every run and ends the
     sweep there.
@@ -134,7 +137,7 @@ def run_sweep(
             raise SweepCancelled
 
     try:
-        run = bench.sweep(
+        run = measure.sweep(
             loaded.speculative, prompts, grid, max_new_tokens=int(request.max_new_tokens), progress=report
         )
     except SweepCancelled:
@@ -148,8 +151,8 @@ def run_sweep(
     )
 
 
-def sweep_status(run: bench.BenchRun, prompts: int, note: str | None) -> str:
-    xpress = [s for s in run.summaries if s.setting.method == bench.XPRESS]
+def sweep_status(run: BenchRun, prompts: int, note: str | None) -> str:
+    xpress = [s for s in run.summaries if s.setting.method == XPRESS]
     lines = [f"⚠ {note}."] if note else []
     if xpress:
         best = max(xpress, key=lambda s: s.tokens_per_s)
@@ -165,17 +168,17 @@ def sweep_status(run: bench.BenchRun, prompts: int, note: str | None) -> str:
     return "\n\n".join(lines)
 
 
-def sweep_table(run: bench.BenchRun) -> str:
+def sweep_table(run: BenchRun) -> str:
     """One row per setting, plain decoding first (the speedups divide by its tokens/s), then by K and T."""
 
-    def order(s: bench.Summary) -> tuple[int, ...]:
+    def order(s: Summary) -> tuple[int, ...]:
         d = s.setting.decode
         return (0,) if d is None else (1, d.drafts, d.steps)
 
     rows = sorted(run.summaries, key=order)
     lines = ["| setting | tokens/s | speedup | τ | same tokens as plain |", "|---|---|---|---|---|"]
     for s in rows:
-        name = "plain decoding (transformers generate)" if s.setting.method == bench.REFERENCE else s.setting.label
+        name = "plain decoding (transformers generate)" if s.setting.method == REFERENCE else s.setting.label
         same = f"{s.checked - s.mismatches}/{s.checked}" if s.checked else "-"
         lines.append(f"| {name} | {s.tokens_per_s:.1f} | ×{s.speedup:.2f} | {s.tau:.2f} | {same} |")
     return "\n".join(lines)

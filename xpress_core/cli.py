@@ -12,7 +12,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from .bench import add_bench_parser, run_bench
+from .bench.cli import add_bench_parser, run_bench
 from .config import DIVERSITY, NOISE_TYPES, REFINE_MODES, SCHEDULES, VERIFY_MODES, DecodeConfig
 from .errors import XpressError
 from .train.cli import add_train_parser, run_train

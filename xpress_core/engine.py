@@ -19,25 +19,12 @@ import torch
 from . import cache as kv
 from .config import DecodeConfig
 from .controller import AutoControl, CostModel, FixedControl, RoundSetting
-from .drafters.base import Drafter, Drafts, NoDrafter
+from .drafters.base import Drafts, NoDrafter
 from .errors import XpressError
+from .models import Models, context_limit, eos_ids
 from .sampling import draw_token
 from .trace import DecodeResult, RoundTrace, peak_memory_mb
 from .tree import Acceptance, DraftTree, accept, build_tree, tree_attention_mask, tree_position_ids
-
-
-@dataclass(frozen=True)
-class Models:
-    """Read-only models shared by every request."""
-
-    target: torch.nn.Module
-    tokenizer: object
-    drafter: Drafter
-    costs: CostModel | None = None  # stage costs the controller auto plans with; None: measured for each request
-
-    @property
-    def device(self) -> torch.device:
-        return self.target.device
 
 
 @dataclass
@@ -96,18 +83,6 @@ class Clock:
         t = self.raw()
         yield
         self.excluded += self.raw() - t
-
-
-def context_limit(target) -> int | None:
-    return getattr(target.config, "max_position_embeddings", None) or getattr(target.config, "n_positions", None)
-
-
-def eos_ids(target, tokenizer) -> set[int]:
-    """End-of-sequence ids as the target's generation config states them (what HF ``generate`` stops on)."""
-    eos = getattr(target.generation_config, "eos_token_id", None)
-    if eos is None:
-        eos = tokenizer.eos_token_id
-    return set([eos] if isinstance(eos, int) else (eos or []))
 
 
 def stop_token_ids(models: Models) -> set[int]:

@@ -12,15 +12,16 @@ import torch
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
+from .controller import CostModel
 from .drafters.autoregressive import AutoregressiveDrafter
 from .drafters.base import Drafter, NoDrafter
-from .drafters.dflash_format import DFLASH_KEY_MAPPING, dflash_drafter_config, is_dflash_config, read_config_json
+from .drafters.dflash_format import DFLASH_KEY_MAPPING, dflash_drafter_config, is_dflash_config
 from .drafters.diffusion import TargetConditionedDrafter, diffusion_drafter
 from .drafters.diffusion_lm import FAMILIES, DiffusionLMDrafter, family_convention, resolve_mask_token_id
 from .drafters.diffusion_model import XpressDrafter, XpressDrafterConfig, default_tapped_layers
-from .engine import Models, eos_ids
 from .errors import XpressError
-from .presets import Access, check_known, is_local, remote_code_allowed
+from .hub import is_local, read_config_json
+from .presets import Access, check_known, remote_code_allowed
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 EMBEDDED_TARGET = ASSETS / "target"
@@ -31,6 +32,32 @@ NO_DRAFTER = "none"
 # How a drafter is loaded: "auto" reads its config.json. xpress = our target-conditioned drafter; dflash = a published
 # DFlash checkpoint loaded into it; diffusion-lm = a standalone masked-diffusion LM; autoregressive = a small causal LM.
 DRAFTER_KINDS = ("auto", "xpress", "dflash", "diffusion-lm", "autoregressive")
+
+
+@dataclass(frozen=True)
+class Models:
+    """Read-only models shared by every request."""
+
+    target: torch.nn.Module
+    tokenizer: object
+    drafter: Drafter
+    costs: CostModel | None = None  # stage costs the controller auto plans with; None: measured for each request
+
+    @property
+    def device(self) -> torch.device:
+        return self.target.device
+
+
+def context_limit(target) -> int | None:
+    return getattr(target.config, "max_position_embeddings", None) or getattr(target.config, "n_positions", None)
+
+
+def eos_ids(target, tokenizer) -> set[int]:
+    """End-of-sequence ids as the target's generation config states them (what HF ``generate`` stops on)."""
+    eos = getattr(target.generation_config, "eos_token_id", None)
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    return set([eos] if isinstance(eos, int) else (eos or []))
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,11 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
 from .errors import XpressError
+from .hub import is_local
 
 ALLOW_UNKNOWN_ENV = "XPRESS_ALLOW_UNKNOWN_MODELS"
 TRUST_REMOTE_CODE_ENV = "XPRESS_TRUST_REMOTE_CODE"
@@ -112,10 +112,6 @@ class Access:
             allow_unknown=allow_unknown or env_flag(ALLOW_UNKNOWN_ENV),
             trust_remote_code=trust_remote_code or env_flag(TRUST_REMOTE_CODE_ENV),
         )
-
-
-def is_local(spec: str) -> bool:
-    return spec.startswith((".", "/", "~")) or Path(spec).expanduser().exists()
 
 
 def check_known(role: str, spec: str, access: Access) -> None:

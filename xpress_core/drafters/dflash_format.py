@@ -20,13 +20,7 @@ That is our ``XpressDrafter`` with ``qk_norm=True`` and ``learned_mask=False``; 
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
-from huggingface_hub import hf_hub_download
-
 from ..errors import XpressError
-from ..presets import is_local
 from .diffusion_model import XpressDrafterConfig
 
 DFLASH_ARCHITECTURE = "DFlashDraftModel"
@@ -39,19 +33,6 @@ DFLASH_KEY_MAPPING = {
     r"\.post_attention_layernorm\.": ".post_norm.",
     r"\.mlp\.(gate|up|down)_proj\.": r".\1_proj.",
 }
-
-
-def read_config_json(spec: str) -> dict | None:
-    """config.json of a local directory or a Hub repository (from the local cache when offline); None if absent."""
-    local = Path(spec) / "config.json"
-    if local.exists():
-        return json.loads(local.read_text())
-    if is_local(spec):
-        return None
-    try:
-        return json.loads(Path(hf_hub_download(spec, "config.json")).read_text())
-    except Exception:  # noqa: BLE001 - any Hub failure means "not readable here"; the loader reports it properly
-        return None
 
 
 def is_dflash_config(config: dict) -> bool:

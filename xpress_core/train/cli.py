@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 from ..config import NOISE_TYPES
+from ..data import DEFAULT_DATA
 from ..errors import XpressError
 
-DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 DEFAULT_WORK = Path("runs")
 
 
@@ -118,9 +118,8 @@ def run_eval(args: argparse.Namespace) -> list[dict]:
 
     import torch
 
-    from ..engine import Models
-    from ..models import load_drafter, load_target
-    from .evaluate import AR_DRAFT_LENGTHS, CARD_SETTINGS, evaluate, heldout_prompt_ids
+    from ..models import Models, load_drafter, load_target
+    from .evaluate import AR_DRAFT_LENGTHS, CARD_SETTINGS, evaluate, heldout_prompts
 
     if args.out and len(args.out) != len(args.drafter):
         raise XpressError(f"--out needs one file per drafter: {len(args.drafter)} drafters, {len(args.out)} files")
@@ -132,7 +131,7 @@ def run_eval(args: argparse.Namespace) -> list[dict]:
     kinds = {m.drafter.name for m in drafters.values()}
     if len(kinds) > 1:
         raise XpressError(f"compare drafters of one kind (their settings differ): got {sorted(kinds)}")
-    prompts = heldout_prompt_ids(tokenizer, args.data, args.prompts)
+    prompts = heldout_prompts(args.data, args.prompts)
     # The AR drafter drafts left to right, one position per step: T = L, tried over draft lengths.
     settings = CARD_SETTINGS if kinds == {"diffusion"} else [(1, n, n) for n in AR_DRAFT_LENGTHS]
     scores = evaluate(drafters, prompts, settings, args.max_new_tokens)

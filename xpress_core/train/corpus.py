@@ -10,15 +10,13 @@ Mapping (also stated in the model cards):
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
+from ..data import Chat, read_dialogues, read_stories
 from .tokenizer import SPECIAL
-
-Chat = list[dict[str, str]]
 
 STORY_REQUESTS = (
     "Tell me a story.",
@@ -27,33 +25,6 @@ STORY_REQUESTS = (
     "I would like to hear a story for kids.",
     "Tell me a little story, please.",
 )
-
-_TURN = re.compile(r"^(User|Assistant|A|B):\s?(.*)$")
-_ROLE = {"User": "user", "Assistant": "assistant", "A": "user", "B": "assistant"}
-
-
-def read_dialogues(path: Path) -> Iterator[Chat]:
-    """Blank-line separated dialogues, one ``Speaker: text`` turn a line."""
-    chat: Chat = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        match = _TURN.match(line.strip())
-        if match:
-            chat.append({"role": _ROLE[match.group(1)], "content": match.group(2).strip()})
-        elif not line.strip() and chat:
-            yield chat
-            chat = []
-    if chat:
-        yield chat
-
-
-def read_stories(path: Path) -> Iterator[str]:
-    """TinyStories files: stories separated by ``<|endoftext|>`` or blank lines (part b)."""
-    text = path.read_text(encoding="utf-8")
-    parts = text.split("<|endoftext|>") if "<|endoftext|>" in text else re.split(r"\n\s*\n", text)
-    for part in parts:
-        story = part.strip()
-        if len(story) > 40:
-            yield story
 
 
 def render_chat(chat: Chat) -> str:

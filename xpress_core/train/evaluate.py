@@ -1,20 +1,22 @@
 """Drafter quality for the model cards: mean accepted length tau on held-out chats, and tokens/s against plain.
 
 tau counts the tokens a drafting round emits: the accepted draft tokens plus the target's own (so tau = 1 means
-nothing was accepted). Pooled over all rounds of all prompts.
+nothing was accepted). Pooled over all rounds of all prompts. Measured by the benchmark's own code
+(``bench.measure``): the same timed calls, warm-up and interleaving as ``python -m xpress_core bench``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm import tqdm
-
+from ..bench.measure import BenchRun, RunPlan
+from ..bench.methods import XPRESS, XPRESS_NONE, BenchModels, Setting
+from ..bench.stages import run_stage
 from ..config import DecodeConfig
-from ..drafters.base import NoDrafter
-from ..engine import Models, decode_to_end
-from ..trace import DecodeResult, tokens_per_round
+from ..data import Prompt, default_prompts
+from ..models import Models
 
 # (K, T, L) the issue asks the cards to report.
 CARD_SETTINGS = ((1, 1, 8), (4, 2, 8), (4, 4, 16))
@@ -37,46 +39,49 @@ class DrafterScore:
         return self.tokens_per_s / self.plain_tokens_per_s
 
 
-def run_all(models: Models, prompt_ids: list, cfg: DecodeConfig) -> list[DecodeResult]:
-    return [decode_to_end(models, ids, cfg) for ids in prompt_ids]
-
-
-def summarize(results: list[DecodeResult], cfg: DecodeConfig, plain_tps: float) -> DrafterScore:
-    rounds = [a for r in results for a in r.accept_lens]
-    tps = sum(r.new_tokens for r in results) / sum(r.time_s for r in results)
-    draft_ms = 1000 * sum(r.draft_s for r in results) / max(len(rounds), 1)
-    return DrafterScore(
-        cfg.drafts, cfg.steps, cfg.block, tokens_per_round(rounds), draft_ms, tps, plain_tps, len(results)
+def eval_plan(drafters: Sequence[str], settings, max_new_tokens: int) -> RunPlan:
+    """Plain decoding (the engine without a drafter), then every drafter at every (K, T, L), greedy, once."""
+    xpress = tuple(
+        Setting(XPRESS, decode=DecodeConfig(drafts=k, steps=t, block=length), drafter=name)
+        for k, t, length in settings
+        for name in drafters
     )
+    return RunPlan((Setting(XPRESS_NONE),) + xpress, temperatures=(0.0,), max_new_tokens=max_new_tokens, repeats=1)
 
 
-def evaluate(
-    drafters: dict[str, Models], prompt_ids: list, settings, max_new_tokens: int = 64
-) -> dict[str, list[DrafterScore]]:
-    """Scores of each drafter (all on one target) at each (K, T, L) setting.
-
-    Prompt by prompt the drafters take turns, so when several are compared on a shared machine its drift hits them
-    alike and their drafting times stay comparable.
-    """
-    first = next(iter(drafters.values()))
-    plain = Models(first.target, first.tokenizer, NoDrafter())
-    warm = DecodeConfig(max_new_tokens=8)
-    run_all(plain, prompt_ids[:2], warm)  # first calls pay one-off allocation costs
-    plain_results = run_all(plain, prompt_ids, DecodeConfig(max_new_tokens=max_new_tokens))
-    plain_tps = sum(r.new_tokens for r in plain_results) / sum(r.time_s for r in plain_results)
-    scores: dict[str, list[DrafterScore]] = {name: [] for name in drafters}
-    for k, t, length in tqdm(settings, desc="evaluate"):
-        cfg = DecodeConfig(drafts=k, steps=t, block=length, max_new_tokens=max_new_tokens)
-        results: dict[str, list[DecodeResult]] = {name: [] for name in drafters}
-        for ids in prompt_ids:
-            for name, models in drafters.items():
-                results[name].append(decode_to_end(models, ids, cfg))
-        for name in drafters:
-            scores[name].append(summarize(results[name], cfg, plain_tps))
+def drafter_scores(run: BenchRun, prompts: int) -> dict[str, list[DrafterScore]]:
+    """Each drafter's scores, in the order its settings were planned, from the run's summaries."""
+    plain = next(s for s in run.summaries if s.setting.method == XPRESS_NONE)
+    scores: dict[str, list[DrafterScore]] = {}
+    for s in run.summaries:
+        if s.setting.method == XPRESS:
+            d = s.setting.decode
+            score = DrafterScore(
+                d.drafts, d.steps, d.block, s.tau, s.draft_ms_per_round, s.tokens_per_s, plain.tokens_per_s, prompts
+            )
+            scores.setdefault(s.setting.drafter, []).append(score)
     return scores
 
 
-def heldout_prompt_ids(tokenizer, data_dir: Path, count: int = 50) -> list:
-    from ..bench import default_prompts
+def evaluate_run(
+    drafters: dict[str, Models], prompts: Sequence[Prompt], settings, max_new_tokens: int = 64
+) -> BenchRun:
+    """The measurement behind ``evaluate``: every drafter (all on one target) at each (K, T, L) setting.
 
-    return [p.ids(tokenizer) for p in default_prompts(data_dir, sgd=count, stories=0)]
+    Prompt by prompt the drafters take turns (in a shuffled order), so when several are compared on a shared machine
+    its drift hits them alike and their drafting times stay comparable.
+    """
+    first = next(iter(drafters.values()))
+    models = BenchModels(first.target, first.tokenizer, drafters={name: m.drafter for name, m in drafters.items()})
+    return run_stage("evaluate", models, prompts, eval_plan(list(drafters), settings, max_new_tokens), quiet=False).run
+
+
+def evaluate(
+    drafters: dict[str, Models], prompts: Sequence[Prompt], settings, max_new_tokens: int = 64
+) -> dict[str, list[DrafterScore]]:
+    """Scores of each drafter at each (K, T, L) setting, by drafter name."""
+    return drafter_scores(evaluate_run(drafters, prompts, settings, max_new_tokens), len(prompts))
+
+
+def heldout_prompts(data_dir: Path, count: int = 50) -> tuple[Prompt, ...]:
+    return default_prompts(data_dir, sgd=count, stories=0)

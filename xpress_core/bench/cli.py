@@ -1,0 +1,202 @@
+"""``python -m xpress_core bench``: the command line, its sizes (full and ``--quick``), loading the models, the run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ..data import DEFAULT_DATA, default_prompts, read_prompt_file, spread
+from ..errors import XpressError
+from ..models import (
+    EMBEDDED_AR_DRAFTER,
+    EMBEDDED_DRAFTER,
+    EMBEDDED_GAUSS_DRAFTER,
+    EMBEDDED_TARGET,
+    check_tokenizer_match,
+    eos_ids,
+    load_causal_lm,
+    load_drafter,
+    load_target,
+    resolve_device,
+    resolve_dtype,
+)
+from .grid import FULL_GRID, QUICK_GRID, parse_grid
+from .measure import RunPlan
+from .methods import (
+    ASSISTED_TOKENS,
+    ASSISTED_TOKENS_QUICK,
+    HF_ASSISTED,
+    LOOKUP_TOKENS,
+    LOOKUP_TOKENS_QUICK,
+    METHODS,
+    XPRESS,
+    BenchModels,
+    method_settings,
+)
+from .report import markdown_table, write_outputs
+from .stages import FINAL_STAGE, FINALISTS, SEARCH_PROMPTS, SEARCH_STAGE, choose_finalists, run_stage
+
+SAMPLING_TEMPERATURE = 0.7
+
+
+TEMPERATURES = (0.0, SAMPLING_TEMPERATURE)
+
+
+QUICK_PROMPTS = (2, 2)  # (sgd chats, story requests) in --quick
+
+
+@dataclass(frozen=True)
+class BenchPreset:
+    """A benchmark size: the full run or ``--quick``."""
+
+    grid: str
+    assisted_tokens: tuple[int | None, ...]
+    lookup_tokens: tuple[int | None, ...]
+    max_new_tokens: int
+    repeats: int
+    prompts: tuple[int, int] | None  # (sgd chats, story requests); None = all
+    search_prompts: int
+
+
+FULL = BenchPreset(FULL_GRID, ASSISTED_TOKENS, LOOKUP_TOKENS, 128, 3, None, SEARCH_PROMPTS)
+
+
+QUICK = BenchPreset(QUICK_GRID, ASSISTED_TOKENS_QUICK, LOOKUP_TOKENS_QUICK, 64, 1, QUICK_PROMPTS, 0)
+
+
+def add_bench_parser(sub: argparse._SubParsersAction) -> None:
+    bench = sub.add_parser("bench", help="measure tokens/s against transformers generate, assisted, prompt lookup")
+    bench.add_argument("--target", default=str(EMBEDDED_TARGET), help="target: local dir or Hub id")
+    bench.add_argument(
+        "--drafter",
+        default=str(EMBEDDED_DRAFTER),
+        help=f"diffusion drafter for the xpress method (masked; the gaussian one: {EMBEDDED_GAUSS_DRAFTER})",
+    )
+    bench.add_argument("--ar-drafter", default=str(EMBEDDED_AR_DRAFTER), help="assistant model for hf-assisted")
+    bench.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    bench.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16")
+    bench.add_argument("--prompts", type=Path, help='JSONL: {"messages": [...]} or {"prompt": "..."} a line')
+    bench.add_argument("--data", type=Path, default=DEFAULT_DATA, help="shared data folder (default prompts)")
+    bench.add_argument(
+        "--num-prompts", type=int, help="use only the first N prompts (the defaults: chats, then stories)"
+    )
+    bench.add_argument("--methods", default=",".join(METHODS), help=f"comma list of {', '.join(METHODS)}")
+    bench.add_argument(
+        "--grid", help=f'xpress settings, e.g. "K=1,4 T=1,2 L=8; K=4 T=2 L=8 refine=serial" (default: {FULL_GRID})'
+    )
+    bench.add_argument("--assisted-tokens", help="hf-assisted draft lengths, comma list; 'default' = HF's schedule")
+    bench.add_argument("--lookup-tokens", help="hf-prompt-lookup candidate lengths, comma list")
+    bench.add_argument("--temperatures", help="comma list (default 0,0.7)")
+    bench.add_argument(
+        "--max-new-tokens", type=int, help=f"default {FULL.max_new_tokens} ({QUICK.max_new_tokens} with --quick)"
+    )
+    bench.add_argument(
+        "--repeats",
+        type=int,
+        help=f"final-stage passes over the prompts (default {FULL.repeats}, {QUICK.repeats} with --quick)",
+    )
+    bench.add_argument("--warmup", type=int, default=1, help="untimed calls per setting before measuring")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument(
+        "--search-prompts",
+        type=int,
+        help=f"prompts of the search stage (default {SEARCH_PROMPTS}; 0 = no search: every setting in the final stage)",
+    )
+    bench.add_argument("--finalists", type=int, default=FINALISTS, help="xPress settings the final stage measures")
+    bench.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"{sum(QUICK_PROMPTS)} prompts, grid {QUICK_GRID!r}, 1 repeat, no search: under 3 minutes on 2 CPU cores",
+    )
+    bench.add_argument(
+        "--json",
+        type=Path,
+        default=Path("runs") / "bench" / "bench.json",
+        help="results JSON; the CSV, table and HTML figures go beside it",
+    )
+    bench.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def _int_list(raw: str, flag: str) -> tuple[int | None, ...]:
+    try:
+        return tuple(None if v == "default" else int(v) for v in raw.split(","))
+    except ValueError as error:
+        raise XpressError(f"{flag}: expected a comma list of integers, got {raw!r}") from error
+
+
+def _float_list(raw: str, flag: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in raw.split(","))
+    except ValueError as error:
+        raise XpressError(f"{flag}: expected a comma list of numbers, got {raw!r}") from error
+
+
+def load_bench_models(args: argparse.Namespace, methods: Sequence[str]) -> BenchModels:
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    target, tokenizer = load_target(args.target, device, dtype)
+    drafter = load_drafter(args.drafter, target, tokenizer, device, dtype) if XPRESS in methods else None
+    assistant = None
+    if HF_ASSISTED in methods:
+        check_tokenizer_match("AR drafter", args.ar_drafter, tokenizer)
+        assistant = load_causal_lm("AR drafter", args.ar_drafter, device, dtype)
+        if assistant.config.vocab_size != target.config.vocab_size:
+            raise XpressError(
+                f"AR drafter {args.ar_drafter!r} has vocabulary size {assistant.config.vocab_size}, "
+                f"the target {target.config.vocab_size}"
+            )
+        # transformers stops the assistant where the target stops; give it the target's end tokens.
+        assistant.generation_config.eos_token_id = sorted(eos_ids(target, tokenizer))
+    return BenchModels(target, tokenizer, drafter, assistant)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    preset = QUICK if args.quick else FULL
+    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    grid = parse_grid(args.grid or preset.grid)
+    assisted = _int_list(args.assisted_tokens, "--assisted-tokens") if args.assisted_tokens else preset.assisted_tokens
+    lookup = _int_list(args.lookup_tokens, "--lookup-tokens") if args.lookup_tokens else preset.lookup_tokens
+    settings = method_settings(methods, grid, assisted, lookup)
+    temperatures = _float_list(args.temperatures, "--temperatures") if args.temperatures else TEMPERATURES
+    search_prompts = preset.search_prompts if args.search_prompts is None else args.search_prompts
+    plan = RunPlan(
+        settings,
+        temperatures,
+        args.max_new_tokens or preset.max_new_tokens,
+        args.repeats or preset.repeats,
+        args.warmup,
+        args.seed,
+    )
+    if min(plan.repeats, plan.max_new_tokens, args.num_prompts or 1, args.finalists) < 1:
+        raise XpressError("--repeats, --max-new-tokens, --num-prompts and --finalists must be >= 1")
+    if min(plan.warmup, search_prompts, *temperatures) < 0:
+        raise XpressError("--warmup, --search-prompts and temperatures must be >= 0")
+    if args.prompts:
+        prompts = read_prompt_file(args.prompts)
+    else:
+        prompts = default_prompts(args.data, *preset.prompts) if preset.prompts else default_prompts(args.data)
+    prompts = prompts[: args.num_prompts] if args.num_prompts else prompts
+    models = load_bench_models(args, {s.method for s in settings})
+
+    stages = []
+    if search_prompts and len(grid) > args.finalists:
+        search_plan = replace(plan, temperatures=(0.0,), repeats=1)
+        stages.append(run_stage(SEARCH_STAGE, models, spread(prompts, search_prompts), search_plan, args.no_progress))
+        plan = replace(plan, settings=choose_finalists(stages[0].run.summaries, args.finalists))
+    stages.append(run_stage(FINAL_STAGE, models, prompts, plan, args.no_progress))
+    files = write_outputs(stages, args, models)
+    print(markdown_table(stages[-1].run.summaries))
+    print(
+        json.dumps(
+            {
+                "mismatches": sum(len(st.run.mismatches) for st in stages),
+                "skipped": sum(len(st.run.skipped) for st in stages),
+                "files": files,
+            },
+            indent=2,
+        )
+    )
+    return 0

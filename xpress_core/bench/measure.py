@@ -1,0 +1,239 @@
+"""Measuring: every setting warmed up, then timed call by call, interleaved prompt by prompt; outputs checked against
+the reference; ``sweep`` is the same measurement for the app's Sweep tab."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from ..config import DecodeConfig
+from ..data import Prompt
+from ..drafters.base import NoDrafter
+from ..engine import decode, wait_for_gpus
+from ..errors import XpressError
+from ..models import Models
+from ..trace import DecodeResult, RoundTrace
+from .grid import parse_grid
+from .hf import run_hf
+from .methods import REFERENCE, XPRESS, XPRESS_NONE, BenchModels, Outcome, Setting, method_settings
+from .summary import Measurement, Summary, summarize
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    setting: Setting
+    temperature: float
+    prompt: str
+    repeat: int
+    reference: str  # the method it was compared with
+    first_difference: int  # index of the first differing new token
+    expected: str
+    got: str
+
+    def to_json(self) -> dict:
+        return {
+            "method": self.setting.method,
+            "setting": self.setting.label,
+            "temperature": self.temperature,
+            "prompt": self.prompt,
+            "repeat": self.repeat,
+            "reference": self.reference,
+            "first_difference": self.first_difference,
+            "expected": self.expected,
+            "got": self.got,
+        }
+
+
+@dataclass(frozen=True)
+class BenchRun:
+    measurements: tuple[Measurement, ...]
+    summaries: tuple[Summary, ...]
+    mismatches: tuple[Mismatch, ...]
+    skipped: tuple[tuple[str, str], ...]  # (setting name, why) for settings the models cannot run
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What to run: settings x temperatures on prompts, how often, and how long each answer is."""
+
+    settings: tuple[Setting, ...]
+    temperatures: tuple[float, ...] = (0.0,)
+    max_new_tokens: int = 128
+    repeats: int = 3
+    warmup: int = 1
+    seed: int = 0
+
+
+Progress = Callable[[int, int, str], None]  # (calls done, calls in all, what just ran)
+
+
+def synchronized_clock(device: torch.device) -> Callable[[], float]:
+    """perf_counter that first waits for queued CUDA work, so a call's time includes its kernels."""
+
+    def now() -> float:
+        if device.type == "cuda":
+            wait_for_gpus()
+        return time.perf_counter()
+
+    return now
+
+
+def run_xpress(models: Models, ids: torch.Tensor, cfg: DecodeConfig) -> Outcome:
+    """One request through the engine, read from its events (round 0 is the prefill)."""
+    tree_sizes = []
+    for event in decode(models, ids, cfg):
+        if isinstance(event, RoundTrace) and event.index > 0:
+            tree_sizes.append(event.tree_size)
+    assert isinstance(event, DecodeResult)  # decode() always ends with its result
+    return Outcome(
+        event.token_ids,
+        event.prefill_s,
+        event.draft_s,
+        event.verify_s,
+        event.accept_lens,
+        tuple(tree_sizes),
+        event.target_forwards,
+        event.peak_mem_mb,
+    )
+
+
+def run_setting(
+    models: BenchModels, setting: Setting, ids: torch.Tensor, cfg: DecodeConfig, now: Callable[[], float]
+) -> Outcome:
+    if setting.method == XPRESS_NONE:
+        return run_xpress(Models(models.target, models.tokenizer, NoDrafter()), ids, cfg)
+    if setting.method == XPRESS:
+        engine = Models(models.target, models.tokenizer, models.drafter_of(setting))
+        return run_xpress(
+            engine,
+            ids,
+            replace(setting.decode, temperature=cfg.temperature, seed=cfg.seed, max_new_tokens=cfg.max_new_tokens),
+        )
+    return run_hf(models, setting, ids, cfg, now)
+
+
+def timed_call(models: BenchModels, setting: Setting, ids: torch.Tensor, cfg: DecodeConfig) -> tuple[float, Outcome]:
+    if models.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(models.device)
+    now = synchronized_clock(models.device)
+    with torch.no_grad():
+        start = now()
+        outcome = run_setting(models, setting, ids, cfg, now)
+        return now() - start, outcome
+
+
+def measure(
+    models: BenchModels, prompts: Sequence[Prompt], plan: RunPlan, progress: Progress | None = None
+) -> BenchRun:
+    """Warm every setting up, then run ``repeats`` rounds over the prompts; within a prompt, every setting and
+    temperature once, in a shuffled order, so drift of the machine spreads over all methods alike."""
+    if not prompts:
+        raise XpressError("no prompt to measure")
+    encoded = [p.ids(models.tokenizer).to(models.device) for p in prompts]
+    jobs = [(s, t) for s in plan.settings for t in plan.temperatures]
+    total = len(jobs) * (plan.warmup + plan.repeats * len(prompts))
+    done = 0
+
+    def call(setting: Setting, temperature: float, ids: torch.Tensor) -> tuple[float, Outcome]:
+        nonlocal done
+        cfg = DecodeConfig(temperature=temperature, seed=plan.seed, max_new_tokens=plan.max_new_tokens)
+        result = timed_call(models, setting, ids, cfg)
+        done += 1
+        if progress:
+            progress(done, total, setting.name)
+        return result
+
+    skipped: dict[Setting, str] = {}
+    for _ in range(plan.warmup):
+        for setting, temperature in jobs:
+            if setting in skipped:
+                done += 1
+                continue
+            try:
+                call(setting, temperature, encoded[0])
+            except XpressError as error:  # e.g. L beyond the drafter's trained block: reported, not fatal
+                if setting.method == REFERENCE:
+                    raise
+                skipped[setting] = str(error)
+    jobs = [(s, t) for s, t in jobs if s not in skipped]
+    total -= len(plan.temperatures) * len(skipped) * plan.repeats * len(prompts)
+    measurements = []
+    for repeat in range(plan.repeats):
+        for index, (prompt, ids) in enumerate(zip(prompts, encoded)):
+            order = list(jobs)
+            random.Random(f"{plan.seed}-{repeat}-{index}").shuffle(order)
+            for setting, temperature in order:
+                seconds, outcome = call(setting, temperature, ids)
+                measurements.append(
+                    Measurement(setting, temperature, prompt.name, repeat, ids.shape[1], seconds, outcome)
+                )
+    checked, mismatches = check_outputs(measurements, models.tokenizer)
+    return BenchRun(
+        tuple(checked), summarize(checked), tuple(mismatches), tuple((s.name, why) for s, why in skipped.items())
+    )
+
+
+def reference_method(setting: Setting, temperature: float) -> str | None:
+    """Greedy: every method must give ``generate``'s tokens. Sampling: xPress with a drafter must give the engine's
+    plain tokens at the same seed; transformers samples with its own draws, so its outputs are not comparable."""
+    if temperature == 0.0:
+        return REFERENCE if setting.method != REFERENCE else None
+    return XPRESS_NONE if setting.method == XPRESS else None
+
+
+def check_outputs(measurements: list[Measurement], tokenizer) -> tuple[list[Measurement], list[Mismatch]]:
+    expected = {
+        (m.setting.method, m.temperature, m.prompt, m.repeat): m.outcome.token_ids
+        for m in measurements
+        if m.setting.method in (REFERENCE, XPRESS_NONE)
+    }
+    checked, mismatches = [], []
+    for m in measurements:
+        ref = reference_method(m.setting, m.temperature)
+        want = expected.get((ref, m.temperature, m.prompt, m.repeat))
+        if want is None:
+            checked.append(m)
+            continue
+        got = m.outcome.token_ids
+        checked.append(replace(m, matches=got == want))
+        if got != want:
+            first = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
+            mismatches.append(
+                Mismatch(
+                    m.setting,
+                    m.temperature,
+                    m.prompt,
+                    m.repeat,
+                    ref,
+                    first,
+                    tokenizer.decode(want[first:]),
+                    tokenizer.decode(got[first:]),
+                )
+            )
+    return checked, mismatches
+
+
+def sweep(
+    models: Models,
+    prompts: Sequence[str | Prompt],
+    grid: str | Sequence[DecodeConfig],
+    *,
+    temperature: float = 0.0,
+    max_new_tokens: int = 64,
+    repeats: int = 1,
+    warmup: int = 1,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> BenchRun:
+    """A live (K, T, ...) grid search for the app: ``hf-generate`` (the reference) and xPress at every grid
+    setting, on the app's loaded models. Feed ``run.summaries`` to ``figures.heatmap``."""
+    configs = parse_grid(grid) if isinstance(grid, str) else tuple(c.validate() for c in grid)
+    chats = tuple(
+        p if isinstance(p, Prompt) else Prompt(f"prompt-{i}", (("user", p),), chat=True) for i, p in enumerate(prompts)
+    )
+    plan = RunPlan(method_settings([XPRESS], configs, (), ()), (temperature,), max_new_tokens, repeats, warmup, seed)
+    return measure(BenchModels(models.target, models.tokenizer, models.drafter), chats, plan, progress)

@@ -1,0 +1,211 @@
+"""What a benchmark run writes: the goals' verdicts, the results table, and the JSON, CSV and HTML files."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import platform
+from collections.abc import Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import torch
+
+from ..config import REFINE_MODES
+from .methods import HF_ASSISTED, HF_LOOKUP, REFERENCE, XPRESS, XPRESS_NONE, BenchModels
+from .stages import Stage
+from .summary import Summary, _round, best_per_method
+
+SCHEMA = "xpress-bench/1"
+
+
+# Issue 5's goals (embedded models, greedy): what the JSON's "goals" checks.
+GOAL_SPEEDUP = 2.5  # best xPress over generate
+
+
+GOAL_OVER_RIVALS = 1.5  # best xPress over the best assisted / prompt lookup setting
+
+
+GOAL_ENGINE_SHARE = 0.9  # xpress-none tokens/s at least this share of generate's
+
+
+GOAL_DRAFT_RATIO = 1.6  # drafting time per round, K=4 over K=1, parallel refinement
+
+
+REFINEMENT_PAIR = (1, 4)  # the K values the drafting-time goal compares
+
+
+PARALLEL = REFINE_MODES[0]
+
+
+def goals(summaries: Sequence[Summary], grid: Sequence[Summary]) -> dict:
+    """The issue's targets at greedy, with the measured numbers behind each verdict: speedups from the final
+    stage's ``summaries``, drafting time over K from the ``grid`` (every setting measured)."""
+    best = best_per_method(summaries, 0.0)
+    out: dict = {}
+    xp, ref = best.get(XPRESS), best.get(REFERENCE)
+    if xp and ref:
+        out["best_xpress"] = {
+            "setting": xp.setting.label,
+            "speedup": _round(xp.speedup),
+            "tau": round(xp.tau, 3),
+            "goal": GOAL_SPEEDUP,
+            "met": (xp.speedup or 0) >= GOAL_SPEEDUP,
+        }
+        for rival in (HF_ASSISTED, HF_LOOKUP):
+            if rival in best:
+                ratio = xp.tokens_per_s / best[rival].tokens_per_s
+                out[f"xpress_over_{rival}"] = {
+                    "rival_setting": best[rival].setting.label,
+                    "ratio": round(ratio, 3),
+                    "goal": GOAL_OVER_RIVALS,
+                    "met": ratio >= GOAL_OVER_RIVALS,
+                }
+    none = best.get(XPRESS_NONE)
+    if none and ref:
+        ratio = none.tokens_per_s / ref.tokens_per_s
+        out["engine_overhead"] = {
+            "xpress_none_over_generate": round(ratio, 3),
+            "goal": GOAL_ENGINE_SHARE,
+            "met": ratio >= GOAL_ENGINE_SHARE,
+        }
+        if xp and none.verify_ms_per_round > 0 and xp.verify_ms_per_round > 0:
+            # DESIGN 5 / issue 5: a round costs at least one verify forward, so tau x t(AR step) / t(verify) bounds
+            # the speedup over a plain loop whatever the drafter costs.
+            out["speedup_limit"] = {
+                "tau": round(xp.tau, 3),
+                "ar_step_ms": round(none.verify_ms_per_round, 3),
+                "verify_ms": round(xp.verify_ms_per_round, 3),
+                "limit": round(xp.tau * none.verify_ms_per_round / xp.verify_ms_per_round, 3),
+            }
+    out["refinement"] = refinement_ratios(grid)
+    return out
+
+
+def refinement_ratios(summaries: Sequence[Summary]) -> list[dict]:
+    """Drafting time per round at K=4 over K=1 for every other setting measured at both, greedy."""
+    few, many = REFINEMENT_PAIR
+    by_key = {
+        (replace(s.setting.decode, drafts=0), s.setting.decode.drafts): s
+        for s in summaries
+        if s.setting.method == XPRESS and s.temperature == 0.0
+    }
+    rows = []
+    for (rest, drafts), one in by_key.items():
+        other = by_key.get((rest, many))
+        if drafts == few and other and one.draft_ms_per_round > 0:
+            ratio = other.draft_ms_per_round / one.draft_ms_per_round
+            goal = GOAL_DRAFT_RATIO if rest.refine == PARALLEL else None  # serial is expected near K x
+            rows.append(
+                {
+                    "T": rest.steps,
+                    "L": rest.block,
+                    "refine": rest.refine,
+                    "verify": rest.verify,
+                    f"draft_ms_k{few}": round(one.draft_ms_per_round, 3),
+                    f"draft_ms_k{many}": round(other.draft_ms_per_round, 3),
+                    "ratio": round(ratio, 3),
+                    "goal": goal,
+                    "met": None if goal is None else ratio <= goal,
+                }
+            )
+    return rows
+
+
+def machine_info(models: BenchModels) -> dict:
+    import transformers
+
+    info = {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "device": str(models.device),
+        "dtype": str(models.target.dtype).removeprefix("torch."),
+    }
+    if models.device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(models.device)
+    return info
+
+
+def output_paths(json_path: Path, figure_names: Sequence[str]) -> dict[str, Path]:
+    """Everything a run writes, named after the JSON: ``OUT.json``, ``OUT.csv``, ``OUT_table.md``, ``OUT_NAME.html``."""
+    stem = json_path.with_suffix("")
+    paths = {"json": json_path, "csv": stem.with_suffix(".csv"), "table": Path(f"{stem}_table.md")}
+    return paths | {name: Path(f"{stem}_{name}.html") for name in figure_names}
+
+
+def write_outputs(stages: Sequence[Stage], args: argparse.Namespace, models: BenchModels) -> dict[str, str]:
+    """CSV of every measurement of every stage; JSON with the final stage's summaries (the headline), the grid's
+    (the search stage's, or the final's when no search ran), goals, mismatches and the measurements; figures."""
+    from .figures import bench_figures  # plotly is imported only when a run writes its figures
+
+    final, grid = stages[-1], stages[0]
+    figures = bench_figures(final.run.summaries, grid.run.summaries)
+    paths = output_paths(args.json, list(figures))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    rows = [{"stage": st.name, **m.row()} for st in stages for m in st.run.measurements]
+    with paths["csv"].open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    for name, figure in figures.items():
+        # plotly.js is written once beside the figures: they open offline and stay small.
+        figure.write_html(paths[name], include_plotlyjs="directory")
+    paths["table"].write_text(markdown_table(final.run.summaries) + "\n")
+    files = {k: str(v) for k, v in paths.items()}
+    document = {
+        "schema": SCHEMA,
+        "args": {k: v if isinstance(v, (int, float, bool, type(None))) else str(v) for k, v in vars(args).items()},
+        "machine": machine_info(models),
+        "models": {
+            "target": args.target,
+            "drafter": args.drafter,
+            "ar_drafter": args.ar_drafter,
+            "drafter_noise": getattr(models.drafter, "noise", None),
+            "target_params": sum(p.numel() for p in models.target.parameters()),
+        },
+        "stages": [
+            {
+                "name": st.name,
+                "prompts": [p.name for p in st.prompts],
+                "plan": {**asdict(st.plan), "settings": [s.name for s in st.plan.settings]},
+            }
+            for st in stages
+        ],
+        "summaries": [s.to_json() for s in final.run.summaries],
+        "grid": [s.to_json() for s in grid.run.summaries],
+        "best": {
+            str(t): {m: s.setting.label for m, s in best_per_method(final.run.summaries, t).items()}
+            for t in final.plan.temperatures
+        },
+        "goals": goals(final.run.summaries, grid.run.summaries),
+        "mismatches": [{"stage": st.name, **m.to_json()} for st in stages for m in st.run.mismatches],
+        "skipped": [
+            {"stage": st.name, "setting": name, "reason": why} for st in stages for name, why in st.run.skipped
+        ],
+        "measurements": rows,
+        "files": files,
+    }
+    paths["json"].write_text(json.dumps(document, indent=1, default=str))
+    return files
+
+
+def markdown_table(summaries: Sequence[Summary]) -> str:
+    """The best setting of every method at every temperature: what the README's Results table shows."""
+    lines = [
+        "| method | setting | temperature | tokens/s | speedup | tau | greedy/same-seed mismatches |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for temperature in sorted({s.temperature for s in summaries}):
+        for method, s in best_per_method(summaries, temperature).items():
+            speedup = "" if s.speedup is None else f"{s.speedup:.2f}x ({s.speedup_min:.2f}-{s.speedup_max:.2f})"
+            checked = f"{s.mismatches}/{s.checked}" if s.checked else "n/a"
+            lines.append(
+                f"| {method} | {s.setting.label or '-'} | {temperature:g} | {s.tokens_per_s:.1f} | "
+                f"{speedup} | {s.tau:.2f} | {checked} |"
+            )
+    return "\n".join(lines)

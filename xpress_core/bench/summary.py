@@ -1,0 +1,188 @@
+"""One call's measurement, and a setting's summary over prompts and repeats (medians, speedups, tau, timings)."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..trace import tokens_per_round
+from .methods import METHODS, REFERENCE, Outcome, Setting
+
+
+@dataclass(frozen=True)
+class Measurement:
+    setting: Setting
+    temperature: float
+    prompt: str
+    repeat: int
+    prompt_tokens: int
+    time_s: float  # the whole call, wall clock
+    outcome: Outcome
+    matches: bool | None = None  # output equal to the reference's (None: not comparable)
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.outcome.token_ids)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.time_s if self.time_s > 0 else 0.0
+
+    @property
+    def tau(self) -> float:
+        """Tokens emitted per verify round (accepted + the target's own)."""
+        return tokens_per_round(self.outcome.accept_lens)
+
+    @property
+    def other_s(self) -> float:
+        """Everything the call spent outside prefill, drafting and verifying (sampling, cache edits, Python)."""
+        o = self.outcome
+        return max(0.0, self.time_s - o.prefill_s - o.draft_s - o.verify_s)
+
+    def row(self) -> dict:
+        o = self.outcome
+        return {
+            **self.setting.params(),
+            "temperature": self.temperature,
+            "prompt": self.prompt,
+            "repeat": self.repeat,
+            "prompt_tokens": self.prompt_tokens,
+            "new_tokens": self.new_tokens,
+            "time_s": round(self.time_s, 6),
+            "tokens_per_s": round(self.tokens_per_s, 3),
+            "tau": round(self.tau, 4),
+            "rounds": len(o.accept_lens),
+            "target_forwards": o.target_forwards,
+            "prefill_s": round(o.prefill_s, 6),
+            "draft_s": round(o.draft_s, 6),
+            "verify_s": round(o.verify_s, 6),
+            "other_s": round(self.other_s, 6),
+            "mean_tree_size": round(statistics.fmean(o.tree_sizes), 3) if o.tree_sizes else 0.0,
+            "peak_mem_mb": round(o.peak_mem_mb, 1),
+            "matches_reference": self.matches,
+        }
+
+
+@dataclass(frozen=True)
+class Summary:
+    """One setting at one temperature over all prompts and repeats."""
+
+    setting: Setting
+    temperature: float
+    calls: int
+    new_tokens: int  # over all calls
+    tokens_per_s: float  # median over repeats of (tokens / seconds over all prompts)
+    tokens_per_s_min: float
+    tokens_per_s_max: float
+    speedup: float | None  # median over repeats of tokens/s over the reference's in the same repeat
+    speedup_min: float | None
+    speedup_max: float | None
+    tau: float
+    tau_hist: tuple[tuple[int, int], ...]  # (tokens emitted in a round, rounds)
+    forwards_per_token: float
+    ms_per_token: dict[str, float]  # prefill / draft / verify / other, per generated token
+    draft_ms_per_round: float
+    verify_ms_per_round: float
+    mean_tree_size: float
+    peak_mem_mb: float
+    checked: int  # calls compared with a reference
+    mismatches: int
+
+    def to_json(self) -> dict:
+        return {
+            **self.setting.params(),
+            "temperature": self.temperature,
+            "calls": self.calls,
+            "new_tokens": self.new_tokens,
+            "tokens_per_s": round(self.tokens_per_s, 3),
+            "tokens_per_s_min": round(self.tokens_per_s_min, 3),
+            "tokens_per_s_max": round(self.tokens_per_s_max, 3),
+            "speedup": _round(self.speedup),
+            "speedup_min": _round(self.speedup_min),
+            "speedup_max": _round(self.speedup_max),
+            "tau": round(self.tau, 4),
+            "tau_hist": {str(k): v for k, v in self.tau_hist},
+            "forwards_per_token": round(self.forwards_per_token, 4),
+            "ms_per_token": {k: round(v, 4) for k, v in self.ms_per_token.items()},
+            "draft_ms_per_round": round(self.draft_ms_per_round, 4),
+            "verify_ms_per_round": round(self.verify_ms_per_round, 4),
+            "mean_tree_size": round(self.mean_tree_size, 3),
+            "peak_mem_mb": round(self.peak_mem_mb, 1),
+            "checked": self.checked,
+            "mismatches": self.mismatches,
+        }
+
+
+def summarize(measurements: Sequence[Measurement]) -> tuple[Summary, ...]:
+    groups: dict[tuple[Setting, float], list[Measurement]] = {}
+    for m in measurements:
+        groups.setdefault((m.setting, m.temperature), []).append(m)
+    reference = {
+        (t, r): throughput([m for m in ms if m.repeat == r])
+        for (s, t), ms in groups.items()
+        if s.method == REFERENCE
+        for r in {m.repeat for m in ms}
+    }
+    return tuple(summarize_group(s, t, ms, reference) for (s, t), ms in groups.items())
+
+
+def throughput(measurements: Sequence[Measurement]) -> float:
+    seconds = sum(m.time_s for m in measurements)
+    return sum(m.new_tokens for m in measurements) / seconds if seconds > 0 else 0.0
+
+
+def summarize_group(
+    setting: Setting, temperature: float, ms: list[Measurement], reference: dict[tuple[float, int], float]
+) -> Summary:
+    repeats = sorted({m.repeat for m in ms})
+    rates = [throughput([m for m in ms if m.repeat == r]) for r in repeats]
+    ratios = [rate / reference[(temperature, r)] for rate, r in zip(rates, repeats) if reference.get((temperature, r))]
+    rounds = [a for m in ms for a in m.outcome.accept_lens]
+    trees = [t for m in ms for t in m.outcome.tree_sizes]
+    tokens = sum(m.new_tokens for m in ms) or 1
+    compared = [m.matches for m in ms if m.matches is not None]
+    per_token = {
+        "prefill": sum(m.outcome.prefill_s for m in ms),
+        "draft": sum(m.outcome.draft_s for m in ms),
+        "verify": sum(m.outcome.verify_s for m in ms),
+        "other": sum(m.other_s for m in ms),
+    }
+    return Summary(
+        setting=setting,
+        temperature=temperature,
+        calls=len(ms),
+        new_tokens=sum(m.new_tokens for m in ms),
+        tokens_per_s=statistics.median(rates),
+        tokens_per_s_min=min(rates),
+        tokens_per_s_max=max(rates),
+        speedup=statistics.median(ratios) if ratios else None,
+        speedup_min=min(ratios) if ratios else None,
+        speedup_max=max(ratios) if ratios else None,
+        tau=tokens_per_round(rounds),
+        tau_hist=tuple(sorted(Counter(a + 1 for a in rounds).items())),
+        forwards_per_token=sum(m.outcome.target_forwards for m in ms) / tokens,
+        ms_per_token={k: 1000 * v / tokens for k, v in per_token.items()},
+        draft_ms_per_round=1000 * per_token["draft"] / len(rounds) if rounds else 0.0,
+        verify_ms_per_round=1000 * per_token["verify"] / len(rounds) if rounds else 0.0,
+        mean_tree_size=statistics.fmean(trees) if trees else 0.0,
+        peak_mem_mb=max(m.outcome.peak_mem_mb for m in ms),
+        checked=len(compared),
+        mismatches=compared.count(False),
+    )
+
+
+def best_per_method(summaries: Sequence[Summary], temperature: float) -> dict[str, Summary]:
+    """The fastest setting of each method at one temperature (what "tuned" means for every method alike)."""
+    best: dict[str, Summary] = {}
+    for s in summaries:
+        if s.temperature == temperature and (
+            s.setting.method not in best or s.tokens_per_s > best[s.setting.method].tokens_per_s
+        ):
+            best[s.setting.method] = s
+    return {m: best[m] for m in METHODS if m in best}
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)

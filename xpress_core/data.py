@@ -1,0 +1,153 @@
+"""The shared data folder and what reads it: where the data lives, its dialogue and story readers, and the held-out
+prompts the benchmark, the app's Sweep tab and ``train eval`` measure on (never trained on).
+
+Neutral ground: the benchmark, the training pipeline and the app all import it; it imports none of them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .errors import XpressError
+from .models import encode_prompt
+
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+Chat = list[dict[str, str]]
+
+
+_TURN = re.compile(r"^(User|Assistant|A|B):\s?(.*)$")
+_ROLE = {"User": "user", "Assistant": "assistant", "A": "user", "B": "assistant"}
+
+
+def read_dialogues(path: Path) -> Iterator[Chat]:
+    """Blank-line separated dialogues, one ``Speaker: text`` turn a line."""
+    chat: Chat = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        match = _TURN.match(line.strip())
+        if match:
+            chat.append({"role": _ROLE[match.group(1)], "content": match.group(2).strip()})
+        elif not line.strip() and chat:
+            yield chat
+            chat = []
+    if chat:
+        yield chat
+
+
+def read_stories(path: Path) -> Iterator[str]:
+    """TinyStories files: stories separated by ``<|endoftext|>`` or blank lines (part b)."""
+    text = path.read_text(encoding="utf-8")
+    parts = text.split("<|endoftext|>") if "<|endoftext|>" in text else re.split(r"\n\s*\n", text)
+    for part in parts:
+        story = part.strip()
+        if len(story) > 40:
+            yield story
+
+
+# Default prompts (issue 5): 50 held-out sgd_dev chats, spread over the file (it is grouped by domain), each cut
+# after its second user turn so the reply has context to continue (and prompt lookup something to copy), plus
+# story requests phrased unlike the training ones.
+SGD_DEV = Path("sgd") / "sgd_dev.txt"
+
+
+SGD_PROMPTS = 50
+
+
+SGD_CONTEXT_TURNS = 3
+
+
+HELD_OUT_STORIES = (
+    "Write a short story about a puppy who is afraid of the rain.",
+    "Tell me a story about a girl named Mia and her red kite.",
+    "Can you tell me a story about a dragon who wants to be friends?",
+    "Please write a bedtime story about the moon and a little owl.",
+    "Tell me a story where a boy finds a magic box in the garden.",
+    "Write a story about two friends who build a boat.",
+    "Tell me a short story about a cat who loves to bake.",
+    "Please tell me a story about a tree that can talk.",
+    "Can you write a story for kids about a lost teddy bear?",
+    "Tell me a happy story about a fish who learns to sing.",
+)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    name: str
+    content: str | tuple[tuple[str, str], ...]  # raw text, or chat messages as (role, content)
+    chat: bool
+
+    def ids(self, tokenizer) -> torch.Tensor:
+        """(1, n) prompt ids, the chat template applied for chat prompts."""
+        if isinstance(self.content, str):
+            return encode_prompt(tokenizer, self.content, chat=self.chat)
+        return encode_prompt(tokenizer, [{"role": r, "content": c} for r, c in self.content], chat=True)
+
+
+def default_prompts(data_dir: Path, sgd: int = SGD_PROMPTS, stories: int = len(HELD_OUT_STORIES)) -> tuple[Prompt, ...]:
+    path = data_dir / SGD_DEV
+    if not path.exists():
+        raise XpressError(
+            f"the default prompts need {path} (the shared data folder); pass --data DIR or --prompts FILE.jsonl"
+        )
+    dialogues = [d for d in read_dialogues(path) if d and d[0]["role"] == "user"]
+    stride = max(1, len(dialogues) // sgd)
+    chats = []
+    for i in range(0, len(dialogues), stride)[:sgd]:
+        turns = dialogues[i][:SGD_CONTEXT_TURNS]
+        while turns[-1]["role"] != "user":  # the prompt ends with the user's turn: the reply is the assistant's
+            turns = turns[:-1]
+        chats.append(Prompt(f"sgd_dev-{i}", tuple((m["role"], m["content"]) for m in turns), chat=True))
+    return tuple(chats) + story_prompts(stories)
+
+
+def story_prompts(count: int = len(HELD_OUT_STORIES)) -> tuple[Prompt, ...]:
+    """The first ``count`` story requests: held out too, and built in (they need no data folder)."""
+    return tuple(Prompt(f"story-{i}", (("user", text),), chat=True) for i, text in enumerate(HELD_OUT_STORIES[:count]))
+
+
+def read_prompt_file(path: Path) -> tuple[Prompt, ...]:
+    """JSONL, one object a line: ``{"messages": [{"role", "content"}, ...]}`` or ``{"prompt": "raw text"}``."""
+    if not path.exists():
+        raise XpressError(f"prompt file {path} does not exist")
+    prompts = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise XpressError(f"{where}: not JSON ({error.msg})") from error
+        name = str(item.get("name", f"{path.stem}-{number}")) if isinstance(item, dict) else ""
+        if isinstance(item, dict) and isinstance(item.get("prompt"), str):
+            prompts.append(Prompt(name, item["prompt"], chat=False))
+        elif (
+            isinstance(item, dict)
+            and isinstance(item.get("messages"), list)
+            and all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in item["messages"]
+            )
+            and item["messages"]
+        ):
+            prompts.append(Prompt(name, tuple((m["role"], m["content"]) for m in item["messages"]), chat=True))
+        else:
+            raise XpressError(
+                f'{where}: expected {{"messages": [{{"role": ..., "content": ...}}]}} or {{"prompt": "..."}}'
+            )
+    if not prompts:
+        raise XpressError(f"prompt file {path} holds no prompt")
+    return tuple(prompts)
+
+
+def spread(prompts: Sequence[Prompt], count: int) -> tuple[Prompt, ...]:
+    """``count`` prompts evenly spaced over the list (both chats and stories end up in the search subset)."""
+    if count >= len(prompts):
+        return tuple(prompts)
+    return tuple(prompts[i * len(prompts) // count] for i in range(count))
