@@ -55,23 +55,9 @@ def request(message: str, **changes) -> dict:
     return {**base, **changes}
 
 
-def config_of(args: dict) -> DecodeConfig:
-    return DecodeConfig(
-        drafts=args["drafts"],
-        steps=args["steps"],
-        block=args["block"],
-        temperature=args["temperature"],
-        top_p=args["top_p"],
-        seed=args["seed"],
-        max_new_tokens=args["max_new_tokens"],
-        refine=args["refine"],
-        verify=args["verify"],
-    )
-
-
 def engine_text(models, args: dict) -> str:
     prompt = encode_prompt(models.tokenizer, args["message"].strip(), chat=True)
-    return list(decode(models, prompt, config_of(args)))[-1].text
+    return list(decode(models, prompt, DecodeConfig.from_mapping(args)))[-1].text
 
 
 def reply_text(outputs) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import asdict
 
 import pytest
 
@@ -60,19 +61,7 @@ def models(zoo):
 
 
 def engine_result(models, message: str, **changes):
-    d = DEFAULTS
-    cfg = DecodeConfig(
-        **{
-            "drafts": d.drafts,
-            "steps": d.steps,
-            "block": d.block,
-            "temperature": d.temperature,
-            "top_p": d.top_p,
-            "seed": d.seed,
-            "max_new_tokens": d.max_new_tokens,
-            **changes,
-        }
-    )
+    cfg = DecodeConfig.from_mapping({**asdict(DEFAULTS), **changes})
     return list(decode(models, encode_prompt(models.tokenizer, message, chat=True), cfg))[-1]
 
 

@@ -3,7 +3,7 @@ target's context."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -50,17 +50,7 @@ class Settings:
         for name, value in (("temperature", self.temperature), ("top-p", self.top_p)):
             if not is_number(value):
                 raise XpressError(f"{name} must be a number, got {value!r}")
-        return DecodeConfig(
-            drafts=int(self.drafts),
-            steps=int(self.steps),
-            block=int(self.block),
-            temperature=float(self.temperature),
-            top_p=float(self.top_p),
-            seed=int(self.seed),
-            max_new_tokens=int(self.max_new_tokens),
-            refine=self.refine,
-            verify=self.verify,
-        ).validate()
+        return DecodeConfig.from_mapping(asdict(self))
 
 
 DEFAULTS = Settings()

@@ -87,24 +87,9 @@ def add_decode_args(parser: argparse.ArgumentParser) -> None:
 
 def decode_config(args: argparse.Namespace) -> DecodeConfig:
     """-K/-T/-L pin the setting (the unset ones take DecodeConfig's defaults); none of them: ``auto``."""
-    pinned = {"drafts": args.drafts, "steps": args.steps, "block": args.block}
-    d = DecodeConfig()
-    return DecodeConfig(
-        drafts=d.drafts if args.drafts is None else args.drafts,
-        steps=d.steps if args.steps is None else args.steps,
-        block=d.block if args.block is None else args.block,
-        auto=all(v is None for v in pinned.values()),
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        seed=args.seed,
-        max_new_tokens=args.max_new_tokens,
-        refine=args.refine,
-        verify=args.verify,
-        schedule=args.schedule,
-        diversity=args.diversity,
-        stop=tuple(args.stop),
-    ).validate()
+    pinned = {name: getattr(args, name) for name in ("drafts", "steps", "block") if getattr(args, name) is not None}
+    named = {key: value for key, value in vars(args).items() if key not in ("drafts", "steps", "block")}
+    return DecodeConfig.from_mapping({**named, **pinned, "auto": not pinned})
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 
 from .errors import XpressError
 
@@ -37,6 +38,16 @@ class DecodeConfig:
     diversity: str = "branch-first"
     stop: tuple[str, ...] = field(default_factory=tuple)
 
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, object]) -> DecodeConfig:
+        """The validated config named by ``values`` (CLI arguments, the app's settings, a request): keys that are not
+        fields are ignored, missing fields take their defaults, whole-number floats (what sliders send) become ints."""
+        chosen = {}
+        for f in fields(cls):
+            if f.name in values:
+                chosen[f.name] = field_value(f.name, f.type, values[f.name])
+        return cls(**chosen).validate()
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
@@ -64,3 +75,17 @@ class DecodeConfig:
             if not ok:
                 raise XpressError(message)
         return self
+
+
+def field_value(name: str, kind: str, value: object) -> object:
+    """``value`` as the DecodeConfig field ``name`` of type ``kind`` holds it, or a clear error."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "int":
+        if not (number and float(value).is_integer()):
+            raise XpressError(f"{name} must be a whole number, got {value!r}")
+        return int(value)
+    if kind == "float":
+        if not number:
+            raise XpressError(f"{name} must be a number, got {value!r}")
+        return float(value)
+    return tuple(value) if name == "stop" else value
