@@ -16,6 +16,8 @@ from typing import IO
 
 import torch
 
+from .records import json_record
+
 MASKED = -1  # token id shown for a position the drafter has not committed yet
 
 
@@ -98,26 +100,28 @@ class DecodeResult:
         return self.new_tokens / self.time_s if self.time_s > 0 else 0.0
 
     def to_json(self) -> dict:
-        return {
-            "text": self.text,
-            "token_ids": list(self.token_ids),
-            "new_tokens": self.new_tokens,
-            "rounds": self.rounds,
-            "tau": round(self.tau, 4),
-            "mean_accept_len": round(self.tau, 4),  # the same tau under its earlier name, which scripts read
-            "accept_lens": list(self.accept_lens),
-            "tokens_per_s": round(self.tokens_per_s, 3),
-            "time_s": round(self.time_s, 6),
-            "prefill_s": round(self.prefill_s, 6),
-            "draft_s": round(self.draft_s, 6),
-            "verify_s": round(self.verify_s, 6),
-            "other_s": round(self.other_s, 6),
-            "peak_mem_mb": round(self.peak_mem_mb, 1),
-            "target_forwards": self.target_forwards,
-            "stop_reason": self.stop_reason,
-            "settings": [list(s) for s in self.settings],
-            "dtype": self.dtype,
-        }
+        return json_record(
+            {
+                "text": self.text,
+                "token_ids": self.token_ids,
+                "new_tokens": self.new_tokens,
+                "rounds": self.rounds,
+                "tau": self.tau,
+                "mean_accept_len": self.tau,  # the same tau under its earlier name, which scripts read
+                "accept_lens": self.accept_lens,
+                "tokens_per_s": self.tokens_per_s,
+                "time_s": self.time_s,
+                "prefill_s": self.prefill_s,
+                "draft_s": self.draft_s,
+                "verify_s": self.verify_s,
+                "other_s": self.other_s,
+                "peak_mem_mb": self.peak_mem_mb,
+                "target_forwards": self.target_forwards,
+                "stop_reason": self.stop_reason,
+                "settings": self.settings,
+                "dtype": self.dtype,
+            }
+        )
 
 
 def peak_memory_mb(device: torch.device) -> float:
@@ -129,22 +133,24 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 def round_log_record(trace: RoundTrace) -> dict:
-    return {
-        "round": trace.index,
-        "K": trace.setting[0],
-        "T": trace.setting[1],
-        "L": trace.setting[2],
-        "draft_time": round(trace.draft_s, 6),
-        "verify_time": round(trace.verify_s, 6),
-        "other_time": round(trace.other_s, 6),
-        "accept_len": trace.accept_len,
-        "draft_accept_lens": list(trace.draft_accept_lens),
-        "accepted_tokens": list(trace.accepted),
-        "emitted_tokens": list(trace.emitted),
-        "tree_size": trace.tree_size,
-        "tokens_per_s": round(trace.tokens_per_s, 3),
-        "memory_mb": round(trace.peak_mem_mb, 1),
-    }
+    return json_record(
+        {
+            "round": trace.index,
+            "K": trace.setting[0],
+            "T": trace.setting[1],
+            "L": trace.setting[2],
+            "draft_time": trace.draft_s,
+            "verify_time": trace.verify_s,
+            "other_time": trace.other_s,
+            "accept_len": trace.accept_len,
+            "draft_accept_lens": trace.draft_accept_lens,
+            "accepted_tokens": trace.accepted,
+            "emitted_tokens": trace.emitted,
+            "tree_size": trace.tree_size,
+            "tokens_per_s": trace.tokens_per_s,
+            "memory_mb": trace.peak_mem_mb,
+        }
+    )
 
 
 def write_jsonl(traces: list[RoundTrace], out: Path | IO[str]) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -16,6 +16,7 @@ from ..drafters.base import NoDrafter
 from ..engine import decode, wait_for_gpus
 from ..errors import XpressError
 from ..models import Models
+from ..records import json_record
 from ..trace import DecodeResult, RoundTrace
 from .grid import parse_grid
 from .hf import run_hf
@@ -35,17 +36,8 @@ class Mismatch:
     got: str
 
     def to_json(self) -> dict:
-        return {
-            "method": self.setting.method,
-            "setting": self.setting.label,
-            "temperature": self.temperature,
-            "prompt": self.prompt,
-            "repeat": self.repeat,
-            "reference": self.reference,
-            "first_difference": self.first_difference,
-            "expected": self.expected,
-            "got": self.got,
-        }
+        rest = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "setting"}
+        return json_record({"method": self.setting.method, "setting": self.setting.label, **rest})
 
 
 @dataclass(frozen=True)

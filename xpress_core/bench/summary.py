@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..records import json_record
 from ..trace import tokens_per_round
 from .methods import METHODS, REFERENCE, Outcome, Setting
 
@@ -43,26 +44,28 @@ class Measurement:
 
     def row(self) -> dict:
         o = self.outcome
-        return {
-            **self.setting.params(),
-            "temperature": self.temperature,
-            "prompt": self.prompt,
-            "repeat": self.repeat,
-            "prompt_tokens": self.prompt_tokens,
-            "new_tokens": self.new_tokens,
-            "time_s": round(self.time_s, 6),
-            "tokens_per_s": round(self.tokens_per_s, 3),
-            "tau": round(self.tau, 4),
-            "rounds": len(o.accept_lens),
-            "target_forwards": o.target_forwards,
-            "prefill_s": round(o.prefill_s, 6),
-            "draft_s": round(o.draft_s, 6),
-            "verify_s": round(o.verify_s, 6),
-            "other_s": round(self.other_s, 6),
-            "mean_tree_size": round(statistics.fmean(o.tree_sizes), 3) if o.tree_sizes else 0.0,
-            "peak_mem_mb": round(o.peak_mem_mb, 1),
-            "matches_reference": self.matches,
-        }
+        return json_record(
+            {
+                **self.setting.params(),
+                "temperature": self.temperature,
+                "prompt": self.prompt,
+                "repeat": self.repeat,
+                "prompt_tokens": self.prompt_tokens,
+                "new_tokens": self.new_tokens,
+                "time_s": self.time_s,
+                "tokens_per_s": self.tokens_per_s,
+                "tau": self.tau,
+                "rounds": len(o.accept_lens),
+                "target_forwards": o.target_forwards,
+                "prefill_s": o.prefill_s,
+                "draft_s": o.draft_s,
+                "verify_s": o.verify_s,
+                "other_s": self.other_s,
+                "mean_tree_size": statistics.fmean(o.tree_sizes) if o.tree_sizes else 0.0,
+                "peak_mem_mb": o.peak_mem_mb,
+                "matches_reference": self.matches,
+            }
+        )
 
 
 @dataclass(frozen=True)
@@ -91,28 +94,30 @@ class Summary:
     mismatches: int
 
     def to_json(self) -> dict:
-        return {
-            **self.setting.params(),
-            "temperature": self.temperature,
-            "calls": self.calls,
-            "new_tokens": self.new_tokens,
-            "tokens_per_s": round(self.tokens_per_s, 3),
-            "tokens_per_s_min": round(self.tokens_per_s_min, 3),
-            "tokens_per_s_max": round(self.tokens_per_s_max, 3),
-            "speedup": _round(self.speedup),
-            "speedup_min": _round(self.speedup_min),
-            "speedup_max": _round(self.speedup_max),
-            "tau": round(self.tau, 4),
-            "tau_hist": {str(k): v for k, v in self.tau_hist},
-            "forwards_per_token": round(self.forwards_per_token, 4),
-            "ms_per_token": {k: round(v, 4) for k, v in self.ms_per_token.items()},
-            "draft_ms_per_round": round(self.draft_ms_per_round, 4),
-            "verify_ms_per_round": round(self.verify_ms_per_round, 4),
-            "mean_tree_size": round(self.mean_tree_size, 3),
-            "peak_mem_mb": round(self.peak_mem_mb, 1),
-            "checked": self.checked,
-            "mismatches": self.mismatches,
-        }
+        return json_record(
+            {
+                **self.setting.params(),
+                "temperature": self.temperature,
+                "calls": self.calls,
+                "new_tokens": self.new_tokens,
+                "tokens_per_s": self.tokens_per_s,
+                "tokens_per_s_min": self.tokens_per_s_min,
+                "tokens_per_s_max": self.tokens_per_s_max,
+                "speedup": self.speedup,
+                "speedup_min": self.speedup_min,
+                "speedup_max": self.speedup_max,
+                "tau": self.tau,
+                "tau_hist": {str(k): v for k, v in self.tau_hist},
+                "forwards_per_token": self.forwards_per_token,
+                "ms_per_token": self.ms_per_token,
+                "draft_ms_per_round": self.draft_ms_per_round,
+                "verify_ms_per_round": self.verify_ms_per_round,
+                "mean_tree_size": self.mean_tree_size,
+                "peak_mem_mb": self.peak_mem_mb,
+                "checked": self.checked,
+                "mismatches": self.mismatches,
+            }
+        )
 
 
 def summarize(measurements: Sequence[Measurement]) -> tuple[Summary, ...]:
@@ -182,7 +187,3 @@ def best_per_method(summaries: Sequence[Summary], temperature: float) -> dict[st
         ):
             best[s.setting.method] = s
     return {m: best[m] for m in METHODS if m in best}
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 3)

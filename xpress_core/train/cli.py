@@ -119,6 +119,7 @@ def run_eval(args: argparse.Namespace) -> list[dict]:
     import torch
 
     from ..models import Models, load_drafter, load_target
+    from ..records import json_record
     from .evaluate import AR_DRAFT_LENGTHS, CARD_SETTINGS, evaluate, heldout_prompts
 
     if args.out and len(args.out) != len(args.drafter):
@@ -141,7 +142,7 @@ def run_eval(args: argparse.Namespace) -> list[dict]:
             "drafter": spec,
             "prompts": len(prompts),
             "max_new_tokens": args.max_new_tokens,
-            "scores": [{**asdict(s), "speedup": round(s.speedup, 3)} for s in scores[spec]],
+            "scores": [json_record({**asdict(s), "speedup": s.speedup}) for s in scores[spec]],
         }
         for spec in args.drafter
     ]
