@@ -72,12 +72,27 @@ def test_bench_outputs_are_complete_and_valid(bench_run):
     assert len(doc["grid"]) == search_settings and len(doc["summaries"]) == final_settings * len(TEMPERATURES)
     assert {r["method"] for r in rows if r["stage"] == "final"} == set(METHODS)
     for row in doc["measurements"]:
-        assert row["new_tokens"] >= 1 and row["time_s"] > 0 and row["tokens_per_s"] > 0
-        assert row["target_forwards"] >= 1 and row["tau"] >= 1.0
-    for summary in doc["summaries"] + doc["grid"]:
-        assert summary["speedup"] > 0 and summary["tokens_per_s_min"] <= summary["tokens_per_s"]
-        assert sum(summary["tau_hist"].values()) > 0
-        assert set(summary["ms_per_token"]) == {"prefill", "draft", "verify", "other"}
+        assert row["new_tokens"] == 12  # max_new_tokens: the tiny target writes past it
+        assert row["tokens_per_s"] == pytest.approx(row["new_tokens"] / row["time_s"], rel=1e-4)
+        emitted = row["tau"] * row["rounds"]  # tokens the rounds emitted: a whole number (tau keeps 4 decimals)
+        assert row["rounds"] >= 1 and emitted == pytest.approx(round(emitted), abs=1e-4 * row["rounds"])
+        if row["method"] in (REFERENCE, XPRESS_NONE):  # no drafts: every round emits the target's token only
+            assert row["tau"] == 1.0 and row["target_forwards"] == row["new_tokens"]
+    for stage, summaries in (("final", doc["summaries"]), ("search", doc["grid"])):
+        for summary in summaries:
+            rows = [r for r in doc["measurements"] if r["stage"] == stage and same_setting(r, summary)]
+            rounds = sum(r["rounds"] for r in rows)
+            assert summary["calls"] == len(rows) and sum(summary["tau_hist"].values()) == rounds
+            # tau pools the rounds of every call; the histogram counts tokens emitted per round.
+            assert summary["tau"] == pytest.approx(sum(r["tau"] * r["rounds"] for r in rows) / rounds, abs=1e-3)
+            assert summary["tau"] == pytest.approx(
+                sum(int(k) * v for k, v in summary["tau_hist"].items()) / rounds, abs=1e-3
+            )
+            reference = next(
+                s for s in summaries if s["method"] == REFERENCE and s["temperature"] == summary["temperature"]
+            )
+            assert summary["speedup"] == pytest.approx(summary["tokens_per_s"] / reference["tokens_per_s"], rel=1e-2)
+            assert set(summary["ms_per_token"]) == {"prefill", "draft", "verify", "other"}
     reference = [s for s in doc["summaries"] if s["method"] == REFERENCE]
     assert all(s["speedup"] == 1.0 for s in reference)
     for name in ("speedup", "tau_hist", "latency", "heatmap_tokens_per_s", "heatmap_tau"):
@@ -89,6 +104,10 @@ def test_bench_outputs_are_complete_and_valid(bench_run):
     (pair,) = doc["goals"]["refinement"]  # K=1 and K=4 at T=1, L=4, parallel, tree
     assert pair["refine"] == "parallel" and pair["ratio"] == pytest.approx(pair["draft_ms_k4"] / pair["draft_ms_k1"],
                                                                            rel=0.01)
+
+
+def same_setting(row: dict, summary: dict) -> bool:
+    return all(row[key] == summary[key] for key in ("method", "setting", "temperature"))
 
 
 def test_greedy_outputs_of_every_method_equal_generate(bench_run):
@@ -218,7 +237,7 @@ def test_bench_figures_render_to_png_in_the_browser(bench_run, tmp_path):
     require_browser()
     from PIL import Image
 
-    from tests.bench_pngs import figure_files, render_pngs
+    from scripts.bench_pngs import figure_files, render_pngs
 
     figures = figure_files(bench_run)
     assert set(figures) == {"speedup", "tau_hist", "latency", "heatmap_tokens_per_s", "heatmap_tau"}

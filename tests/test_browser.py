@@ -60,7 +60,8 @@ def models(zoo):
     return load_models(zoo["llama"], zoo["drafter_llama"], device="cpu")
 
 
-def engine_result(models, message: str, **changes):
+def engine_result(models, message: str | list[dict], **changes):
+    """The engine's result for a message (or a whole conversation) with the app's default settings and ``changes``."""
     cfg = DecodeConfig.from_mapping({**asdict(DEFAULTS), **changes})
     return list(decode(models, encode_prompt(models.tokenizer, message, chat=True), cfg))[-1]
 
@@ -221,7 +222,15 @@ def test_stop_midway_keeps_the_partial_reply_and_clear_empties_the_chat(page, mo
     send(page, "hello")
     page.wait_for_function(f'document.querySelectorAll("{BOT}").length === 2')
     done = wait_done(page)
-    assert int(done[1]) >= 1
+    # The next reply continues the conversation, the stopped reply included: the engine's first tokens of the story.
+    story = engine_result(models, "Once upon a time", max_new_tokens=300)
+    conversation = [
+        {"role": "user", "content": "Once upon a time"},
+        {"role": "assistant", "content": models.tokenizer.decode(story.token_ids[:stopped], skip_special_tokens=True)},
+        {"role": "user", "content": "hello"},
+    ]
+    expected = engine_result(models, conversation, max_new_tokens=16)
+    assert (int(done[1]), int(done[2])) == (expected.new_tokens, expected.rounds)
 
     set_checkbox(page, "animate", True)
     send(page, "Once upon a time")

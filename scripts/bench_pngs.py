@@ -1,6 +1,6 @@
 """The README's result plots: each Plotly HTML figure of a bench run rendered to PNG in chromium.
 
-    python -m tests.bench_pngs RUN.json [--out assets/results]
+    python -m scripts.bench_pngs RUN.json [--out assets/results]
 
 The bench writes interactive HTML (plotly.js beside it, offline); a README on the Hub or GitHub shows only images,
 and plotly's static export needs kaleido, which is not a dependency: the test browser draws them instead.

@@ -1,6 +1,6 @@
 """Tokens/s of one request through the app and through the CLI, on the same models and settings.
 
-    python -m tests.app_speed [--target DIR --drafter DIR] [--repeats 5] [--max-new-tokens 256]
+    python -m scripts.app_speed [--target DIR --drafter DIR] [--repeats 5] [--max-new-tokens 256]
 
 The app runs as ``python app.py`` and is driven by gradio_client; its status line gives the engine's tokens/s (UI work
 excluded by the engine's clock) and the wall clock of the request on the server (which includes building and sending

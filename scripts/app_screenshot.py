@@ -1,6 +1,6 @@
 """The README's screenshot: what a visitor sees first, at 1440x900 in chromium, after sending the first example.
 
-    python -m tests.app_screenshot [--target DIR --drafter DIR] [--message TEXT] [--out assets/app_screenshot.png]
+    python -m scripts.app_screenshot [--target DIR --drafter DIR] [--message TEXT] [--out assets/app_screenshot.png]
 
 Without --target the app starts on its embedded models (assets/); with it, on a custom preset. ``--message`` types a
 message instead of clicking the example. The browser test saves the same view (on the tiny random models) as
