@@ -45,11 +45,38 @@ def prompt_file(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def bench_run(zoo, prompt_file, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("bench") / "bench.json"
-    code = main(["bench", "--target", str(zoo["llama"]), "--drafter", str(zoo["drafter_llama"]),
-                 "--ar-drafter", str(zoo["ar_drafter"]), "--prompts", str(prompt_file), "--grid", GRID,
-                 "--assisted-tokens", "2,default", "--lookup-tokens", "3", "--max-new-tokens", "12",
-                 "--repeats", "1", "--temperatures", "0,0.7", "--search-prompts", "1", "--finalists", "1",
-                 "--json", str(out), "--no-progress"])
+    code = main(
+        [
+            "bench",
+            "--target",
+            str(zoo["llama"]),
+            "--drafter",
+            str(zoo["drafter_llama"]),
+            "--ar-drafter",
+            str(zoo["ar_drafter"]),
+            "--prompts",
+            str(prompt_file),
+            "--grid",
+            GRID,
+            "--assisted-tokens",
+            "2,default",
+            "--lookup-tokens",
+            "3",
+            "--max-new-tokens",
+            "12",
+            "--repeats",
+            "1",
+            "--temperatures",
+            "0,0.7",
+            "--search-prompts",
+            "1",
+            "--finalists",
+            "1",
+            "--json",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert code == 0
     return out
 
@@ -57,8 +84,20 @@ def bench_run(zoo, prompt_file, tmp_path_factory) -> Path:
 def test_bench_outputs_are_complete_and_valid(bench_run):
     doc = json.loads(bench_run.read_text())
     assert doc["schema"] == SCHEMA
-    for key in ("args", "machine", "models", "stages", "summaries", "grid", "best", "goals", "mismatches", "skipped",
-                "measurements", "files"):
+    for key in (
+        "args",
+        "machine",
+        "models",
+        "stages",
+        "summaries",
+        "grid",
+        "best",
+        "goals",
+        "mismatches",
+        "skipped",
+        "measurements",
+        "files",
+    ):
         assert key in doc, key
     # search: every setting, greedy, on 1 prompt; final: reference, best assisted, lookup, xpress-none and the one
     # finalist xPress setting, at both temperatures, on both prompts.
@@ -102,8 +141,9 @@ def test_bench_outputs_are_complete_and_valid(bench_run):
     assert Path(doc["files"]["table"]).read_text().startswith("| method |")
     assert {"best_xpress", "engine_overhead", "refinement"} <= set(doc["goals"])
     (pair,) = doc["goals"]["refinement"]  # K=1 and K=4 at T=1, L=4, parallel, tree
-    assert pair["refine"] == "parallel" and pair["ratio"] == pytest.approx(pair["draft_ms_k4"] / pair["draft_ms_k1"],
-                                                                           rel=0.01)
+    assert pair["refine"] == "parallel" and pair["ratio"] == pytest.approx(
+        pair["draft_ms_k4"] / pair["draft_ms_k1"], rel=0.01
+    )
 
 
 def same_setting(row: dict, summary: dict) -> bool:
@@ -144,8 +184,14 @@ def test_mismatches_are_counted_and_listed(zoo, prompt_file):
 def test_sweep_api_reports_progress_and_feeds_the_heatmaps(zoo):
     models = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu", dtype="float32")
     seen = []
-    run = sweep(models, ["Book a table for two."], "K=1,2 T=1,2 L=4", max_new_tokens=8, warmup=0,
-                      progress=lambda done, total, label: seen.append((done, total, label)))
+    run = sweep(
+        models,
+        ["Book a table for two."],
+        "K=1,2 T=1,2 L=4",
+        max_new_tokens=8,
+        warmup=0,
+        progress=lambda done, total, label: seen.append((done, total, label)),
+    )
     assert seen[-1][0] == seen[-1][1] == 5  # reference + 4 grid settings, one prompt
     assert {s.setting.method for s in run.summaries} == {REFERENCE, XPRESS}
     measured = {s.setting.decode: s for s in run.summaries if s.setting.method == XPRESS}
@@ -157,20 +203,38 @@ def test_sweep_api_reports_progress_and_feeds_the_heatmaps(zoo):
         # every cell draws the summary measured for its (K, T)
         drawn = {(int(k), int(t)): z for k, row in zip(trace.y, trace.z) for t, z in zip(trace.x, row)}
         assert drawn == {(d.drafts, d.steps): getattr(s, metric) for d, s in measured.items()}
-    assert set(bench_figures(run.summaries)) == {"speedup", "tau_hist", "latency", "heatmap_tokens_per_s",
-                                                 "heatmap_tau"}
+    assert set(bench_figures(run.summaries)) == {
+        "speedup",
+        "tau_hist",
+        "latency",
+        "heatmap_tokens_per_s",
+        "heatmap_tau",
+    }
 
 
 def test_grid_parsing():
     configs = parse_grid("K=1,4 T=1,L L=4,8; K=4 T=4 L=4 refine=serial")
     keys = [(c.drafts, c.steps, c.block, c.refine) for c in configs]
-    assert keys == [(1, 1, 4, "parallel"), (1, 1, 8, "parallel"), (1, 4, 4, "parallel"), (1, 8, 8, "parallel"),
-                    (4, 1, 4, "parallel"), (4, 1, 8, "parallel"), (4, 4, 4, "parallel"), (4, 8, 8, "parallel"),
-                    (4, 4, 4, "serial")]
+    assert keys == [
+        (1, 1, 4, "parallel"),
+        (1, 1, 8, "parallel"),
+        (1, 4, 4, "parallel"),
+        (1, 8, 8, "parallel"),
+        (4, 1, 4, "parallel"),
+        (4, 1, 8, "parallel"),
+        (4, 4, 4, "parallel"),
+        (4, 8, 8, "parallel"),
+        (4, 4, 4, "serial"),
+    ]
     assert parse_grid("T=4,L L=4") == (DecodeConfig(steps=4, block=4),)  # T=4 and T=L are one setting
     assert len(parse_grid(FULL_GRID)) == 4 * (3 + 4 + 4) * 2 * 2
-    for bad, needle in [("K=0", "positive integer"), ("X=1", "KEY=V1,V2"), ("verify=forest", "choose from"),
-                        ("T=8 L=4", "selects no setting"), ("K=16 L=32", "exceeds the cap")]:
+    for bad, needle in [
+        ("K=0", "positive integer"),
+        ("X=1", "KEY=V1,V2"),
+        ("verify=forest", "choose from"),
+        ("T=8 L=4", "selects no setting"),
+        ("K=16 L=32", "exceeds the cap"),
+    ]:
         with pytest.raises(XpressError, match=needle):
             parse_grid(bad)
 
@@ -203,8 +267,20 @@ def test_prompt_sources(tmp_path, prompt_file):
 
 
 def test_missing_data_is_a_clear_error(zoo, tmp_path, capsys):
-    code = main(["bench", "--target", str(zoo["llama"]), "--data", str(tmp_path / "nowhere"), "--methods",
-                 "hf-generate", "--json", str(tmp_path / "b.json"), "--no-progress"])
+    code = main(
+        [
+            "bench",
+            "--target",
+            str(zoo["llama"]),
+            "--data",
+            str(tmp_path / "nowhere"),
+            "--methods",
+            "hf-generate",
+            "--json",
+            str(tmp_path / "b.json"),
+            "--no-progress",
+        ]
+    )
     assert code == 2
     assert "sgd_dev.txt" in capsys.readouterr().err
 

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -14,6 +15,9 @@ from ..config import DecodeConfig
 from ..errors import XpressError
 from ..trace import peak_memory_mb
 from .methods import HF_ASSISTED, HF_LOOKUP, BenchModels, Outcome, Setting
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 
 @dataclass
@@ -37,7 +41,7 @@ class ForwardProbe:
         self.started = 0.0
         self.thread = threading.get_ident()
 
-    def __enter__(self) -> ForwardProbe:
+    def __enter__(self) -> Self:
         if self.module is not None:
             self.handles = [
                 self.module.register_forward_pre_hook(self.before, with_kwargs=True),

@@ -21,7 +21,7 @@ from .summary import Summary, best_per_method
 SCHEMA = "xpress-bench/1"
 
 
-# Issue 5's goals (embedded models, greedy): what the JSON's "goals" checks.
+# The project's speed goals (embedded models, greedy): what the JSON's "goals" checks.
 GOAL_SPEEDUP = 2.5  # best xPress over generate
 
 
@@ -41,7 +41,7 @@ PARALLEL = REFINE_MODES[0]
 
 
 def goals(summaries: Sequence[Summary], grid: Sequence[Summary]) -> dict:
-    """The issue's targets at greedy, with the measured numbers behind each verdict: speedups from the final
+    """The speed goals at greedy, with the measured numbers behind each verdict: speedups from the final
     stage's ``summaries``, drafting time over K from the ``grid`` (every setting measured)."""
     best = best_per_method(summaries, 0.0)
     out: dict = {}
@@ -72,7 +72,7 @@ def goals(summaries: Sequence[Summary], grid: Sequence[Summary]) -> dict:
             "met": ratio >= GOAL_ENGINE_SHARE,
         }
         if xp and none.verify_ms_per_round > 0 and xp.verify_ms_per_round > 0:
-            # DESIGN 5 / issue 5: a round costs at least one verify forward, so tau x t(AR step) / t(verify) bounds
+            # docs/DESIGN.md §5.5: a round costs at least one verify forward, so tau x t(AR step) / t(verify) bounds
             # the speedup over a plain loop whatever the drafter costs.
             out["speedup_limit"] = {
                 "tau": xp.tau,

@@ -18,7 +18,7 @@ from ..config import DecodeConfig
 from ..data import Prompt, default_prompts
 from ..models import Models
 
-# (K, T, L) the issue asks the cards to report.
+# (K, T, L) the model cards report.
 CARD_SETTINGS = ((1, 1, 8), (4, 2, 8), (4, 4, 16))
 AR_DRAFT_LENGTHS = (2, 3, 4, 6, 8)
 
