@@ -51,6 +51,7 @@ def train_cli(*args: str) -> dict:
         capture_output=True,
         text=True,
         timeout=600,
+        check=False,  # the assertion below shows stderr
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])

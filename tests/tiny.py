@@ -39,9 +39,12 @@ def make_tokenizer(out: Path, vocab_size: int = 320):
 
 
 def _common(tok) -> dict:
-    return dict(
-        vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
-    )
+    return {
+        "vocab_size": len(tok),
+        "bos_token_id": tok.bos_token_id,
+        "eos_token_id": tok.eos_token_id,
+        "pad_token_id": tok.pad_token_id,
+    }
 
 
 def make_target(kind: str, tok, out: Path, seed: int = 0, layers: int = 3):

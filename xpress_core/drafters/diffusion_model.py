@@ -26,6 +26,7 @@ Two noise types (``config.noise``), one architecture:
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -205,7 +206,7 @@ ContextKV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (B, kv_heads, 
 class XpressDrafter(PreTrainedModel):
     config_class = XpressDrafterConfig
     base_model_prefix = "drafter"
-    _no_split_modules = ["DrafterLayer"]
+    _no_split_modules: ClassVar[list[str]] = ["DrafterLayer"]  # read by transformers (device_map="auto")
 
     def __init__(self, config: XpressDrafterConfig):
         super().__init__(config)

@@ -90,7 +90,11 @@ def training_time(summary: dict) -> str:
         stages.append(summary)
         summary = summary.get("continued_from")
     steps, wall = sum(st.get("steps", 0) for st in stages), sum(st.get("wall_s", 0) for st in stages)
-    split = f" in {len(stages)} runs ({' + '.join(str(st.get('steps')) for st in reversed(stages))})" if len(stages) > 1 else ""
+    split = (
+        f" in {len(stages)} runs ({' + '.join(str(st.get('steps')) for st in reversed(stages))})"
+        if len(stages) > 1
+        else ""
+    )
     return f"{steps} steps{split}, {minutes(wall)} of wall time"
 
 

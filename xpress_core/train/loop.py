@@ -136,4 +136,3 @@ def split_held_out(seqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def draw_rows(seqs: torch.Tensor, rng: np.random.Generator, batch_size: int) -> torch.Tensor:
     """A batch of distinct rows, drawn from the step's seeded rng (so a resumed run draws the same batches)."""
     return seqs[torch.from_numpy(rng.choice(seqs.shape[0], size=batch_size, replace=False))]
-
