@@ -1,6 +1,6 @@
 """The Sweep tab's measurement: a small (K, T) grid measured live on a preset's models by the benchmark's own
-``bench.measure.sweep`` (transformers generate as the plain-decoding baseline, every output checked against it), drawn with the
-benchmark's heatmap builders."""
+``bench.measure.sweep`` (transformers generate as the plain-decoding baseline, every output checked against it), drawn
+with the benchmark's heatmap builders."""
 
 from __future__ import annotations
 

@@ -50,9 +50,9 @@ def read_stories(path: Path) -> Iterator[str]:
             yield story
 
 
-# Default prompts (docs/DESIGN.md §5.2): 50 held-out sgd_dev chats, spread over the file (it is grouped by domain), each cut
-# after its second user turn so the reply has context to continue (and prompt lookup something to copy), plus
-# story requests phrased unlike the training ones.
+# Default prompts (docs/DESIGN.md §5.2): 50 held-out sgd_dev chats, spread over the file (it is grouped by domain),
+# each cut after its second user turn so the reply has context to continue (and prompt lookup something to copy),
+# plus story requests phrased unlike the training ones.
 SGD_DEV = Path("sgd") / "sgd_dev.txt"
 
 

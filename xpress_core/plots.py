@@ -19,8 +19,8 @@ from .verdict import STAGES, RoundCost, round_cost
 
 TokenText = Callable[[int], str]
 
-# Provenance classes of an emitted token (docs/DESIGN.md §2.4): a draft token the target accepted, or the target's own draw
-# (the bonus token after the accepted path, and the prefill's first token).
+# Provenance classes of an emitted token (docs/DESIGN.md §2.4): a draft token the target accepted, or the target's own
+# draw (the bonus token after the accepted path, and the prefill's first token).
 FROM_DRAFT = "accepted draft token"
 FROM_TARGET = "target's own token"
 

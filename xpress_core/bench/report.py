@@ -72,7 +72,7 @@ def goals(summaries: Sequence[Summary], grid: Sequence[Summary]) -> dict:
             "met": ratio >= GOAL_ENGINE_SHARE,
         }
         if xp and none.verify_ms_per_round > 0 and xp.verify_ms_per_round > 0:
-            # docs/DESIGN.md §5.5: a round costs at least one verify forward, so tau x t(AR step) / t(verify) bounds
+            # docs/DESIGN.md §5.1: a round costs at least one verify forward, so tau x t(AR step) / t(verify) bounds
             # the speedup over a plain loop whatever the drafter costs.
             out["speedup_limit"] = {
                 "tau": xp.tau,
