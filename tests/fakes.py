@@ -59,6 +59,7 @@ def round_trace(
     other_s=0.0005,
     new_tokens_total=1,
     elapsed_s=0.01,
+    setting=(1, 1, 4),
 ) -> RoundTrace:
     return RoundTrace(
         index=index,
@@ -77,4 +78,5 @@ def round_trace(
         peak_mem_mb=1.0,
         cache_len=0,
         draft_context_len=0,
+        setting=setting,
     )

@@ -99,7 +99,7 @@ def engine_run(models: Models, messages, cfg: DecodeConfig):
 
 
 def settings(**changes) -> Settings:
-    base = {"preset": TINY, "drafts": 3, "steps": 2, "block": 4, "max_new_tokens": 24}
+    base = {"preset": TINY, "drafts": 3, "steps": 2, "block": 4, "max_new_tokens": 24, "auto": False}
     return Settings(**{**base, **changes})
 
 
@@ -178,6 +178,25 @@ def test_the_verdict_is_the_replys_own_rounds_over_a_plain_step_timed_at_load(ca
         last.reply.result.draft_s + last.reply.result.verify_s + last.reply.result.other_s
     )
     assert last.verdict == f"**{verdict.headline(cost)}** · {verdict.breakdown(cost)} (timed when the models loaded)"
+
+
+def test_auto_picks_each_rounds_setting_the_reply_stays_the_targets_and_the_status_counts_the_settings(
+    cache, oracle_models
+):
+    last = final(list(run_chat(cache, "I want to book a table", [], settings(auto=True, max_new_tokens=32))))
+    _, fixed = engine_run(  # greedy: the target's tokens, whatever was drafted
+        oracle_models[TINY],
+        [{"role": "user", "content": "I want to book a table"}],
+        settings(max_new_tokens=32).decode_config(),
+    )
+    assert last.reply.result.token_ids == fixed.token_ids
+    assert last.reply.result.settings == tuple(t.setting for t in last.reply.traces[1:])
+    assert f"Rounds: {verdict.settings_summary(last.reply.traces)}." in last.status
+    # Plain steps Auto chose in the reply are the verdict's unit (timed beside the drafting rounds), if there are any.
+    step_s = verdict.plain_step_s(last.reply.traces)
+    source = "this reply's own plain steps" if step_s else "timed when the models loaded"
+    cost = verdict.round_cost(last.reply.traces, step_s or cache.get(TINY).plain_step_s)
+    assert last.verdict == f"**{verdict.headline(cost)}** · {verdict.breakdown(cost)} ({source})"
 
 
 def test_with_the_race_the_verdict_counts_in_the_races_own_plain_steps(cache):

@@ -51,6 +51,7 @@ def request(message: str, **changes) -> dict:
         "verify": "tree",
         "race": False,
         "animate": False,
+        "auto": False,
     }
     return {**base, **changes}
 

@@ -210,6 +210,14 @@ def test_latency_figure_in_plain_steps_draws_each_rounds_cost_and_the_break_even
     assert fig.layout.title.text.endswith(f"→ {speedup:.2f}×")
 
 
+def test_the_draft_panel_names_the_rounds_setting_and_says_when_a_round_was_a_plain_step():
+    assert "K=1 T=1 L=4" in plots.draft_evolution_figure(ROUND, token_text).layout.title.text
+    plain = plots.draft_evolution_figure(round_trace(index=3, setting=(0, 0, 0)), token_text)
+    assert "Round 3: a plain step" in plain.layout.annotations[0].text
+    no_drafter = plots.draft_evolution_figure(round_trace(index=3, setting=(1, 1, 8)), token_text)
+    assert "No drafter" in no_drafter.layout.annotations[0].text
+
+
 def test_running_tau_is_the_cumulative_mean_of_tokens_per_round():
     rounds = [round_trace(index=i + 1, accepted=(1,) * n) for i, n in enumerate([0, 3, 1])]
     assert plots.running_tau(rounds) == [1.0, 2.5, pytest.approx(7 / 3)]

@@ -43,6 +43,21 @@ def test_a_slower_reply_says_so_and_nothing_is_claimed_before_the_first_round():
     assert verdict.round_cost(ROUNDS, plain_step_s=0.0) is None
 
 
+def test_a_plain_step_is_the_mean_of_the_rounds_that_drafted_nothing():
+    drafted = round_trace(index=1, drafts=((5, 6),), verify_s=0.009)
+    plain = [
+        round_trace(index=i, draft_s=0.0, verify_s=s, other_s=0.0, setting=(0, 0, 0)) for i, s in [(2, 2e-3), (3, 4e-3)]
+    ]
+    assert verdict.plain_step_s([PREFILL, drafted, *plain]) == pytest.approx(3e-3)
+    assert verdict.plain_step_s([PREFILL, drafted]) is None
+
+
+def test_the_settings_summary_counts_each_rounds_setting_and_the_plain_steps():
+    rounds = [PREFILL] + [round_trace(index=i, setting=s) for i, s in enumerate([(1, 1, 4), (0, 0, 0), (1, 1, 4)], 1)]
+    assert [verdict.setting_label(t) for t in rounds[1:]] == ["K=1 T=1 L=4", "plain step", "K=1 T=1 L=4"]
+    assert verdict.settings_summary(rounds) == "K=1 T=1 L=4 × 2 · plain step × 1"  # the prefill is no round
+
+
 def test_the_cost_of_an_engine_run_is_its_results_own(zoo):
     models = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu")
     prompt = encode_prompt(models.tokenizer, "I want to book a table", chat=True)

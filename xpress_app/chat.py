@@ -136,11 +136,14 @@ class Board:
         )
 
     def plain_step(self) -> tuple[float | None, str]:
-        """One plain decoding step's time, and where it comes from: the Race's own plain rounds when it ran (the
-        same prompt, at the same time), else the timing taken when the models loaded."""
-        raced = verdict.plain_step_s(self.traces[PLAIN]) if self.race else None
-        if raced:
-            return raced, "measured by the Race"
+        """One plain decoding step's time, and where it comes from: measured beside the reply when possible (the
+        Race's plain run, else the plain steps Auto chose in the reply itself: the same prompt, at the same time),
+        else the timing taken when the models loaded."""
+        measured = [(PLAIN, "measured by the Race")] if self.race else []
+        for run, source in [*measured, (SPECULATIVE, "this reply's own plain steps")]:
+            step_s = verdict.plain_step_s(self.traces[run])
+            if step_s:
+                return step_s, source
         return self.loaded.plain_step_s, "timed when the models loaded"
 
     def why(self) -> str:
@@ -165,6 +168,7 @@ class Board:
                 f"(engine time, rendering excluded: prefill {1000 * result.prefill_s:.0f} ms · {split}) "
                 f"· stop: {result.stop_reason}"
             )
+            lines.append(f"Rounds: {verdict.settings_summary(traces)}.")
             if self.wall_s and not self.race:  # with Race the wall clock holds both runs
                 lines.append(f"Wall clock with the UI: {result.new_tokens / self.wall_s:.1f} tokens/s.")
         elif traces:

@@ -6,6 +6,7 @@ import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from xpress_core import engine
 from xpress_core.drafters.base import NoDrafter
 from xpress_core.engine import decode_to_end
 from xpress_core.errors import XpressError
@@ -136,8 +137,10 @@ class ModelCache:
 
 
 def calibrated(speculative: Models, plain: Models, token_text: TokenTexts) -> Loaded:
-    """The loaded models with one plain decoding step timed (the verdict's unit), after a short speculative run at the
-    default setting: the first run pays one-off costs (first shapes, kernel choices), here and not in a reply."""
+    """The loaded models with the controller's stage costs measured and one plain decoding step timed (the verdict's
+    unit), after a short speculative run at the default settings: the first run pays one-off costs (first shapes,
+    kernel choices), here and not in a reply."""
+    speculative = engine.calibrated(speculative)  # the controller auto's stage costs, measured once
     prompt = encode_prompt(plain.tokenizer, CALIBRATION_TEXT, chat=False)
     default = DEFAULTS.decode_config()
     block = min(default.block, speculative.drafter.max_block or default.block)

@@ -37,6 +37,9 @@ class Settings:
     verify: str = VERIFY_MODES[0]
     race: bool = False
     animate: bool = False
+    # The controller picks (K, T, L) before every round for the most expected tokens per second on the hardware at
+    # hand (its stage costs are measured when the models load); K, T, L above apply when it is off.
+    auto: bool = True
 
     def decode_config(self) -> DecodeConfig:
         whole = {

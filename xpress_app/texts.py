@@ -29,6 +29,11 @@ HELP = {
         "Also decode the request plainly (no drafter) and compare speeds. The two runs take turns; "
         "each one's timings count only its own work."
     ),
+    "auto": (
+        "Before every round the controller picks drafts K, steps T and block L (or a plain step) for the most "
+        "expected tokens per second, from this reply's acceptance so far and the stage costs measured when the "
+        "models loaded. Untick to pin K, T, L below."
+    ),
     "animate": (
         "Replay every round's denoise steps in the draft panel while generating. Slower to watch; "
         "the timings shown exclude it."
@@ -42,8 +47,8 @@ drafts are good.
 """
 
 DEFAULTS_NOTE = (
-    "Starts on K=1 · T=1 · L=4, the fastest fixed setting the benchmark measured on a 2-core CPU with the embedded "
-    "models (README, Results)."
+    "Starts with Auto on: the fastest choice on whatever hardware runs the app. Pinned, K=1 · T=1 · L=4 is the "
+    "fastest fixed setting the benchmark measured on a 2-core CPU with the embedded models (README, Results)."
 )
 
 # One click sends each: a booking (the chats the embedded target learned most from), a story, small talk.
@@ -61,7 +66,8 @@ VERDICT_PENDING = (
 PANEL_HELP = """
 - **Draft evolution**: rows are the K drafts, columns the L block positions. Grey cells are still masked; colour is
   the drafter's confidence. After the last step the cells the target accepted get a green frame and each draft's first
-  rejected token a red one; ★ marks the draft on the chosen path. Scrub any round and step with the sliders.
+  rejected token a red one; ★ marks the draft on the chosen path. Scrub any round and step with the sliders. The
+  second title line names the round's setting (K, T, L), which Auto picks round by round, or says it was a plain step.
   With the gaussian drafter no cell is masked: every step shows each position's nearest token at that noise level.
 - **Accepted length**: draft tokens accepted per round (grey dots: each draft; green: the chosen path), the running
   τ (tokens emitted per round, the speed-up's upper bound) and a histogram.

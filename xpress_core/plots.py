@@ -15,7 +15,7 @@ from itertools import accumulate
 import plotly.graph_objects as go
 
 from .trace import MASKED, DenoiseStep, RoundTrace
-from .verdict import STAGES, RoundCost, round_cost
+from .verdict import STAGES, RoundCost, round_cost, setting_label
 
 TokenText = Callable[[int], str]
 
@@ -105,6 +105,12 @@ def draft_evolution_figure(trace: RoundTrace, token_text: TokenText, step: int |
             EVOLUTION_TITLE,
             "Round 0 is the prefill: the target reads the prompt and picks the "
             "first token itself. Drafting starts in round 1.",
+        )
+    if not trace.drafts and trace.setting[2] == 0:
+        return message_figure(
+            EVOLUTION_TITLE,
+            f"Round {trace.index}: a plain step.<br>The controller expected drafting not to pay here,<br>"
+            "so the target decoded one token on its own.",
         )
     if not trace.drafts:
         return message_figure(EVOLUTION_TITLE, "No drafter: plain decoding verifies one token per round.")
@@ -201,14 +207,13 @@ def draft_evolution_figure(trace: RoundTrace, token_text: TokenText, step: int |
             frames += [cell_frame(j, k, ACCEPTED_COLOUR, width) for j in range(min(accept_lens[k], length))]
             if accept_lens[k] < length:
                 frames.append(cell_frame(accept_lens[k], k, REJECTED_COLOUR, width))
-    details = []  # a second, smaller title line: the panel sits in half the page's width
+    details = [setting_label(trace)]  # a second, smaller title line: the panel sits in half the page's width
     if noise_level is not None:
         details.append(f"nearest tokens from noise t={noise_level:.2f}")
     if verified:
         details.append(f"accepted {trace.accept_len} of {length} + 1 from the target")
     title = f"{EVOLUTION_TITLE} · round {trace.index} · denoise step {shown + 1}/{last + 1}"
-    if details:
-        title += f"<br><sup>{' · '.join(details)}</sup>"
+    title += f"<br><sup>{' · '.join(details)}</sup>"
     fig.update_layout(
         title=title,
         shapes=frames,
@@ -390,10 +395,11 @@ def cost_per_round(fig: go.Figure, rounds: Sequence[RoundTrace], cost: RoundCost
         go.Scatter(
             x=x,
             y=[t.accept_len + 1 for t in rounds],
+            customdata=[setting_label(t) for t in rounds],
             mode="markers",
             name="tokens the round emitted",
             marker={"color": ACCEPTED_COLOUR, "size": 8, "symbol": "diamond"},
-            hovertemplate="round %{x}: %{y} tokens<extra></extra>",
+            hovertemplate="round %{x} (%{customdata}): %{y} tokens<extra></extra>",
         )
     )
     for name, level, dash in (
@@ -415,17 +421,17 @@ def cost_per_round(fig: go.Figure, rounds: Sequence[RoundTrace], cost: RoundCost
 def stage_bars(fig: go.Figure, rounds: Sequence[RoundTrace], scale: float, unit: str) -> None:
     """Draft / verify / other of each round as stacked bars, seconds times ``scale`` in ``unit`` (hover: also ms)."""
     x = [t.index for t in rounds]
-    in_ms = "" if unit == "ms" else " (%{customdata:.2f} ms)"
+    in_ms = "" if unit == "ms" else " (%{customdata[1]:.2f} ms)"
     for stage in STAGES:
         seconds = [getattr(t, f"{stage}_s") for t in rounds]
         fig.add_trace(
             go.Bar(
                 x=x,
                 y=[s * scale for s in seconds],
-                customdata=[1000 * s for s in seconds],
+                customdata=[(setting_label(t), 1000 * s) for t, s in zip(rounds, seconds)],
                 name=stage,
                 marker_color=STAGE_COLOURS[stage],
-                hovertemplate=f"round %{{x}}: {stage} %{{y:.2f}} {unit}{in_ms}<extra></extra>",
+                hovertemplate=f"round %{{x}} (%{{customdata[0]}}): {stage} %{{y:.2f}} {unit}{in_ms}<extra></extra>",
             )
         )
 

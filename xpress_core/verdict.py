@@ -8,6 +8,7 @@ rounds pay off when τ > c: ``c`` is the break-even τ and τ / c the speedup ov
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -83,9 +84,22 @@ def breakdown(cost: RoundCost) -> str:
     return f"a round = {split} plain steps of {1000 * cost.plain_step_s:.3f} ms · break-even τ {cost.plain_steps:.2f}"
 
 
+def setting_label(trace: RoundTrace) -> str:
+    """The (K, T, L) a round drafted with (the controller ``auto`` picks one per round), or that it was a plain step."""
+    drafts, steps, block = trace.setting
+    return "plain step" if block == 0 else f"K={drafts} T={steps} L={block}"
+
+
+def settings_summary(traces: Sequence[RoundTrace]) -> str:
+    """How many drafting rounds ran at each setting, most used first (ties: first used first)."""
+    counts = Counter(setting_label(t) for t in traces if t.index > 0)
+    return " · ".join(f"{label} × {n}" for label, n in counts.most_common())
+
+
 def plain_step_s(traces: Sequence[RoundTrace]) -> float | None:
-    """Mean time of one plain decoding step in a drafter-less run's rounds (the prefill excluded)."""
-    steps = [t.draft_s + t.verify_s + t.other_s for t in traces if t.index > 0]
+    """Mean time of the plain decoding steps among ``traces``: the rounds that drafted nothing (a run without a
+    drafter, or the plain steps the controller chose), the prefill excluded. None if there is none."""
+    steps = [t.draft_s + t.verify_s + t.other_s for t in traces if t.index > 0 and not t.drafts]
     return sum(steps) / len(steps) if steps else None
 
 
