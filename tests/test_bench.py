@@ -18,7 +18,16 @@ from xpress_core.bench.figures import HEATMAP_METRICS, bench_figures, heatmap
 from xpress_core.bench.grid import FULL_GRID, parse_grid
 from xpress_core.bench.hf import ForwardCall, ForwardProbe, hf_rounds
 from xpress_core.bench.measure import RunPlan, check_outputs, measure, sweep, synchronized_clock
-from xpress_core.bench.methods import METHODS, REFERENCE, XPRESS, XPRESS_NONE, BenchModels, method_settings
+from xpress_core.bench.methods import (
+    DRAFTING,
+    METHODS,
+    REFERENCE,
+    XPRESS,
+    XPRESS_AUTO,
+    XPRESS_NONE,
+    BenchModels,
+    method_settings,
+)
 from xpress_core.bench.report import SCHEMA
 from xpress_core.bench.summary import summarize
 from xpress_core.cli import main
@@ -99,9 +108,9 @@ def test_bench_outputs_are_complete_and_valid(bench_run):
         "files",
     ):
         assert key in doc, key
-    # search: every setting, greedy, on 1 prompt; final: reference, best assisted, lookup, xpress-none and the one
-    # finalist xPress setting, at both temperatures, on both prompts.
-    search_settings, final_settings = 1 + 2 + 1 + 1 + 3, 5
+    # search: every setting, greedy, on 1 prompt; final: reference, best assisted, lookup, xpress-none, the one
+    # finalist xPress setting and xpress-auto, at both temperatures, on both prompts.
+    search_settings, final_settings = 1 + 2 + 1 + 1 + 3 + 1, 6
     assert [st["name"] for st in doc["stages"]] == ["search", "final"]
     assert len(doc["stages"][1]["plan"]["settings"]) == final_settings
     with open(doc["files"]["csv"], newline="") as f:
@@ -139,7 +148,12 @@ def test_bench_outputs_are_complete_and_valid(bench_run):
         assert html.exists() and "plotly" in html.read_text()
     assert (bench_run.parent / "plotly.min.js").exists()  # the figures open offline
     assert Path(doc["files"]["table"]).read_text().startswith("| method |")
-    assert {"best_xpress", "engine_overhead", "refinement"} <= set(doc["goals"])
+    assert {"best_xpress", "engine_overhead", "refinement", "auto", "auto_over_best_fixed"} <= set(doc["goals"])
+    over_fixed = doc["goals"]["auto_over_best_fixed"]
+    auto, fixed = (
+        next(s for s in doc["summaries"] if s["method"] == m and s["temperature"] == 0.0) for m in (XPRESS_AUTO, XPRESS)
+    )
+    assert over_fixed["ratio"] == pytest.approx(auto["tokens_per_s"] / fixed["tokens_per_s"], rel=1e-2)
     (pair,) = doc["goals"]["refinement"]  # K=1 and K=4 at T=1, L=4, parallel, tree
     assert pair["refine"] == "parallel" and pair["ratio"] == pytest.approx(
         pair["draft_ms_k4"] / pair["draft_ms_k1"], rel=0.01
@@ -156,7 +170,7 @@ def test_greedy_outputs_of_every_method_equal_generate(bench_run):
     for row in doc["measurements"]:
         if row["temperature"] == 0.0:
             assert row["matches_reference"] is (None if row["method"] == REFERENCE else True), row
-        elif row["method"] == XPRESS:  # same seed, same tokens as the engine's plain loop
+        elif row["method"] in DRAFTING:  # same seed, same tokens as the engine's plain loop
             assert row["matches_reference"] is True, row
         else:  # transformers samples with its own draws: not comparable, and not claimed
             assert row["matches_reference"] is None, row

@@ -9,12 +9,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..data import DEFAULT_DATA, default_prompts, read_prompt_file, spread
+from ..engine import calibrate
 from ..errors import XpressError
 from ..models import (
     EMBEDDED_AR_DRAFTER,
     EMBEDDED_DRAFTER,
     EMBEDDED_GAUSS_DRAFTER,
     EMBEDDED_TARGET,
+    Models,
     check_tokenizer_match,
     eos_ids,
     load_causal_lm,
@@ -28,11 +30,12 @@ from .measure import RunPlan
 from .methods import (
     ASSISTED_TOKENS,
     ASSISTED_TOKENS_QUICK,
+    DRAFTING,
     HF_ASSISTED,
     LOOKUP_TOKENS,
     LOOKUP_TOKENS_QUICK,
     METHODS,
-    XPRESS,
+    XPRESS_AUTO,
     BenchModels,
     method_settings,
 )
@@ -77,7 +80,9 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     )
     bench.add_argument("--ar-drafter", default=str(EMBEDDED_AR_DRAFTER), help="assistant model for hf-assisted")
     bench.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    bench.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16")
+    bench.add_argument(
+        "--dtype", default="auto", help="auto (bf16 on CUDA and on CPUs with native bf16, else fp32), float32, bfloat16"
+    )
     bench.add_argument("--prompts", type=Path, help='JSONL: {"messages": [...]} or {"prompt": "..."} a line')
     bench.add_argument("--data", type=Path, default=DEFAULT_DATA, help="shared data folder (default prompts)")
     bench.add_argument(
@@ -138,7 +143,9 @@ def load_bench_models(args: argparse.Namespace, methods: Sequence[str]) -> Bench
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     target, tokenizer = load_target(args.target, device, dtype)
-    drafter = load_drafter(args.drafter, target, tokenizer, device, dtype) if XPRESS in methods else None
+    drafting = any(m in methods for m in DRAFTING)
+    drafter = load_drafter(args.drafter, target, tokenizer, device, dtype) if drafting else None
+    costs = calibrate(Models(target, tokenizer, drafter)) if XPRESS_AUTO in methods else None
     assistant = None
     if HF_ASSISTED in methods:
         check_tokenizer_match("AR drafter", args.ar_drafter, tokenizer)
@@ -150,7 +157,7 @@ def load_bench_models(args: argparse.Namespace, methods: Sequence[str]) -> Bench
             )
         # transformers stops the assistant where the target stops; give it the target's end tokens.
         assistant.generation_config.eos_token_id = sorted(eos_ids(target, tokenizer))
-    return BenchModels(target, tokenizer, drafter, assistant)
+    return BenchModels(target, tokenizer, drafter, assistant, costs=costs)
 
 
 def run_bench(args: argparse.Namespace) -> int:

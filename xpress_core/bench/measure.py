@@ -20,7 +20,7 @@ from ..records import json_record
 from ..trace import DecodeResult, RoundTrace
 from .grid import parse_grid
 from .hf import run_hf
-from .methods import REFERENCE, XPRESS, XPRESS_NONE, BenchModels, Outcome, Setting, method_settings
+from .methods import DRAFTING, REFERENCE, XPRESS, XPRESS_NONE, BenchModels, Outcome, Setting, method_settings
 from .summary import Measurement, Summary, summarize
 
 
@@ -98,8 +98,8 @@ def run_setting(
 ) -> Outcome:
     if setting.method == XPRESS_NONE:
         return run_xpress(Models(models.target, models.tokenizer, NoDrafter()), ids, cfg)
-    if setting.method == XPRESS:
-        engine = Models(models.target, models.tokenizer, models.drafter_of(setting))
+    if setting.method in DRAFTING:
+        engine = Models(models.target, models.tokenizer, models.drafter_of(setting), models.costs)
         return run_xpress(
             engine,
             ids,
@@ -174,7 +174,7 @@ def reference_method(setting: Setting, temperature: float) -> str | None:
     plain tokens at the same seed; transformers samples with its own draws, so its outputs are not comparable."""
     if temperature == 0.0:
         return REFERENCE if setting.method != REFERENCE else None
-    return XPRESS_NONE if setting.method == XPRESS else None
+    return XPRESS_NONE if setting.method in DRAFTING else None
 
 
 def check_outputs(measurements: list[Measurement], tokenizer) -> tuple[list[Measurement], list[Mismatch]]:

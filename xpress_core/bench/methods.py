@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..config import DecodeConfig
+from ..controller import CostModel
 from ..drafters.base import Drafter
 from ..errors import XpressError
 from .grid import GRID_KEYS
@@ -28,7 +29,13 @@ XPRESS_NONE = "xpress-none"
 XPRESS = "xpress"
 
 
-METHODS = (HF_GENERATE, HF_ASSISTED, HF_LOOKUP, XPRESS_NONE, XPRESS)
+XPRESS_AUTO = "xpress-auto"  # the engine with the controller auto choosing (K, T, L) round by round
+
+
+METHODS = (HF_GENERATE, HF_ASSISTED, HF_LOOKUP, XPRESS_NONE, XPRESS, XPRESS_AUTO)
+
+
+DRAFTING = (XPRESS, XPRESS_AUTO)  # the methods that need the diffusion drafter
 
 
 REFERENCE = HF_GENERATE
@@ -65,6 +72,8 @@ class Setting:
             return f"{named}K={d.drafts} T={d.steps} L={d.block} {d.refine} {d.verify}"
         if self.method in (HF_ASSISTED, HF_LOOKUP):
             return "default" if self.draft_tokens is None else f"n={self.draft_tokens}"
+        if self.method == XPRESS_AUTO:
+            return "auto"
         return ""
 
     @property
@@ -99,6 +108,7 @@ def method_settings(
         HF_LOOKUP: [Setting(HF_LOOKUP, draft_tokens=n) for n in lookup_tokens],
         XPRESS_NONE: [Setting(XPRESS_NONE)],
         XPRESS: [Setting(XPRESS, decode=d) for d in grid],
+        XPRESS_AUTO: [Setting(XPRESS_AUTO, decode=DecodeConfig(auto=True))],
     }
     chosen = [REFERENCE, *(m for m in METHODS if m in methods and m != REFERENCE)]
     return tuple(s for m in chosen for s in per_method[m])
@@ -127,6 +137,7 @@ class BenchModels:
     drafter: Drafter | None = None  # xpress: the diffusion drafter
     assistant: torch.nn.Module | None = None  # hf-assisted: an AutoModelForCausalLM with the target's tokenizer
     drafters: dict[str, Drafter] = field(default_factory=dict)  # more, by name, to compare (``train eval``)
+    costs: CostModel | None = None  # xpress-auto: the drafter's stage costs, measured once at load (engine.calibrate)
 
     @property
     def device(self) -> torch.device:

@@ -14,7 +14,7 @@ import torch
 
 from ..config import REFINE_MODES
 from ..records import json_record
-from .methods import HF_ASSISTED, HF_LOOKUP, REFERENCE, XPRESS, XPRESS_NONE, BenchModels
+from .methods import HF_ASSISTED, HF_LOOKUP, REFERENCE, XPRESS, XPRESS_AUTO, XPRESS_NONE, BenchModels
 from .stages import Stage
 from .summary import Summary, best_per_method
 
@@ -32,6 +32,12 @@ GOAL_ENGINE_SHARE = 0.9  # xpress-none tokens/s at least this share of generate'
 
 
 GOAL_DRAFT_RATIO = 1.6  # drafting time per round, K=4 over K=1, parallel refinement
+
+
+GOAL_AUTO_OVER_BEST_FIXED = 0.95  # xpress-auto tokens/s at least this share of the best fixed xPress setting's
+
+
+GOAL_AUTO_OVER_PLAIN = 1.0  # xpress-auto never slower than plain decoding (the engine's plain loop)
 
 
 REFINEMENT_PAIR = (1, 4)  # the K values the drafting-time goal compares
@@ -80,6 +86,23 @@ def goals(summaries: Sequence[Summary], grid: Sequence[Summary]) -> dict:
                 "verify_ms": xp.verify_ms_per_round,
                 "limit": xp.tau * none.verify_ms_per_round / xp.verify_ms_per_round,
             }
+    auto = best.get(XPRESS_AUTO)
+    if auto and ref:
+        out["auto"] = {
+            "speedup": auto.speedup,
+            "tau": auto.tau,
+            "goal": GOAL_SPEEDUP,
+            "met": (auto.speedup or 0) >= GOAL_SPEEDUP,
+        }
+        for name, rival, goal in (("best_fixed", xp, GOAL_AUTO_OVER_BEST_FIXED), ("plain", none, GOAL_AUTO_OVER_PLAIN)):
+            if rival:
+                ratio = auto.tokens_per_s / rival.tokens_per_s
+                out[f"auto_over_{name}"] = {
+                    "rival_setting": rival.setting.name,
+                    "ratio": ratio,
+                    "goal": goal,
+                    "met": ratio >= goal,
+                }
     out["refinement"] = refinement_ratios(grid)
     return out
 
