@@ -144,7 +144,7 @@ def draft(models: Models, state: DecodeState, cfg: DecodeConfig, setting: RoundS
 
 
 class TreeVerifier:
-    """All tree nodes in ONE forward: tree attention mask, positions ``past + depth`` (docs/DESIGN.md 2.3)."""
+    """All tree nodes in ONE forward: tree attention mask, positions ``past + depth`` (docs/DESIGN.md §2.3)."""
 
     def verify(self, models: Models, state: DecodeState, tree: DraftTree) -> Verified:
         past, device = kv.cache_length(state.cache), models.device

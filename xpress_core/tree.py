@@ -97,7 +97,7 @@ class Acceptance:
 
 
 def accept(tree: DraftTree, node_logits: torch.Tensor, cfg: DecodeConfig, generator: torch.Generator) -> Acceptance:
-    """The exact acceptance walk (DESIGN 2.4) over (N+1, V) logits, one target draw per emitted token.
+    """The exact acceptance walk (docs/DESIGN.md §2.4) over (N+1, V) logits, one target draw per emitted token.
 
     At node u draw y ~ p_u; if y is a child of u accept it and move there, else emit y and stop. Each emitted token is
     a genuine draw from the target given the emitted prefix, so the output distribution is the target's.

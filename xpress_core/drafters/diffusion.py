@@ -27,7 +27,7 @@ from .diffusion_model import ContextKV, XpressDrafter, add_noise, signal_share
 
 
 class MaskedDiffusionDrafter(Drafter):
-    """The T-step parallel refinement shared by every masked-diffusion drafter (DESIGN 2.1)."""
+    """The T-step parallel refinement shared by every masked-diffusion drafter (docs/DESIGN.md §2.1)."""
 
     banned: torch.Tensor  # (V,) bool over the vocabulary drafts may use; its length bounds the token ids
     device: torch.device

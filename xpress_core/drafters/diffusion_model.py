@@ -1,4 +1,4 @@
-"""The target-conditioned block-diffusion drafter (DESIGN 3; the DFlash family, arXiv 2602.06036).
+"""The target-conditioned block-diffusion drafter (docs/DESIGN.md §3; the DFlash family, arXiv 2602.06036).
 
 - Hidden states of a few tapped target layers, for the context tokens, are fused by one linear layer and injected as
   keys/values into every drafter layer (computed once per committed token and cached across rounds).

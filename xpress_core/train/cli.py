@@ -16,7 +16,13 @@ DEFAULT_WORK = Path("runs")
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
     train = sub.add_parser("train", help="train the embedded models (or a drafter for your own target)")
     steps = train.add_subparsers(dest="step", required=True)
+    add_target_steps(steps)
+    add_drafter_steps(steps)
+    add_report_steps(steps)
 
+
+def add_target_steps(steps: argparse._SubParsersAction) -> None:
+    """tokenizer, corpus, target: the embedded target from the shared data."""
     tok = steps.add_parser("tokenizer", help="byte-level BPE with chat special tokens")
     tok.add_argument("--data", type=Path, default=DEFAULT_DATA)
     tok.add_argument("--vocab-size", type=int, default=4096)
@@ -41,6 +47,9 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     target.add_argument("--intermediate-size", type=int, default=640)
     target.add_argument("--no-bf16", action="store_true")
 
+
+def add_drafter_steps(steps: argparse._SubParsersAction) -> None:
+    """drafter, ar-drafter: distilled from any HF causal-LM target."""
     for name, help_text in (
         ("drafter", "the diffusion drafter, by self-distillation (any HF causal-LM target)"),
         ("ar-drafter", "the classic autoregressive drafter, distilled on the same data"),
@@ -90,6 +99,9 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
                 help="gaussian: RMS per coordinate of the clean embeddings against unit noise (lower = noisier steps)",
             )
 
+
+def add_report_steps(steps: argparse._SubParsersAction) -> None:
+    """eval, cards: what the model cards report."""
     ev = steps.add_parser("eval", help="tau and tokens/s of a drafter on 50 held-out sgd_dev chats (model cards)")
     ev.add_argument("--target", default=str(Path("assets") / "target"))
     ev.add_argument(

@@ -1,4 +1,4 @@
-"""Step 4: train the target-conditioned diffusion drafter by self-distillation (DESIGN 3).
+"""Step 4: train the target-conditioned diffusion drafter by self-distillation (docs/DESIGN.md §3.3).
 
 Per batch: the frozen target reads whole distilled sequences once (its tapped hidden states are the context features);
 ``anchors`` random positions per sequence in the target-written part each open a block ``[x_a, x_a+1 .. x_a+L]``;
