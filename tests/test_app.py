@@ -165,23 +165,41 @@ def test_race_decodes_plainly_beside_with_the_same_tokens(cache, oracle_models):
     assert {t.name for t in last.latency.data} >= {"speculative tokens/s", "plain tokens/s"}
 
 
-def test_the_verdict_is_the_replys_own_rounds_over_a_plain_step_timed_at_load(cache, oracle_models):
+@pytest.fixture
+def timed_after(monkeypatch) -> list[torch.Tensor]:
+    """Plain steps timed after a reply take 4 ms here; the prompts they were timed on."""
+    prompts = []
+
+    def four_ms(plain, prompt_ids, tokens=verdict.AFTER_REPLY_TOKENS):
+        prompts.append(prompt_ids)
+        return 0.004
+
+    monkeypatch.setattr(verdict, "time_plain_steps", four_ms)
+    return prompts
+
+
+def test_the_verdict_is_the_replys_own_rounds_over_plain_steps_timed_right_after_it(cache, oracle_models, timed_after):
     views = list(run_chat(cache, "I want to book a table", [], settings()))
     assert next(v.verdict for v in views if v.verdict) == VERDICT_PENDING  # the prefill alone: nothing to judge yet
     last = final(views)
+    prompt = encode_prompt(
+        oracle_models[TINY].tokenizer, [{"role": "user", "content": "I want to book a table"}], chat=True
+    )
+    assert [p.tolist() for p in timed_after] == [prompt.tolist()]  # once, on the reply's own prompt
     _, result = engine_run(
         oracle_models[TINY], [{"role": "user", "content": "I want to book a table"}], settings().decode_config()
     )
-    cost = verdict.round_cost(last.reply.traces, cache.get(TINY).plain_step_s)
+    cost = verdict.round_cost(last.reply.traces, 0.004)
     assert cost.tau == result.tau and cost.accept_lens == result.accept_lens
     assert cost.draft_s + cost.verify_s + cost.other_s == pytest.approx(
         last.reply.result.draft_s + last.reply.result.verify_s + last.reply.result.other_s
     )
-    assert last.verdict == f"**{verdict.headline(cost)}** · {verdict.breakdown(cost)} (timed when the models loaded)"
+    source = f"{verdict.AFTER_REPLY_TOKENS} plain steps timed right after the reply"
+    assert last.verdict == f"**{verdict.headline(cost)}** · {verdict.breakdown(cost)} ({source})"
 
 
 def test_auto_picks_each_rounds_setting_the_reply_stays_the_targets_and_the_status_counts_the_settings(
-    cache, oracle_models
+    cache, oracle_models, timed_after
 ):
     last = final(list(run_chat(cache, "I want to book a table", [], settings(auto=True, max_new_tokens=32))))
     _, fixed = engine_run(  # greedy: the target's tokens, whatever was drafted
@@ -194,8 +212,13 @@ def test_auto_picks_each_rounds_setting_the_reply_stays_the_targets_and_the_stat
     assert f"Rounds: {verdict.settings_summary(last.reply.traces)}." in last.status
     # Plain steps Auto chose in the reply are the verdict's unit (timed beside the drafting rounds), if there are any.
     step_s = verdict.plain_step_s(last.reply.traces)
-    source = "this reply's own plain steps" if step_s else "timed when the models loaded"
-    cost = verdict.round_cost(last.reply.traces, step_s or cache.get(TINY).plain_step_s)
+    source = (
+        "this reply's own plain steps"
+        if step_s
+        else f"{verdict.AFTER_REPLY_TOKENS} plain steps timed right after the reply"
+    )
+    assert len(timed_after) == (0 if step_s else 1)
+    cost = verdict.round_cost(last.reply.traces, step_s or 0.004)
     assert last.verdict == f"**{verdict.headline(cost)}** · {verdict.breakdown(cost)} ({source})"
 
 

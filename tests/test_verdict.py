@@ -92,6 +92,11 @@ def test_calibration_skips_the_warm_up_and_averages_the_plain_steps(monkeypatch)
     assert verdict.calibrate_plain_step(None, None) == pytest.approx(0.003)
 
 
+def test_plain_steps_timed_after_a_reply_are_the_mean_of_one_run(monkeypatch):
+    monkeypatch.setattr(verdict, "decode", scripted_decode([[0.002, 0.004, 0.006]]))
+    assert verdict.time_plain_steps(None, None) == pytest.approx(0.004)  # no warm-up: the models are warm by then
+
+
 def test_calibration_repeats_runs_that_end_early_and_gives_up_on_empty_ones(monkeypatch):
     short = [[0.001, 0.002]] * verdict.CALIBRATION_RUNS  # every run ends after 2 steps
     monkeypatch.setattr(verdict, "decode", scripted_decode(short))

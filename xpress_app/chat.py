@@ -83,6 +83,7 @@ class Board:
         self.started = time.perf_counter()
         self.wall_s: float | None = None  # request wall time including rendering, once finished
         self.stopped = False
+        self.plain_after_s: float | None = None  # plain steps timed after the reply (``time_plain_steps``)
 
     def add(self, run: str, event: RoundTrace | DecodeResult) -> None:
         if isinstance(event, DecodeResult):
@@ -144,7 +145,14 @@ class Board:
             step_s = verdict.plain_step_s(self.traces[run])
             if step_s:
                 return step_s, source
+        if self.plain_after_s:
+            return self.plain_after_s, f"{verdict.AFTER_REPLY_TOKENS} plain steps timed right after the reply"
         return self.loaded.plain_step_s, "timed when the models loaded"
+
+    def time_plain_steps(self, prompt_ids) -> None:
+        """A finished reply that measured no plain step beside its rounds gets some, timed now on its prompt."""
+        if self.plain_step()[1] == "timed when the models loaded":
+            self.plain_after_s = verdict.time_plain_steps(self.loaded.plain, prompt_ids)
 
     def why(self) -> str:
         """The verdict: τ against what a round cost in plain steps, so far."""
@@ -276,6 +284,8 @@ def run_chat(
             elif text_only.due():
                 with text_only.rendering():
                     yield board.text_view()
+    if not board.stopped:
+        board.time_plain_steps(prompt.ids)
     yield board.view(done=True)
 
 

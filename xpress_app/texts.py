@@ -72,10 +72,10 @@ PANEL_HELP = """
 - **Accepted length**: draft tokens accepted per round (grey dots: each draft; green: the chosen path), the running
   τ (tokens emitted per round, the speed-up's upper bound) and a histogram.
 - **Latency**: what each drafting round cost, split into draft / verify / other and counted in plain decoding steps
-  (one step of the target alone, timed when the models loaded, or by the Race when it runs), beside the tokens the
-  round emitted. The dashed line is the break-even τ (a round's mean cost): rounds that emit more tokens than they
-  cost beat plain decoding. Right: tokens/s so far, beside plain decoding when Race is on. Times are the engine's
-  own: rendering is excluded; the prompt's prefill (the same for both) is in the status line.
+  (one step of the target alone, measured beside the reply: the Race, Auto's own plain steps, or 8 timed right after
+  it), beside the tokens the round emitted. The dashed line is the break-even τ (a round's mean cost): rounds that
+  emit more tokens than they cost beat plain decoding. Right: tokens/s so far, beside plain decoding when Race is on.
+  Times are the engine's own: rendering is excluded; the prompt's prefill (the same for both) is in the status line.
 - **The verdict** above the draft panel: τ × (1 / plain steps per round) = the speedup over plain decoding, the
   prefill aside.
 - **Token provenance**: the reply, each token coloured by where it came from: an accepted draft token or the target's

@@ -22,6 +22,7 @@ STAGES = ("draft", "verify", "other")
 CALIBRATION_TOKENS = 16  # plain steps timed per calibration run
 CALIBRATION_ROUNDS = 32  # plain steps timed in all (runs repeat when the target stops early)
 CALIBRATION_RUNS = 8  # at most, warm-up included
+AFTER_REPLY_TOKENS = 8  # plain steps timed after a reply that measured none itself
 
 
 @dataclass(frozen=True)
@@ -109,12 +110,22 @@ def calibrate_plain_step(plain: Models, prompt_ids: torch.Tensor) -> float | Non
     A first run warms up; then runs of ``CALIBRATION_TOKENS`` repeat until ``CALIBRATION_ROUNDS`` steps are timed (a
     target may end its reply early) or ``CALIBRATION_RUNS`` runs have gone. None if every run ended at its first token.
     """
-    cfg = DecodeConfig(max_new_tokens=CALIBRATION_TOKENS)
     timed: list[RoundTrace] = []
     for run in range(CALIBRATION_RUNS):
-        traces = [e for e in decode(plain, prompt_ids, cfg) if isinstance(e, RoundTrace)]
+        traces = plain_rounds(plain, prompt_ids, CALIBRATION_TOKENS)
         if run > 0:
             timed += traces
         if len([t for t in timed if t.index > 0]) >= CALIBRATION_ROUNDS:
             break
     return plain_step_s(timed)
+
+
+def time_plain_steps(plain: Models, prompt_ids: torch.Tensor, tokens: int = AFTER_REPLY_TOKENS) -> float | None:
+    """One plain decoding step of ``plain`` (already warm), timed over ``tokens`` steps on ``prompt_ids``: right after
+    a reply, on its prompt, the machine is in the state the reply's rounds saw (a timing at load may not be)."""
+    return plain_step_s(plain_rounds(plain, prompt_ids, tokens))
+
+
+def plain_rounds(plain: Models, prompt_ids: torch.Tensor, tokens: int) -> list[RoundTrace]:
+    """The rounds of a greedy plain run of at most ``tokens`` tokens."""
+    return [e for e in decode(plain, prompt_ids, DecodeConfig(max_new_tokens=tokens)) if isinstance(e, RoundTrace)]
