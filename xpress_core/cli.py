@@ -12,6 +12,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from . import validation
 from .bench.cli import add_bench_parser, run_bench
 from .config import DIVERSITY, NOISE_TYPES, REFINE_MODES, SCHEDULES, VERIFY_MODES, DecodeConfig
 from .errors import XpressError
@@ -67,6 +68,14 @@ def model_choice(args: argparse.Namespace) -> dict:
     }
 
 
+class Parser(argparse.ArgumentParser):
+    """Usage mistakes end like every other user error: one ``error:`` line, exit code 2 (argparse would print its
+    usage first). Subcommand parsers inherit the class."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
 def add_decode_args(parser: argparse.ArgumentParser) -> None:
     d = DecodeConfig()
     pin = "; pins the setting (unset ones take their defaults) [unset: the controller auto picks K, T, L per round]"
@@ -85,15 +94,35 @@ def add_decode_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
 
+# the settings every run takes (-K/-T/-L only when given)
+DECODE_SETTINGS = ("temperature", "top_p", "top_k", "seed", "max_new_tokens", "refine", "verify", "schedule",
+                   "diversity", "stop")
+
+
 def decode_config(args: argparse.Namespace) -> DecodeConfig:
     """-K/-T/-L pin the setting (the unset ones take DecodeConfig's defaults); none of them: ``auto``."""
     pinned = {name: getattr(args, name) for name in ("drafts", "steps", "block") if getattr(args, name) is not None}
-    named = {key: value for key, value in vars(args).items() if key not in ("drafts", "steps", "block")}
-    return DecodeConfig.from_mapping({**named, **pinned, "auto": not pinned})
+    settings = {name: getattr(args, name) for name in DECODE_SETTINGS}
+    return validation.decode_config(settings | pinned | {"auto": not pinned})
+
+
+def check_generate_args(args: argparse.Namespace) -> DecodeConfig:
+    """Every setting of ``generate`` checked before any model work: a mistake costs no load and no decode."""
+    import torch
+
+    from .models import resolve_dtype
+
+    cfg = decode_config(args)
+    validation.text("the prompt", args.prompt)
+    validation.device(args.device)
+    resolve_dtype(args.dtype, torch.device("cpu"))
+    if args.log is not None:
+        validation.output_file("--log", args.log)
+    return cfg
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m xpress_core", description=__doc__)
+    parser = Parser(prog="python -m xpress_core", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="decode one prompt with speculative decoding")
@@ -123,7 +152,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from .models import encode_prompt, load_models
     from .trace import DecodeResult, RoundTrace, write_jsonl
 
-    cfg = decode_config(args)
+    cfg = check_generate_args(args)
     models = load_models(**model_choice(args))
     prompt_ids = encode_prompt(models.tokenizer, args.prompt, chat=args.chat)
     traces: list[RoundTrace] = []

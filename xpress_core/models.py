@@ -12,6 +12,8 @@ import torch
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
+from . import validation
+from .chat import encode_chat, encode_text
 from .controller import CostModel
 from .drafters.autoregressive import AutoregressiveDrafter
 from .drafters.base import Drafter, NoDrafter
@@ -68,10 +70,8 @@ class DrafterOptions:
 
 
 def resolve_device(device: str) -> torch.device:
-    if device == "auto":
+    if validation.device(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise XpressError(f"device {device!r} requested but CUDA is not available")
     return torch.device(device)
 
 
@@ -339,18 +339,17 @@ def load_models(
 
 
 def encode_prompt(tokenizer, prompt: str | list[dict[str, str]], chat: bool) -> torch.Tensor:
-    """(1, n) ids. ``chat``: the tokenizer's chat template with the generation prompt; else the raw text."""
-    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    """(1, n) ids. ``chat``: the tokenizer's chat template with the generation prompt; else the raw text. Typed
+    special-token strings stay text either way (``chat.py``)."""
+    if isinstance(prompt, str):
+        messages = [{"role": "user", "content": validation.text("the prompt", prompt)}]
+    else:
+        messages = validation.messages("the prompt", prompt)
     if not any(m["content"].strip() for m in messages):
         raise XpressError("the prompt is empty")
     if chat:
-        if tokenizer.chat_template is None:
-            raise XpressError("the target's tokenizer has no chat template; drop --chat to send raw text")
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    else:
-        ids = tokenizer("".join(m["content"] for m in messages))["input_ids"]
-    return torch.tensor([ids])
+        return torch.tensor([encode_chat(tokenizer, messages)])
+    return torch.tensor([encode_text(tokenizer, "".join(m["content"] for m in messages))])
 
 
 def init_drafter(
