@@ -119,6 +119,18 @@ def test_usage_mistakes_are_one_error_line(capsys):
     assert_one_error_line(code, err, "invalid int value")
 
 
+@pytest.mark.parametrize(
+    "args,needle",
+    [(["--seed", "-1"], "seed"), (["--temperatures", "0,1e-300"], "temperature"), (["--device", "bogus"], "device"),
+     (["--json", "DIR"], "is a directory")],
+)
+def test_bench_checks_the_shared_settings_before_loading(capsys, tmp_path, args, needle):
+    args = [str(tmp_path) if a == "DIR" else a for a in args]
+    json_args = [] if "--json" in args else ["--json", str(tmp_path / "out" / "bench.json")]
+    code = cli.main(["bench", "--quick", "--target", "/no/such/target", *json_args, *args])
+    assert_one_error_line(code, capsys.readouterr().err, needle)
+
+
 # --- types: what an API client sends ---------------------------------------------------------------------------------
 
 

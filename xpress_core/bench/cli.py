@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from .. import validation
 from ..data import DEFAULT_DATA, default_prompts, read_prompt_file, spread
 from ..engine import calibrate
 from ..errors import XpressError
@@ -160,6 +161,17 @@ def load_bench_models(args: argparse.Namespace, methods: Sequence[str]) -> Bench
     return BenchModels(target, tokenizer, drafter, assistant, costs=costs)
 
 
+def check_run_args(args: argparse.Namespace, temperatures: Sequence[float]) -> None:
+    """The shared checks (``validation``) before any model loads or any measurement runs: a bad seed, temperature or
+    device, or an output that cannot be written, must not surface after an hour of measuring."""
+    validation.seed(args.seed)
+    for t in temperatures:
+        validation.temperature(t, validation.ENGINE_LIMITS.max_temperature)
+    validation.device(args.device)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    validation.output_file("--json", args.json)
+
+
 def run_bench(args: argparse.Namespace) -> int:
     preset = QUICK if args.quick else FULL
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
@@ -179,8 +191,9 @@ def run_bench(args: argparse.Namespace) -> int:
     )
     if min(plan.repeats, plan.max_new_tokens, args.num_prompts or 1, args.finalists) < 1:
         raise XpressError("--repeats, --max-new-tokens, --num-prompts and --finalists must be >= 1")
-    if min(plan.warmup, search_prompts, *temperatures) < 0:
-        raise XpressError("--warmup, --search-prompts and temperatures must be >= 0")
+    if min(plan.warmup, search_prompts) < 0:
+        raise XpressError("--warmup and --search-prompts must be >= 0")
+    check_run_args(args, temperatures)
     if args.prompts:
         prompts = read_prompt_file(args.prompts)
     else:
