@@ -114,6 +114,9 @@ def check_generate_args(args: argparse.Namespace) -> DecodeConfig:
 
     cfg = decode_config(args)
     validation.text("the prompt", args.prompt)
+    for name in ("target", "drafter", "preset"):
+        if getattr(args, name) is not None:
+            validation.model_spec(f"--{name}", getattr(args, name))
     validation.device(args.device)
     resolve_dtype(args.dtype, torch.device("cpu"))
     if args.log is not None:
@@ -169,7 +172,10 @@ def run_generate(args: argparse.Namespace) -> int:
                 sys.stdout.flush()
                 printed = text
     if args.log:
-        write_jsonl(traces, args.log)
+        try:
+            write_jsonl(traces, args.log)
+        except OSError as error:  # checked writable before decoding, yet a disk can fill up meanwhile
+            raise XpressError(f"--log {str(args.log)!r} could not be written: {error.strerror or error}") from None
     if args.json:
         print(json.dumps(result.to_json()))
     else:

@@ -10,7 +10,12 @@ from huggingface_hub import hf_hub_download
 
 
 def is_local(spec: str) -> bool:
-    return spec.startswith((".", "/", "~")) or Path(spec).expanduser().exists()
+    if spec.startswith((".", "/", "~")):
+        return True
+    try:
+        return Path(spec).expanduser().exists()
+    except (OSError, ValueError):  # a name no file system holds (too long, a NUL byte): not a local directory
+        return False
 
 
 def read_config_json(spec: str) -> dict | None:

@@ -28,6 +28,7 @@ from .errors import XpressError
 MIN_TEMPERATURE = 0.01
 MAX_SEED = 2**32 - 1
 ROLES = ("system", "user", "assistant")  # spliced into chat templates as strings: only these
+MAX_SPEC_CHARS = 4096  # a path or Hub id longer than any file system allows
 DEVICE_PATTERN = re.compile(r"(auto|cpu|mps|cuda(:\d{1,3})?)")
 
 
@@ -161,6 +162,14 @@ def device(spec) -> str:
             raise XpressError(f"device {spec!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     if spec == "mps" and not torch.backends.mps.is_available():
         raise XpressError("device 'mps' requested but MPS is not available")
+    return spec
+
+
+def model_spec(name: str, value) -> str:
+    """A model: a directory or a Hub id (or "none" for no drafter); valid text, not blank."""
+    spec = text(name, value, max_chars=MAX_SPEC_CHARS)
+    if not spec.strip() or "\0" in spec:
+        raise XpressError(f"{name} must name a directory or a Hub id, got {value!r}")
     return spec
 
 
