@@ -22,7 +22,7 @@ from xpress_core.trace import DecodeResult, RoundTrace, write_jsonl
 
 from .models import Loaded, ModelCache, TokenTexts, check_block
 from .session import never
-from .settings import Settings, fit_prompt, history_messages
+from .settings import Settings, conversation, fit_prompt, history_messages, user_message
 from .texts import EMPTY_MESSAGE, VERDICT_PENDING
 from .zerogpu import on_gpu
 
@@ -243,24 +243,27 @@ def run_chat(
     ``stop_requested`` is polled between rounds and animation frames; when it turns true the reply ends there, with a
     last view of what was decoded so far.
     """
-    text = (message or "").strip()
+    text = user_message(message)
     if not text:
         yield View(message="", status=EMPTY_MESSAGE, notice=EMPTY_MESSAGE)
         return
     cfg = settings.decode_config()
+    chat = conversation(text, history_messages(history))
     if stop_requested():  # stopped or cleared while waiting in the queue
         return
     if not cache.is_loaded(settings.preset):
         yield View(message="", status=f"Loading “{settings.preset}”…")
     loaded = cache.get(settings.preset)
     check_block(cfg.block, loaded, settings.preset)
-    past = history_messages(history)
     prompt = fit_prompt(
         loaded.speculative.tokenizer,
-        past + [{"role": "user", "content": text}],
+        list(chat.messages),
         context_limit(loaded.speculative.target),
         cfg.max_new_tokens,
+        chat.cuts,
     )
+    past = list(chat.messages[:-1])
+    text = chat.messages[-1]["content"]
     runs = {SPECULATIVE: decode(loaded.speculative, prompt.ids, cfg, watch=True)}
     if settings.race:
         runs[PLAIN] = decode(loaded.plain, prompt.ids, cfg)

@@ -21,7 +21,7 @@ from .models import ModelCache
 from .session import CLEAR_WAIT_S, Controls
 from .settings import DEFAULTS, MAX_SEED, MAX_TEMPERATURE, UI_MAX_BLOCK, UI_MAX_DRAFTS, UI_MAX_NEW_TOKENS, Settings
 from .texts import DEFAULTS_NOTE, EXAMPLES, HELP, INTRO, PANEL_HELP, VERDICT_PENDING
-from .widgets import block_slider, int_slider
+from .widgets import ChatHistory, block_slider, int_slider
 
 CHAT_HEIGHT = 300  # px: with the header, the message box and its buttons, inside a 720-pixel-high first screen
 
@@ -94,7 +94,7 @@ def chat_layout(settings: dict, preset_note: gr.Markdown) -> ChatTab:
 
 
 def conversation_column() -> dict:
-    chatbot = gr.Chatbot(label="Chat", height=CHAT_HEIGHT, elem_id="chatbot")
+    chatbot = ChatHistory(label="Chat", height=CHAT_HEIGHT, elem_id="chatbot")
     message = gr.Textbox(
         show_label=False, placeholder="Type a message and press Enter", lines=1, max_lines=6, elem_id="message"
     )
@@ -279,7 +279,14 @@ def wire_chat(demo: gr.Blocks, tab: ChatTab, cache: ModelCache, log_dir: Path) -
 
     def answer(armed, **api):
         """The reply to the message box, once ``armed`` (the event that forgot an earlier Stop) has run."""
-        return armed.then(respond, inputs_kwargs=tab.inputs, outputs=tab.outputs, show_progress="minimal", **api)
+        return armed.then(
+            respond,
+            inputs_kwargs=tab.inputs,
+            outputs=tab.outputs,
+            show_progress="minimal",
+            preprocess=False,  # raw values: every input is checked by the validation layer, with its own message
+            **api,
+        )
 
     sent = gr.on([tab.message.submit, tab.send.click], Controls.arm, tab.controls, None, **private)
     replies = [answer(sent, api_name="chat")]

@@ -6,7 +6,7 @@ import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from xpress_core import engine
+from xpress_core import engine, validation
 from xpress_core.drafters.base import NoDrafter
 from xpress_core.engine import decode_to_end
 from xpress_core.errors import XpressError
@@ -90,7 +90,7 @@ class ModelCache:
         self._lock = threading.Lock()  # one load at a time: two first requests must not load the same model twice
 
     def preset(self, name: str) -> ModelPreset:
-        if name not in self.presets:
+        if validation.text("model preset", name) not in self.presets:
             raise XpressError(f"unknown model preset {name!r}; choose one of: {', '.join(self.presets)}")
         return self.presets[name]
 

@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from xpress_core import validation
+from xpress_core.chat import fit_chat
 from xpress_core.config import REFINE_MODES, VERIFY_MODES, DecodeConfig
 from xpress_core.errors import XpressError
 from xpress_core.models import encode_prompt
@@ -16,13 +18,21 @@ UI_MAX_DRAFTS = 8
 UI_MAX_BLOCK = 16
 UI_MAX_NEW_TOKENS = 512
 MAX_TEMPERATURE = 2.0
-MAX_SEED = 2**31 - 1
-MAX_MESSAGE_CHARS = 8000  # longer messages keep their end (the part a reply follows)
+MAX_SEED = validation.MAX_SEED
+UI_LIMITS = validation.Limits(
+    max_drafts=UI_MAX_DRAFTS, max_block=UI_MAX_BLOCK, max_new_tokens=UI_MAX_NEW_TOKENS, max_temperature=MAX_TEMPERATURE
+)
+# Bounded cost per request, whatever a client sends (docs/DESIGN.md §4: checked before any model work). Longer
+# messages keep their end (the part a reply follows); longer histories keep their newest messages. A notice says so.
+MAX_MESSAGE_CHARS = 8000
+MAX_HISTORY_MESSAGES = 200
+MAX_HISTORY_CHARS = 200_000
+CHAT_ROLES = ("user", "assistant")  # the roles the app itself writes: a history with any other is refused
 
 
 @dataclass(frozen=True)
 class Settings:
-    """The controls' values as the UI (or an API client) sends them; checked by ``decode_config``."""
+    """The controls' values as the UI (or an API client) sends them, unchecked; ``decode_config`` checks them."""
 
     preset: str = ""
     # The fastest fixed setting the benchmark measured on a 2-core CPU with the embedded models (README, Results).
@@ -42,44 +52,83 @@ class Settings:
     auto: bool = True
 
     def decode_config(self) -> DecodeConfig:
-        whole = {
-            "drafts K": (self.drafts, 1, UI_MAX_DRAFTS),
-            "block L": (self.block, 1, UI_MAX_BLOCK),
-            "denoise steps T": (self.steps, 1, UI_MAX_BLOCK),
-            "max new tokens": (self.max_new_tokens, 1, UI_MAX_NEW_TOKENS),
-            "seed": (self.seed, 0, MAX_SEED),
-        }
-        check_whole_numbers(whole)
-        for name, value in (("temperature", self.temperature), ("top-p", self.top_p)):
-            if not is_number(value):
-                raise XpressError(f"{name} must be a number, got {value!r}")
-        return DecodeConfig.from_mapping(asdict(self))
+        """Every control checked by the shared validation layer (types first: API clients send any JSON)."""
+        validation.text("model preset", self.preset)
+        validation.flag("race", self.race)
+        validation.flag("animate", self.animate)
+        fields = {name: value for name, value in asdict(self).items() if name not in ("preset", "race", "animate")}
+        return validation.decode_config(fields, UI_LIMITS)
 
 
 DEFAULTS = Settings()
 
 
-def is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def check_whole_numbers(ranges: dict[str, tuple]) -> None:
     """Each ``name: (value, low, high)`` must be a whole number within low..high (UI and API input alike)."""
     for name, (value, low, high) in ranges.items():
-        if not (is_number(value) and float(value).is_integer() and low <= value <= high):
-            raise XpressError(f"{name} must be a whole number in {low}..{high}, got {value!r}")
+        validation.whole(name, value, low, high)
 
 
-def history_messages(history: list[dict] | None) -> list[dict[str, str]]:
-    """Chatbot history -> chat-template messages. Gradio 6 sends content as a list of parts; keep the text ones."""
+@dataclass(frozen=True)
+class Conversation:
+    """The checked history plus the new message, within the caps, and what the caps left out (for the notice)."""
+
+    messages: tuple[dict[str, str], ...]  # the history kept, then the user's message
+    cuts: tuple[str, ...]
+
+
+def user_message(message) -> str:
+    """The message box's text, stripped ("" when blank or missing); wrong types and invalid text are refused."""
+    return "" if message is None else validation.text("the message", message).strip()
+
+
+def history_messages(history) -> list[dict[str, str]]:
+    """Chatbot history -> chat-template messages, checked: a list of {role, content} with the app's roles; content a
+    string or Gradio 6's list of parts, of which the text ones are kept."""
+    if history is None:
+        return []
+    if not isinstance(history, list):
+        raise XpressError(f"history must be a list of messages, got {type(history).__name__} {history!r:.60}")
     messages = []
-    for message in history or []:
-        content = message["content"]
-        if not isinstance(content, str):
-            parts = content if isinstance(content, list) else [content]
-            content = "".join(p.get("text", "") for p in parts if isinstance(p, dict) and p.get("type") == "text")
-        messages.append({"role": message["role"], "content": content})
+    for i, message in enumerate(history):
+        if not (isinstance(message, dict) and "role" in message and "content" in message):
+            raise XpressError(f'history: message {i} must be an object with "role" and "content", got {message!r:.60}')
+        messages.append({"role": validation.choice(f"history: the role of message {i}", message["role"], CHAT_ROLES),
+                         "content": message_text(i, message["content"])})
     return messages
+
+
+def message_text(index: int, content) -> str:
+    if isinstance(content, str):
+        return validation.text(f"history: message {index}", content)
+    parts = content if isinstance(content, list) else [content]
+    if not all(isinstance(p, dict) and isinstance(p.get("type"), str) for p in parts):
+        raise XpressError(f"history: message {index} must hold text or a list of parts, got {content!r:.60}")
+    texts = [p.get("text") for p in parts if p["type"] == "text"]
+    return "".join(validation.text(f"history: message {index}", t) for t in texts)
+
+
+def conversation(message: str, history: list[dict[str, str]]) -> Conversation:
+    """The new message after the history, cut to the caps: the message keeps its end, the history its newest part."""
+    cuts = []
+    if len(message) > MAX_MESSAGE_CHARS:
+        message = message[-MAX_MESSAGE_CHARS:]
+        cuts.append(f"your message was cut to its last {MAX_MESSAGE_CHARS} characters")
+    kept, chars = [], 0
+    for past in reversed(history[-MAX_HISTORY_MESSAGES:]):
+        chars += len(past["content"])
+        if chars > MAX_HISTORY_CHARS:
+            break
+        kept.append(past)
+    kept.reverse()
+    while kept and kept[0]["role"] != "user":  # a conversation starts with the user
+        kept.pop(0)
+    if len(kept) < len(history):
+        cuts.append(
+            f"the chat keeps its last {len(kept)} messages (at most {MAX_HISTORY_MESSAGES}, "
+            f"{MAX_HISTORY_CHARS} characters)"
+        )
+    return Conversation(tuple(kept) + ({"role": "user", "content": message},), tuple(cuts))
 
 
 @dataclass(frozen=True)
@@ -88,56 +137,29 @@ class FittedPrompt:
     notice: str | None  # what was cut to make it fit, for the user
 
 
-def fit_prompt(tokenizer, messages: list[dict[str, str]], limit: int | None, max_new_tokens: int) -> FittedPrompt:
-    """Encode with the chat template; if too long for the target's context, cut from the left (oldest first).
+def fit_prompt(
+    tokenizer, messages: list[dict[str, str]], limit: int | None, max_new_tokens: int, cuts: tuple[str, ...] = ()
+) -> FittedPrompt:
+    """Encode with the chat template; if too long for the target's context, cut from the left (oldest first), at a
+    cost that depends on what fits, not on the history (``xpress_core.chat.fit_chat``).
 
     The prompt may use the context minus room for the reply (``max_new_tokens``, but at most half the context).
+    ``cuts``: what the caps already left out, for the same notice.
     """
-    cuts = []
-    last = messages[-1]["content"]
-    if len(last) > MAX_MESSAGE_CHARS:
-        messages = messages[:-1] + [{"role": "user", "content": last[-MAX_MESSAGE_CHARS:]}]
-        cuts.append(f"your message was cut to its last {MAX_MESSAGE_CHARS} characters")
-    ids = encode_prompt(tokenizer, messages, chat=True)
-    budget = None if limit is None else limit - min(max_new_tokens, limit // 2)
-    if budget is not None and ids.shape[1] > budget:
-        dropped = 0
-        while ids.shape[1] > budget and len(messages) > 1:
-            messages = messages[1:]
-            dropped += 1
-            while len(messages) > 1 and messages[0]["role"] != "user":  # a conversation starts with the user
-                messages = messages[1:]
-                dropped += 1
-            ids = encode_prompt(tokenizer, messages, chat=True)
-        if dropped:
-            cuts.append(f"the {dropped} oldest messages were left out")
-        if ids.shape[1] > budget:
-            messages, ids = cut_last_message(tokenizer, messages, budget)
-            cuts.append(f"your message was cut to its last {len(messages[-1]['content'])} characters")
+    cuts = list(cuts)
+    if limit is None:
+        ids = encode_prompt(tokenizer, messages, chat=True)
+        budget = None
+    else:
+        budget = limit - min(max_new_tokens, limit // 2)
+        fitted = fit_chat(tokenizer, messages, budget)
+        ids = fitted.ids
+        if fitted.dropped:
+            cuts.append(f"the {fitted.dropped} oldest messages were left out")
+        if fitted.cut_to is not None:
+            cuts.append(f"your message was cut to its last {fitted.cut_to} characters")
     notice = None
     if cuts:
         room = "" if limit is None else f" (the target's context holds {limit} tokens, {budget} of them for the prompt)"
         notice = "Long prompt: " + "; ".join(cuts) + room + "."
     return FittedPrompt(ids, notice)
-
-
-def cut_last_message(tokenizer, messages: list[dict[str, str]], budget: int):
-    """Keep the longest end of the last message whose prompt fits ``budget`` tokens (binary search on characters)."""
-    head, text = messages[:-1], messages[-1]["content"]
-
-    def encoded(chars: int):
-        return encode_prompt(tokenizer, head + [{"role": "user", "content": text[-chars:]}], chat=True)
-
-    low, high = 1, len(text)  # invariant: the answer is in [low, high] once low fits
-    if encoded(low).shape[1] > budget:
-        raise XpressError(
-            f"the chat template alone does not fit the {budget} prompt tokens the target's context allows"
-        )
-    while low < high:
-        mid = (low + high + 1) // 2
-        if encoded(mid).shape[1] <= budget:
-            low = mid
-        else:
-            high = mid - 1
-    kept = head + [{"role": "user", "content": text[-low:]}]
-    return kept, encode_prompt(tokenizer, kept, chat=True)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from xpress_core import validation
 from xpress_core.bench import measure
 from xpress_core.bench.figures import heatmap
 from xpress_core.bench.measure import BenchRun, Progress
@@ -20,7 +21,7 @@ from xpress_core.errors import XpressError
 
 from .models import ModelCache, check_block
 from .session import never
-from .settings import UI_MAX_BLOCK, UI_MAX_DRAFTS, check_whole_numbers
+from .settings import UI_MAX_BLOCK, UI_MAX_DRAFTS, check_whole_numbers, user_message
 from .zerogpu import on_gpu
 
 HELD_OUT, CHAT_BOX = "held-out prompts", "the chat box text"
@@ -56,8 +57,7 @@ class SweepRequest:
         check_whole_numbers(whole)
         if not self.drafts or not self.steps:
             raise XpressError("Pick at least one value of drafts K and one of denoise steps T.")
-        if self.source not in SWEEP_SOURCES:
-            raise XpressError(f"prompts come from {' or '.join(SWEEP_SOURCES)}, got {self.source!r}")
+        validation.choice("prompts come from", self.source, SWEEP_SOURCES)
         steps = sorted({int(t) for t in self.steps if t <= self.block})
         if not steps:
             raise XpressError(f"Every denoise steps value T is above the block L={self.block}: pick T ≤ L.")
@@ -93,10 +93,19 @@ class SweepCancelled(Exception):
     those as settings it could not run and goes on."""
 
 
+def values(name: str, chosen) -> tuple:
+    """A multiple choice's values (checked one by one in ``SweepRequest.grid``): a list, or nothing chosen."""
+    if chosen is None:
+        return ()
+    if not isinstance(chosen, (list, tuple)):
+        raise XpressError(f"{name} must be a list of values, got {chosen!r:.60}")
+    return tuple(chosen)
+
+
 def sweep_prompts(request: SweepRequest, message: str | None, data_dir: Path) -> tuple[tuple, str | None]:
     """The prompts to sweep on, and a note when the held-out chats are not there (a Space has no data folder)."""
     if request.source == CHAT_BOX:
-        text = (message or "").strip()
+        text = user_message(message)
         if not text:
             raise XpressError(
                 "The chat box is empty: type a prompt there (no need to send it), or use held-out prompts."

@@ -14,7 +14,16 @@ from .figures import empty_heatmaps
 from .models import ModelCache
 from .session import Controls
 from .settings import UI_MAX_BLOCK, UI_MAX_DRAFTS
-from .sweep import HELD_OUT, SWEEP_MAX_NEW_TOKENS, SWEEP_MAX_PROMPTS, SWEEP_SOURCES, SweepRequest, SweepView, sweep_turn
+from .sweep import (
+    HELD_OUT,
+    SWEEP_MAX_NEW_TOKENS,
+    SWEEP_MAX_PROMPTS,
+    SWEEP_SOURCES,
+    SweepRequest,
+    SweepView,
+    sweep_turn,
+    values,
+)
 from .texts import SWEEP_HELP
 from .widgets import block_slider, int_slider
 
@@ -121,9 +130,10 @@ def wire_sweep(demo: gr.Blocks, tab: SweepTab, tab_block: gr.Tab, chat: ChatTab,
         controls: Controls,
         progress=gr.Progress(),  # noqa: B008 (Gradio finds the progress tracker by this default value)
     ):
-        request = SweepRequest(preset, tuple(drafts or ()), tuple(steps or ()), block, source, count, max_new_tokens)
         progress(0, desc="Loading the models and the prompts…")
         try:
+            request = SweepRequest(preset, values("drafts K", drafts), values("denoise steps T", steps), block, source,
+                                   count, max_new_tokens)
             view = sweep_turn(
                 cache,
                 request,
@@ -153,6 +163,7 @@ def wire_sweep(demo: gr.Blocks, tab: SweepTab, tab_block: gr.Tab, chat: ChatTab,
         inputs_kwargs=inputs,
         outputs=[tab.status, tab.tokens_plot, tab.tau_plot, tab.table],
         api_name="sweep",
+        preprocess=False,  # raw values: checked by SweepRequest.grid, with its own messages
         concurrency_limit=1,
         concurrency_id="sweep",
     )
