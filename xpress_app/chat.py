@@ -35,6 +35,8 @@ PANELS_INTERVAL_S = 1.0
 ANIMATION_FRAME_S = 0.2  # pause per denoise step when "animate" is on
 
 SPECULATIVE, PLAIN = "speculative", "plain"
+LOG_PREFIX = "xpress-rounds-"
+LOG_TTL_S = 600  # a reply's round log can be downloaded for this long (Gradio's copy too), then it is deleted
 
 
 @dataclass(frozen=True)
@@ -307,11 +309,23 @@ def animation(board: Board, trace: RoundTrace, stop_requested: Callable[[], bool
 
 
 def log_file(reply: Reply, directory: Path) -> str:
-    """The reply's per-round JSONL log, in a file of its own (downloads may overlap)."""
-    handle, path = tempfile.mkstemp(prefix="xpress-rounds-", suffix=".jsonl", dir=directory)
+    """The reply's per-round JSONL log, in a file of its own (downloads may overlap). Logs older than ``LOG_TTL_S``
+    go first: a public server must not fill its disk with one file per reply."""
+    delete_old_logs(directory, LOG_TTL_S)
+    handle, path = tempfile.mkstemp(prefix=LOG_PREFIX, suffix=".jsonl", dir=directory)
     with os.fdopen(handle, "w") as out:
         write_jsonl(list(reply.traces), out)
     return path
+
+
+def delete_old_logs(directory: Path, age_s: float) -> None:
+    cutoff = time.time() - age_s
+    for path in directory.glob(f"{LOG_PREFIX}*"):
+        try:
+            if path.stat().st_mtime < cutoff:
+                path.unlink()
+        except FileNotFoundError:  # a concurrent request deleted it first
+            pass
 
 
 def scrub_figure(reply: Reply | None, round_index, step):

@@ -23,6 +23,7 @@ ENV = {
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 7860  # overridden by Gradio's GRADIO_SERVER_NAME / GRADIO_SERVER_PORT
 DEFAULT_CONCURRENCY = 2
 QUEUE_SIZE = 64
+MAX_UPLOAD = "64kb"  # the app takes no file; Gradio's upload route stays open, so keep what it accepts small
 
 EMBEDDED_PRESET = "Embedded · diffusion drafter"
 EMBEDDED_GAUSS_PRESET = "Embedded · gaussian diffusion drafter"

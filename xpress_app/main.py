@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 from xpress_core.errors import XpressError
 
-from .config import DEFAULT_HOST, DEFAULT_PORT, parse_args
+from .config import DEFAULT_HOST, DEFAULT_PORT, MAX_UPLOAD, parse_args
 from .models import ModelCache
 from .ui import build_app
 from .zerogpu import is_zero_gpu
@@ -23,8 +24,12 @@ def main(argv: list[str] | None = None) -> None:
         except XpressError as error:
             print(f"xPress: {error}", file=sys.stderr)  # the page says it again when the preset is used
     demo = build_app(config, cache)
+    # A stop request (SIGTERM: a Space restarting, a test ending) shuts down like Ctrl-C: Gradio closes the server
+    # and the exit handlers remove the temporary files.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     demo.launch(
         server_name=os.environ.get("GRADIO_SERVER_NAME", DEFAULT_HOST),
         server_port=int(os.environ.get("GRADIO_SERVER_PORT", DEFAULT_PORT)),
         share=False,
+        max_file_size=MAX_UPLOAD,
     )

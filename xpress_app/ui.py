@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import tempfile
 from pathlib import Path
 
 import gradio as gr
+from gradio.route_utils import delete_files_created_by_app
 
+from .chat import LOG_TTL_S
 from .chat_tab import chat_layout, settings_column, wire_chat
 from .config import QUEUE_SIZE, AppConfig
 from .models import ModelCache
@@ -19,7 +23,9 @@ def build_app(config: AppConfig, cache: ModelCache | None = None) -> gr.Blocks:
     """The Gradio app; no model is loaded until a request needs one."""
     cache = cache or ModelCache(config)
     log_dir = Path(tempfile.mkdtemp(prefix="xpress-logs-"))  # the replies' JSONL logs, offered for download
-    with gr.Blocks(title="xPress", analytics_enabled=False, delete_cache=(3600, 3600), fill_width=True) as demo:
+    atexit.register(shutil.rmtree, log_dir, ignore_errors=True)  # nothing left behind when the server stops
+    # Gradio's copies of the logs (what the download serves) are deleted as soon as ours are.
+    with gr.Blocks(title="xPress", analytics_enabled=False, delete_cache=(LOG_TTL_S, LOG_TTL_S), fill_width=True) as demo:
         # The settings apply to both tabs (the Sweep runs on the chosen preset); a sidebar keeps them off the first
         # screen's width budget and folds away.
         with gr.Sidebar(label="Settings", width=SIDEBAR_WIDTH, elem_id="settings"):
@@ -32,4 +38,6 @@ def build_app(config: AppConfig, cache: ModelCache | None = None) -> gr.Blocks:
         wire_chat(demo, chat, cache, log_dir)
         wire_sweep(demo, sweep, sweep_block, chat, cache)
     demo.queue(default_concurrency_limit=config.concurrency, max_size=QUEUE_SIZE)
+    # Gradio deletes its cached copies on a clean shutdown only; a stopped server must leave none either way.
+    atexit.register(delete_files_created_by_app, demo, None)
     return demo
