@@ -120,7 +120,7 @@ PAYLOAD_GOOD = {
 class Payload:
     message: object
     history: object
-    preset: object  # None = the test's default preset
+    preset: object  # the preset name sent (or a bad value)
     settings: dict  # the chat handler's other inputs, by name
     hostile: bool
 

@@ -4,20 +4,31 @@ case either runs or ends in one clear message; cases without a bad value must ru
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests import hostile
+from xpress_app.chat import run_chat
+from xpress_app.config import AppConfig
+from xpress_app.models import ModelCache
+from xpress_app.settings import Settings
+from xpress_app.texts import EMPTY_MESSAGE
 from xpress_core import cli
+from xpress_core.errors import XpressError
+from xpress_core.models import encode_prompt, load_models
+from xpress_core.presets import ModelPreset
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI_CASES = 240  # in process; with the payloads below, well over 300 cases in CI
-CLI_SUBPROCESS_CASES = 6
+CLI_SUBPROCESS_CASES = 3
 
 
 def placeholders(argv: tuple[str, ...], zoo, tmp: Path) -> list[str]:
@@ -62,3 +73,93 @@ def test_fuzz_cli_subprocess_sample(zoo, tmp_path):
             [sys.executable, "-m", "xpress_core", "generate", *argv], cwd=ROOT, env=env, capture_output=True, timeout=300
         )
         check_outcome(case, proc.returncode, proc.stderr.decode("utf-8", "replace"), f"subprocess {i}")
+
+
+API_CASES = 120
+TINY = "tiny"
+
+
+@pytest.fixture(scope="module")
+def tiny_cache(zoo):
+    return ModelCache(AppConfig(presets=(ModelPreset(TINY, str(zoo["llama"]), str(zoo["drafter_llama"])),), device="cpu"))
+
+
+def test_fuzz_api_in_process(zoo, tiny_cache):
+    """The chat handler's body (``run_chat``: what /chat runs, its XpressError becoming the gr.Error the client reads)
+    on hostile payloads: a reply or an XpressError, nothing else; then a normal greedy request equals generate."""
+    start, ran, refused = time.perf_counter(), 0, 0
+    for i, p in enumerate(hostile.payloads(seed=14, count=API_CASES, presets=(TINY,))):
+        settings = Settings(preset=p.preset, **p.settings)
+        try:
+            views = list(run_chat(tiny_cache, p.message, p.history, settings))
+        except XpressError as error:
+            assert str(error) and p.hostile, f"payload {i}: a valid payload was refused: {error}\n{p!r:.300}"
+            refused += 1
+            continue
+        except Exception as error:  # noqa: BLE001 - the point: nothing else may escape
+            pytest.fail(f"payload {i} raised {type(error).__name__}: {error!r:.300}\n{p!r:.400}")
+        assert views and (views[-1].done or views[-1].status == EMPTY_MESSAGE), f"payload {i}: {p!r:.300}"
+        ran += 1
+    print(f"{API_CASES} payloads in process in {time.perf_counter() - start:.1f} s: {ran} answered, {refused} refused")
+    assert ran >= 10 and refused >= 40
+    models = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu")
+    views = list(run_chat(tiny_cache, "book a table", [], Settings(preset=TINY, max_new_tokens=16)))
+    prompt = encode_prompt(models.tokenizer, "book a table", chat=True)
+    ref = models.target.generate(prompt, max_new_tokens=16, do_sample=False)[0, prompt.shape[1] :]
+    assert list(views[-1].reply.result.token_ids) == ref.tolist()
+
+
+SERVER_CASES = 12
+
+
+def json_compliant(value) -> bool:
+    try:
+        json.dumps(value, allow_nan=False, ensure_ascii=False).encode("utf-8")
+    except ValueError:  # UnicodeEncodeError (lone surrogates) is one too
+        return False
+    return True
+GENERIC = "upstream Gradio app has raised an exception"
+
+
+def test_fuzz_api_server_sample(zoo, tmp_path):
+    """A real server (``python app.py``) with its own temporary folder: hostile payloads through gradio_client get
+    a reply or a clear message; a 1 MB history is answered; uploads are capped; a normal request still equals the
+    engine's reply; and once the server stops, no file is left in its temporary folder."""
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    from tests.app_server import serve_app, zoo_env
+    from tests.test_app_server import engine_text, reply_text, request
+    from xpress_app.config import CUSTOM_PRESET
+
+    temp = tmp_path / "server-tmp"
+    temp.mkdir()
+    models = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu")
+    with serve_app({**zoo_env(zoo), "TMPDIR": str(temp)}, "app-fuzz") as url:
+        client = Client(url, verbose=False)
+        for i, p in enumerate(hostile.payloads(seed=141, count=SERVER_CASES, presets=(CUSTOM_PRESET,))):
+            args = {**request(p.message), **p.settings, "history": p.history, "preset": p.preset}
+            if not json_compliant(args):  # NaN, infinities, lone surrogates: gradio_client cannot send them; in process they are
+                continue
+            try:
+                client.predict(api_name="/chat", **args)
+            except AppError as error:
+                assert str(error) and GENERIC not in str(error) and p.hostile, f"payload {i}: {error}\n{p!r:.300}"
+        big = [{"role": "user", "content": " ".join(["word"] * 100)},
+               {"role": "assistant", "content": " ".join(["reply"] * 100)}] * 1000
+        started = time.perf_counter()
+        outputs = client.predict(api_name="/chat", **request("hello", history=big, max_new_tokens=8))
+        print(f"a {len(json.dumps(big))}-byte history answered in {time.perf_counter() - started:.2f} s")
+        assert "the chat keeps its last" in outputs[2] and "✓" in outputs[2]
+        upload = urllib.request.Request(
+            url + "gradio_api/upload",
+            data=b'--b\r\nContent-Disposition: form-data; name="files"; filename="a.bin"\r\n\r\n'
+            + b"0" * 200_000 + b"\r\n--b--\r\n",
+            headers={"Content-Type": "multipart/form-data; boundary=b"},
+        )
+        with pytest.raises(urllib.error.HTTPError, match="413"):
+            urllib.request.urlopen(upload, timeout=30)
+        assert reply_text(client.predict(api_name="/chat", **request("hello"))) == engine_text(models, request("hello"))
+        assert any(temp.rglob("xpress-rounds-*.jsonl"))  # the replies' logs, while serving
+    left = [path for path in temp.rglob("*") if path.is_file()]
+    assert not left, f"left behind in the temporary folder: {left}"
