@@ -22,6 +22,7 @@ from xpress_app.config import (
     EMBEDDED_GAUSS_PRESET,
     EMBEDDED_PRESET,
     AppConfig,
+    Hardware,
     default_presets,
     parse_args,
 )
@@ -289,11 +290,14 @@ def test_default_presets_put_the_custom_models_first():
     assert (custom.name, custom.target, custom.drafter) == (CUSTOM_PRESET, "/models/t", str(EMBEDDED_DRAFTER))
 
 
+BIG_GPU = Hardware(cuda=True, memory_gb=80.0)
+
+
 def test_hub_presets_describe_their_needs_and_remote_code_needs_opt_in():
     presets = default_presets()
     remote = next(p for p in presets if p.remote_code)
     dflash = next(p for p in presets if p.drafter_kind == "dflash")
-    locked = ModelCache(AppConfig(presets))
+    locked = ModelCache(AppConfig(presets, hardware=BIG_GPU))
     assert locked.describe(remote.name).startswith("⚠") and "--trust-remote-code" in locked.describe(remote.name)
     with pytest.raises(XpressError, match="--trust-remote-code"):
         locked.get(remote.name)
@@ -301,9 +305,62 @@ def test_hub_presets_describe_their_needs_and_remote_code_needs_opt_in():
     assert "downloaded from the Hub" in note and dflash.hardware in note
     own = next(p for p in presets if p.drafter_kind == "xpress")  # ours for Qwen3: a local directory, not trained here
     assert "does not exist" in locked.describe(own.name)
-    trusted = ModelCache(AppConfig(presets, access=Access(trust_remote_code=True)))
+    trusted = ModelCache(AppConfig(presets, access=Access(trust_remote_code=True), hardware=BIG_GPU))
     assert not trusted.describe(remote.name).startswith("⚠")
     assert "downloaded from the Hub" not in trusted.describe(EMBEDDED_PRESET)
+
+
+def test_presets_this_hardware_cannot_run_are_shown_but_refused_before_any_download(monkeypatch):
+    def no_download(*args, **kwargs):
+        raise AssertionError("a refused preset must not start loading")
+
+    monkeypatch.setattr(app_models, "load_target", no_download)
+    presets = default_presets()
+    trusted = Access(trust_remote_code=True)  # so that the hardware is what refuses
+    cpu_space = ModelCache(AppConfig(presets, access=trusted, hardware=Hardware(cuda=False, memory_gb=8.0)))
+    for preset in presets:
+        if preset.needs_cuda:
+            assert "needs a CUDA GPU" in cpu_space.describe(preset.name)
+            with pytest.raises(XpressError, match="needs a CUDA GPU and this server runs on CPU"):
+                cpu_space.get(preset.name)
+    small_gpu = ModelCache(AppConfig(presets, hardware=Hardware(cuda=True, memory_gb=12.0)))
+    big = next(p for p in presets if p.key == "qwen3-8b-dflash")
+    with pytest.raises(XpressError, match="need about 18.0 GB and this server allows 12.0 GB"):
+        small_gpu.get(big.name)
+    assert not small_gpu.describe(next(p for p in presets if p.key == "qwen3-4b-dflash").name).startswith("⚠")
+    dllm = next(p for p in presets if p.key == "qwen3-0.6b-dllm")  # a CPU Space can run it (fp32: 5 GB)
+    assert not cpu_space.describe(dllm.name).startswith("⚠")
+
+
+def test_the_menu_setting_limits_the_presets(monkeypatch):
+    monkeypatch.setenv("XPRESS_PRESETS", "embedded")
+    assert [p.name for p in parse_args([]).presets] == [EMBEDDED_PRESET, EMBEDDED_GAUSS_PRESET, EMBEDDED_AR_PRESET]
+    monkeypatch.setenv("XPRESS_PRESETS", "embedded,qwen3-0.6b-dllm")
+    assert [p.key for p in parse_args([]).presets][-1] == "qwen3-0.6b-dllm" and len(parse_args([]).presets) == 4
+    assert len(parse_args(["--presets", "all"]).presets) == 3 + len(hub_presets())
+    monkeypatch.setenv("XPRESS_PRESETS", "embedded,nope")
+    with pytest.raises(SystemExit):
+        parse_args([])
+
+
+def test_at_most_max_loaded_presets_stay_loaded(zoo):
+    presets = (
+        ModelPreset(TINY, str(zoo["llama"]), str(zoo["drafter_llama"])),
+        ModelPreset(TINY_GAUSS, str(zoo["llama"]), str(zoo["gauss_llama"])),
+        ModelPreset("gpt2", str(zoo["gpt2"]), str(zoo["drafter_gpt2"])),
+    )
+    cache = ModelCache(AppConfig(presets, device="cpu", max_loaded=2))
+    first = cache.get(TINY)
+    cache.get(TINY_GAUSS)
+    assert cache.get(TINY) is first  # still loaded, and now the most recently used
+    cache.get("gpt2")  # the least recently used (TINY_GAUSS) goes
+    assert cache.is_loaded(TINY) and cache.is_loaded("gpt2") and not cache.is_loaded(TINY_GAUSS)
+    assert set(cache._targets) == {str(zoo["llama"]), str(zoo["gpt2"])}
+    gauss = cache.get(TINY_GAUSS)  # loads again and TINY goes; the llama target was kept (TINY used it) and is shared
+    assert not cache.is_loaded(TINY) and gauss.speculative.target is first.speculative.target
+    cache.get("gpt2")
+    cache.get(TINY)  # TINY_GAUSS goes; the llama target stays loaded for TINY, the one it had
+    assert cache.get(TINY).speculative.target is first.speculative.target and len(cache._loaded) == 2
 
 
 def test_app_flags_set_the_opt_ins_and_device_map(monkeypatch):

@@ -7,7 +7,16 @@ import argparse
 import os
 from dataclasses import dataclass, field
 
-from xpress_core.models import EMBEDDED_AR_DRAFTER, EMBEDDED_DRAFTER, EMBEDDED_GAUSS_DRAFTER, EMBEDDED_TARGET
+import torch
+
+from xpress_core.errors import XpressError
+from xpress_core.models import (
+    EMBEDDED_AR_DRAFTER,
+    EMBEDDED_DRAFTER,
+    EMBEDDED_GAUSS_DRAFTER,
+    EMBEDDED_TARGET,
+    resolve_device,
+)
 from xpress_core.presets import ALLOW_UNKNOWN_ENV, TRUST_REMOTE_CODE_ENV, Access, ModelPreset, hub_presets
 
 ENV = {
@@ -19,16 +28,40 @@ ENV = {
     "allow_unknown": ALLOW_UNKNOWN_ENV,  # load Hub ids no preset names
     "trust_remote_code": TRUST_REMOTE_CODE_ENV,  # allow model code from a model repository (presets that need it)
     "concurrency": "XPRESS_CONCURRENCY",  # requests decoded at the same time; more wait in the queue
+    "presets": "XPRESS_PRESETS",  # the menu: all, embedded, or embedded plus Hub preset keys (comma list)
+    "memory_gb": "XPRESS_MEMORY_GB",  # presets needing more memory are shown but refused
+    "max_loaded": "XPRESS_MAX_LOADED",  # model pairs kept loaded; the least recently used one goes first
 }
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 7860  # overridden by Gradio's GRADIO_SERVER_NAME / GRADIO_SERVER_PORT
 DEFAULT_CONCURRENCY = 2
 QUEUE_SIZE = 64
+DEFAULT_MAX_LOADED = 2
+ALL_PRESETS, EMBEDDED_ONLY = "all", "embedded"
 MAX_UPLOAD = "64kb"  # the app takes no file; Gradio's upload route stays open, so keep what it accepts small
 
 EMBEDDED_PRESET = "Embedded · diffusion drafter"
 EMBEDDED_GAUSS_PRESET = "Embedded · gaussian diffusion drafter"
 EMBEDDED_AR_PRESET = "Embedded · autoregressive drafter"
 CUSTOM_PRESET = "Custom (--target / --drafter)"
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What this server can run: presets that need more are shown but refused (a public Space stays safe)."""
+
+    cuda: bool
+    memory_gb: float  # the budget for one preset's weights
+
+    @classmethod
+    def detect(cls, device: str, memory_gb: float | None = None) -> Hardware:
+        """CUDA when the device resolves to it; the budget: ``memory_gb``, else the GPU's memory, else half the RAM."""
+        cuda = resolve_device(device).type == "cuda"
+        if memory_gb is None:
+            if cuda:
+                memory_gb = torch.cuda.get_device_properties(0).total_memory / 2**30
+            else:
+                memory_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 / 2
+        return cls(cuda, memory_gb)
 
 
 @dataclass(frozen=True)
@@ -39,20 +72,39 @@ class AppConfig:
     concurrency: int = DEFAULT_CONCURRENCY
     device_map: str | None = None
     access: Access = field(default_factory=Access)
+    hardware: Hardware | None = None  # None: detected from the device and the machine
+    max_loaded: int = DEFAULT_MAX_LOADED
 
 
-def default_presets(target: str | None = None, drafter: str | None = None) -> tuple[ModelPreset, ...]:
-    """The embedded presets, then the Hub presets (downloaded on first use); a custom one first when a target or
-    drafter was given."""
+def default_presets(
+    target: str | None = None, drafter: str | None = None, menu: str = ALL_PRESETS
+) -> tuple[ModelPreset, ...]:
+    """The embedded presets, then the Hub presets (downloaded on first use) that ``menu`` allows; a custom one first
+    when a target or drafter was given. ``menu``: all, embedded, or "embedded,KEY,..." with Hub preset keys."""
     embedded = (
         ModelPreset(EMBEDDED_PRESET, str(EMBEDDED_TARGET), str(EMBEDDED_DRAFTER)),
         ModelPreset(EMBEDDED_GAUSS_PRESET, str(EMBEDDED_TARGET), str(EMBEDDED_GAUSS_DRAFTER)),
         ModelPreset(EMBEDDED_AR_PRESET, str(EMBEDDED_TARGET), str(EMBEDDED_AR_DRAFTER)),
     )
+    presets = embedded + menu_presets(menu)
     if target is None and drafter is None:
-        return embedded + hub_presets()
+        return presets
     custom = ModelPreset(CUSTOM_PRESET, target or str(EMBEDDED_TARGET), drafter or str(EMBEDDED_DRAFTER))
-    return (custom,) + embedded + hub_presets()
+    return (custom,) + presets
+
+
+def menu_presets(menu: str) -> tuple[ModelPreset, ...]:
+    """The Hub presets the menu setting names (the embedded ones are always offered)."""
+    if menu.strip() == ALL_PRESETS:
+        return hub_presets()
+    keys = {key.strip() for key in menu.split(",")} - {EMBEDDED_ONLY, ""}
+    known = {p.key for p in hub_presets()}
+    if keys - known:
+        raise XpressError(
+            f"{ENV['presets']}: unknown preset(s) {', '.join(sorted(keys - known))}; write {ALL_PRESETS}, "
+            f"{EMBEDDED_ONLY}, or {EMBEDDED_ONLY} and keys of: {', '.join(sorted(known))}"
+        )
+    return tuple(p for p in hub_presets() if p.key in keys)
 
 
 def parse_args(argv: list[str] | None = None) -> AppConfig:
@@ -94,13 +146,36 @@ def parse_args(argv: list[str] | None = None) -> AppConfig:
     parser.add_argument(
         "--concurrency",
         type=int,
-        default=int(env.get(ENV["concurrency"], DEFAULT_CONCURRENCY)),
+        default=env.get(ENV["concurrency"], str(DEFAULT_CONCURRENCY)),
         help=f"requests decoded at the same time (env {ENV['concurrency']})",
     )
+    parser.add_argument(
+        "--presets",
+        default=env.get(ENV["presets"], ALL_PRESETS),
+        help=f"the model menu: {ALL_PRESETS}, {EMBEDDED_ONLY}, or {EMBEDDED_ONLY},KEY,... (env {ENV['presets']})",
+    )
+    parser.add_argument(
+        "--memory-gb",
+        type=float,
+        default=env.get(ENV["memory_gb"]),  # argparse applies `type` to a string default: a bad value is an error
+        help=f"memory for one preset's weights; larger ones are refused [GPU memory, or half the RAM] "
+        f"(env {ENV['memory_gb']})",
+    )
+    parser.add_argument(
+        "--max-loaded",
+        type=int,
+        default=env.get(ENV["max_loaded"], str(DEFAULT_MAX_LOADED)),
+        help=f"model pairs kept loaded; the least recently used is unloaded (env {ENV['max_loaded']})",
+    )
     args = parser.parse_args(argv)
-    if args.concurrency < 1:
-        parser.error("--concurrency must be at least 1")
+    if args.concurrency < 1 or args.max_loaded < 1:
+        parser.error("--concurrency and --max-loaded must be at least 1")
+    try:
+        presets = default_presets(args.target, args.drafter, args.presets)
+        hardware = Hardware.detect(args.device, args.memory_gb)
+    except XpressError as error:
+        parser.error(str(error))
     access = Access.from_env(args.allow_unknown_models, args.trust_remote_code)
     return AppConfig(
-        default_presets(args.target, args.drafter), args.device, args.dtype, args.concurrency, args.device_map, access
+        presets, args.device, args.dtype, args.concurrency, args.device_map, access, hardware, args.max_loaded
     )

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+import torch
 
 from xpress_core import engine, validation
 from xpress_core.drafters.base import NoDrafter
@@ -24,22 +28,30 @@ from xpress_core.models import (
 from xpress_core.presets import Access, ModelPreset
 from xpress_core.verdict import CALIBRATION_TOKENS, calibrate_plain_step
 
-from .config import ENV, AppConfig
+from .config import ENV, AppConfig, Hardware
 from .settings import DEFAULTS, UI_MAX_BLOCK
 
 # Plain decoding is timed on this text at load (raw text, no chat template: a continuation rarely ends early).
 CALIBRATION_TEXT = "Once upon a time"
 
 
-def preset_problem(preset: ModelPreset, access: Access) -> str | None:
-    """Why the preset cannot load, found without loading anything: a missing local directory, or model code from a
-    repository that the user has not allowed."""
+def preset_problem(preset: ModelPreset, access: Access, hardware: Hardware) -> str | None:
+    """Why the preset cannot load, found without loading (or downloading) anything: a missing local directory, model
+    code from a repository that the user has not allowed, or hardware this server lacks."""
     for role, spec in (("target", preset.target), ("drafter", preset.drafter)):
         local = Path(spec).is_absolute() or spec.startswith((".", "~"))
         if spec != NO_DRAFTER and local and not Path(spec).expanduser().exists():
             return f"the {role} directory {spec} does not exist"
     if preset.remote_code and not access.trust_remote_code:
         return "its drafter runs model code from its repository; start the app with --trust-remote-code if you trust it"
+    if preset.needs_cuda and not hardware.cuda:
+        return "it needs a CUDA GPU and this server runs on CPU"
+    needed = preset.memory_gb * (1 if hardware.cuda else 2)  # bf16 on CUDA, fp32 on CPU
+    if needed > hardware.memory_gb:
+        return (
+            f"its models need about {needed:.1f} GB and this server allows {hardware.memory_gb:.1f} GB "
+            f"({ENV['memory_gb']})"
+        )
     return None
 
 
@@ -79,15 +91,20 @@ class Loaded:
 
 
 class ModelCache:
-    """Loads each preset once, on first use, and shares it read-only across requests (targets shared by presets)."""
+    """Loads each preset on first use and shares it read-only across requests (targets shared by presets). At most
+    ``max_loaded`` presets stay loaded: loading another unloads the least recently used one (a request still running
+    on it keeps its models until it ends)."""
 
     def __init__(self, config: AppConfig):
         self.presets = {p.name: p for p in config.presets}
         self.device, self.dtype, self.device_map = config.device, config.dtype, config.device_map
         self.access = config.access
+        self.hardware = config.hardware or Hardware.detect(config.device)
+        self.max_loaded = config.max_loaded
         self._targets: dict[str, tuple] = {}
-        self._loaded: dict[str, Loaded] = {}
-        self._lock = threading.Lock()  # one load at a time: two first requests must not load the same model twice
+        self._loaded: OrderedDict[str, Loaded] = OrderedDict()  # least recently used first
+        self._load_lock = threading.Lock()  # one load at a time: two first requests must not load a model twice
+        self._index_lock = threading.Lock()  # guards _loaded's order; held briefly, never during a load
 
     def preset(self, name: str) -> ModelPreset:
         if validation.text("model preset", name) not in self.presets:
@@ -100,7 +117,7 @@ class ModelCache:
     def describe(self, name: str) -> str:
         """A line about the preset for the UI, without loading it."""
         preset = self.preset(name)
-        problem = preset_problem(preset, self.access)
+        problem = preset_problem(preset, self.access, self.hardware)
         if problem:
             return f"⚠ {unavailable(preset, problem)}"
         hub = not (is_local(preset.target) and (preset.drafter == NO_DRAFTER or is_local(preset.drafter)))
@@ -109,19 +126,42 @@ class ModelCache:
         return f"target `{preset.target}` · drafter `{preset.drafter}` · {where}{needs}"
 
     def get(self, name: str) -> Loaded:
-        if name in self._loaded:
-            return self._loaded[name]
         preset = self.preset(name)
-        problem = preset_problem(preset, self.access)
+        if (loaded := self._touch(name)) is not None:
+            return loaded
+        problem = preset_problem(preset, self.access, self.hardware)
         if problem:
             raise XpressError(unavailable(preset, problem))
-        with self._lock:
+        with self._load_lock:
+            if (loaded := self._touch(name)) is not None:
+                return loaded
+            try:
+                loaded = self._load(preset)
+            except XpressError as error:
+                raise XpressError(unavailable(preset, str(error))) from error
+            with self._index_lock:
+                self._loaded[name] = loaded
+                self._unload_least_recent()
+        return loaded
+
+    def _touch(self, name: str) -> Loaded | None:
+        """The preset's models if loaded, marked as the most recently used."""
+        with self._index_lock:
             if name not in self._loaded:
-                try:
-                    self._loaded[name] = self._load(preset)
-                except XpressError as error:
-                    raise XpressError(unavailable(preset, str(error))) from error
-        return self._loaded[name]
+                return None
+            self._loaded.move_to_end(name)
+            return self._loaded[name]
+
+    def _unload_least_recent(self) -> None:
+        """Down to ``max_loaded`` presets, and only the targets they use (called holding both locks)."""
+        while len(self._loaded) > self.max_loaded:
+            self._loaded.popitem(last=False)
+        used = {self.presets[name].target for name in self._loaded}
+        for target in set(self._targets) - used:
+            del self._targets[target]
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     def _load(self, preset: ModelPreset) -> Loaded:
         device = resolve_device(self.device)

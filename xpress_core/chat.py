@@ -24,8 +24,11 @@ from .errors import XpressError
 
 def encode_text(tokenizer, text: str) -> list[int]:
     """A raw prompt: the tokenizer's own special tokens (bos) are added, typed special-token strings stay text.
-    ``split_special_tokens`` sets a flag on the shared tokenizer for the call: raw prompts come from the CLI and the
-    benchmark (one thread), never from the app."""
+    ``split_special_tokens`` sets a flag on the shared tokenizer for the call, which a concurrent chat encoding could
+    see: it is passed only when the text holds such a string (raw prompts with one come from the CLI and the benchmark,
+    one thread; the app's raw text is its own calibration prompt)."""
+    if not any(token in text for token in tokenizer.added_tokens_encoder):
+        return tokenizer(text)["input_ids"]
     return tokenizer(text, split_special_tokens=True)["input_ids"]
 
 

@@ -32,6 +32,8 @@ class ModelPreset:
     hardware: str = ""  # what it needs to run at a useful speed
     remote_code: bool = False  # the drafter's model code lives in its Hub repository (needs --trust-remote-code)
     key: str = ""  # short name for the command line (--preset KEY)
+    needs_cuda: bool = False  # useless or failing without a CUDA GPU: a server on CPU refuses it
+    memory_gb: float = 0.0  # both models' bf16 weights (fp32 on CPU doubles it); 0 = unknown or negligible
 
 
 def hub_presets() -> tuple[ModelPreset, ...]:
@@ -45,6 +47,7 @@ def hub_presets() -> tuple[ModelPreset, ...]:
             "diffusion-lm",
             "GPU (ZeroGPU); about 2.5 GB for both models. Runs on CPU, slowly.",
             key="qwen3-0.6b-dllm",
+            memory_gb=2.5,
         ),
         ModelPreset(
             "GPT-2 · MDLM drafter",
@@ -54,6 +57,8 @@ def hub_presets() -> tuple[ModelPreset, ...]:
             "CUDA GPU (mdlm-owt's code uses flash-attention); about 0.6 GB.",
             remote_code=True,
             key="gpt2-mdlm",
+            needs_cuda=True,
+            memory_gb=0.6,
         ),
         ModelPreset(
             "Qwen3-4B · DFlash drafter",
@@ -62,6 +67,8 @@ def hub_presets() -> tuple[ModelPreset, ...]:
             "dflash",
             "GPU with 16 GB or more (ZeroGPU); about 9 GB for both models.",
             key="qwen3-4b-dflash",
+            needs_cuda=True,
+            memory_gb=9.0,
         ),
         ModelPreset(
             "Qwen3-8B · DFlash drafter",
@@ -70,6 +77,8 @@ def hub_presets() -> tuple[ModelPreset, ...]:
             "dflash",
             "GPU with 24 GB or more (ZeroGPU), or several GPUs with --device-map auto; about 18 GB.",
             key="qwen3-8b-dflash",
+            needs_cuda=True,
+            memory_gb=18.0,
         ),
         ModelPreset(
             "Qwen3-0.6B · your xPress drafter",
@@ -78,6 +87,7 @@ def hub_presets() -> tuple[ModelPreset, ...]:
             "xpress",
             f"CPU or GPU; train it first: train drafter --target Qwen/Qwen3-0.6B --out {own_drafter}",
             key="qwen3-0.6b-xpress",
+            memory_gb=1.5,
         ),
     )
 
