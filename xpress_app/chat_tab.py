@@ -21,7 +21,7 @@ from .models import ModelCache
 from .session import CLEAR_WAIT_S, Controls
 from .settings import DEFAULTS, MAX_SEED, MAX_TEMPERATURE, UI_MAX_BLOCK, UI_MAX_DRAFTS, UI_MAX_NEW_TOKENS, Settings
 from .texts import DEFAULTS_NOTE, EXAMPLES, HELP, INTRO, PANEL_HELP, VERDICT_PENDING
-from .widgets import ChatHistory, block_slider, int_slider
+from .widgets import block_slider, chat_history, int_slider
 
 CHAT_HEIGHT = 300  # px: with the header, the message box and its buttons, inside a 720-pixel-high first screen
 
@@ -94,7 +94,8 @@ def chat_layout(settings: dict, preset_note: gr.Markdown) -> ChatTab:
 
 
 def conversation_column() -> dict:
-    chatbot = ChatHistory(label="Chat", height=CHAT_HEIGHT, elem_id="chatbot")
+from .texts import DEFAULTS_NOTE, EXAMPLES, HELP, INTRO, PANEL_HELP, VERDICT_PENDING
+from .widgets import block_slider, chat_history, int_slider
     message = gr.Textbox(
         show_label=False, placeholder="Type a message and press Enter", lines=1, max_lines=6, elem_id="message"
     )

@@ -15,6 +15,8 @@ class ChatHistory(gr.Chatbot):
     generic error; here the raw value reaches the handler, which checks it (``settings.history_messages``) and says
     what is wrong. The API page still shows the Chatbot's schema."""
 
+    is_template = True  # Gradio's mark for a subclass that its parent's frontend draws (else it looks for its own)
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.api_info()  # computed from the data model now, and cached for the API page
