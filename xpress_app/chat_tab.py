@@ -94,8 +94,7 @@ def chat_layout(settings: dict, preset_note: gr.Markdown) -> ChatTab:
 
 
 def conversation_column() -> dict:
-from .texts import DEFAULTS_NOTE, EXAMPLES, HELP, INTRO, PANEL_HELP, VERDICT_PENDING
-from .widgets import block_slider, chat_history, int_slider
+    chatbot = chat_history(label="Chat", height=CHAT_HEIGHT, elem_id="chatbot")
     message = gr.Textbox(
         show_label=False, placeholder="Type a message and press Enter", lines=1, max_lines=6, elem_id="message"
     )

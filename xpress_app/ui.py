@@ -25,7 +25,8 @@ def build_app(config: AppConfig, cache: ModelCache | None = None) -> gr.Blocks:
     log_dir = Path(tempfile.mkdtemp(prefix="xpress-logs-"))  # the replies' JSONL logs, offered for download
     atexit.register(shutil.rmtree, log_dir, ignore_errors=True)  # nothing left behind when the server stops
     # Gradio's copies of the logs (what the download serves) are deleted as soon as ours are.
-    with gr.Blocks(title="xPress", analytics_enabled=False, delete_cache=(LOG_TTL_S, LOG_TTL_S), fill_width=True) as demo:
+    cleanup = (LOG_TTL_S, LOG_TTL_S)
+    with gr.Blocks(title="xPress", analytics_enabled=False, delete_cache=cleanup, fill_width=True) as demo:
         # The settings apply to both tabs (the Sweep runs on the chosen preset); a sidebar keeps them off the first
         # screen's width budget and folds away.
         with gr.Sidebar(label="Settings", width=SIDEBAR_WIDTH, elem_id="settings"):

@@ -22,6 +22,7 @@ import torch
 from . import validation
 from .errors import XpressError
 
+
 def encode_text(tokenizer, text: str) -> list[int]:
     """A raw prompt: the tokenizer's own special tokens (bos) are added, typed special-token strings stay text.
     ``split_special_tokens`` sets a flag on the shared tokenizer for the call, which a concurrent chat encoding could
