@@ -28,7 +28,7 @@ from xpress_app.config import (
 )
 from xpress_app.models import Loaded, ModelCache, TokenTexts
 from xpress_app.settings import MAX_MESSAGE_CHARS, UI_MAX_BLOCK, Settings, fit_prompt
-from xpress_app.sweep import CHAT_BOX, HELD_OUT, SweepRequest, run_sweep
+from xpress_app.sweep import CHAT_BOX, HELD_OUT, SweepRequest, run_sweep, values
 from xpress_app.texts import EMPTY_MESSAGE, VERDICT_PENDING
 from xpress_app.ui import build_app
 from xpress_app.widgets import block_slider
@@ -317,7 +317,7 @@ def test_presets_this_hardware_cannot_run_are_shown_but_refused_before_any_downl
     monkeypatch.setattr(app_models, "load_target", no_download)
     presets = default_presets()
     trusted = Access(trust_remote_code=True)  # so that the hardware is what refuses
-    cpu_space = ModelCache(AppConfig(presets, access=trusted, hardware=Hardware(cuda=False, memory_gb=8.0)))
+    cpu_space = ModelCache(AppConfig(presets, access=trusted, hardware=Hardware(cuda=False, memory_gb=8.0, fp32=True)))
     for preset in presets:
         if preset.needs_cuda:
             assert "needs a CUDA GPU" in cpu_space.describe(preset.name)
@@ -729,7 +729,7 @@ def test_sweep_on_held_out_prompts(cache, tmp_path, monkeypatch):
         ({"steps": (8,), "block": 4}, "hi", "Every denoise steps value T is above the block L=4"),
         ({"drafts": (9,)}, "hi", "drafts K=9 must be a whole number in 1..8"),
         ({"max_new_tokens": 0}, "hi", "max new tokens"),
-        ({"source": "somewhere"}, "hi", "prompts come from"),
+        ({"source": "somewhere"}, "hi", "the prompts' source must be one of"),
         (
             {"drafts": tuple(range(1, 9)), "steps": (1, 2, 3, 4), "source": HELD_OUT, "prompts": 2},
             "",
@@ -738,11 +738,30 @@ def test_sweep_on_held_out_prompts(cache, tmp_path, monkeypatch):
         ({}, "   ", "The chat box is empty"),
         ({"block": 9, "steps": (1,)}, "hi", "block L=9 is longer than the drafter of “tiny · diffusion” was trained"),
         ({"preset": MISSING}, "hi", "“missing” is not available"),
+        # what an API client may send instead (the sweep endpoint takes raw values)
+        ({"drafts": ("1",)}, "hi", "drafts K=1 must be a whole number in 1..8, got '1'"),
+        ({"block": "8"}, "hi", "block L must be a whole number in 1..16, got '8'"),
+        ({"prompts": 2.5, "source": HELD_OUT}, "", "prompts must be a whole number in 1..8, got 2.5"),
+        ({"source": ["held-out prompts"]}, "hi", "the prompts' source must be one of"),
+        ({}, 5, "the message must be text"),
+        ({"preset": ["x"]}, "hi", "model preset must be text"),
     ],
 )
 def test_bad_sweeps_are_refused_with_a_message(cache, changes, message, expected):
     with pytest.raises(XpressError, match=expected):
         run_sweep(cache, sweep_request(**changes), message)
+
+
+@pytest.mark.parametrize("chosen", ["1,2", 4, {"a": 1}])
+def test_sweep_choices_must_be_lists(chosen):
+    with pytest.raises(XpressError, match="drafts K must be a list of values"):
+        values("drafts K", chosen)
+
+
+def test_steps_go_up_to_the_block_of_16():
+    """The README's T 1..L with L up to 16 (the API used to stop T at the slider's first maximum, 8)."""
+    cfg = Settings(steps=16, block=16).decode_config()
+    assert (cfg.steps, cfg.block) == (16, 16)
 
 
 def test_a_stopped_sweep_says_so_and_the_next_one_runs(cache):

@@ -16,6 +16,7 @@ from xpress_core.models import (
     EMBEDDED_GAUSS_DRAFTER,
     EMBEDDED_TARGET,
     resolve_device,
+    resolve_dtype,
 )
 from xpress_core.presets import ALLOW_UNKNOWN_ENV, TRUST_REMOTE_CODE_ENV, Access, ModelPreset, hub_presets
 
@@ -51,17 +52,19 @@ class Hardware:
 
     cuda: bool
     memory_gb: float  # the budget for one preset's weights
+    fp32: bool = False  # weights load in fp32: twice the bf16 size the presets state
 
     @classmethod
-    def detect(cls, device: str, memory_gb: float | None = None) -> Hardware:
+    def detect(cls, device: str, dtype: str = "auto", memory_gb: float | None = None) -> Hardware:
         """CUDA when the device resolves to it; the budget: ``memory_gb``, else the GPU's memory, else half the RAM."""
-        cuda = resolve_device(device).type == "cuda"
+        resolved = resolve_device(device)
+        cuda = resolved.type == "cuda"
         if memory_gb is None:
             if cuda:
                 memory_gb = torch.cuda.get_device_properties(0).total_memory / 2**30
             else:
                 memory_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 / 2
-        return cls(cuda, memory_gb)
+        return cls(cuda, memory_gb, resolve_dtype(dtype, resolved) == torch.float32)
 
 
 @dataclass(frozen=True)
@@ -172,7 +175,7 @@ def parse_args(argv: list[str] | None = None) -> AppConfig:
         parser.error("--concurrency and --max-loaded must be at least 1")
     try:
         presets = default_presets(args.target, args.drafter, args.presets)
-        hardware = Hardware.detect(args.device, args.memory_gb)
+        hardware = Hardware.detect(args.device, args.dtype, args.memory_gb)
     except XpressError as error:
         parser.error(str(error))
     access = Access.from_env(args.allow_unknown_models, args.trust_remote_code)

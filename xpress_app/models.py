@@ -46,7 +46,7 @@ def preset_problem(preset: ModelPreset, access: Access, hardware: Hardware) -> s
         return "its drafter runs model code from its repository; start the app with --trust-remote-code if you trust it"
     if preset.needs_cuda and not hardware.cuda:
         return "it needs a CUDA GPU and this server runs on CPU"
-    needed = preset.memory_gb * (1 if hardware.cuda else 2)  # bf16 on CUDA, fp32 on CPU
+    needed = preset.memory_gb * (2 if hardware.fp32 else 1)
     if needed > hardware.memory_gb:
         return (
             f"its models need about {needed:.1f} GB and this server allows {hardware.memory_gb:.1f} GB "
@@ -99,7 +99,7 @@ class ModelCache:
         self.presets = {p.name: p for p in config.presets}
         self.device, self.dtype, self.device_map = config.device, config.dtype, config.device_map
         self.access = config.access
-        self.hardware = config.hardware or Hardware.detect(config.device)
+        self.hardware = config.hardware or Hardware.detect(config.device, config.dtype)
         self.max_loaded = config.max_loaded
         self._targets: dict[str, tuple] = {}
         self._loaded: OrderedDict[str, Loaded] = OrderedDict()  # least recently used first

@@ -57,7 +57,7 @@ class SweepRequest:
         check_whole_numbers(whole)
         if not self.drafts or not self.steps:
             raise XpressError("Pick at least one value of drafts K and one of denoise steps T.")
-        validation.choice("prompts come from", self.source, SWEEP_SOURCES)
+        validation.choice("the prompts' source", self.source, SWEEP_SOURCES)
         steps = sorted({int(t) for t in self.steps if t <= self.block})
         if not steps:
             raise XpressError(f"Every denoise steps value T is above the block L={self.block}: pick T ≤ L.")
