@@ -21,7 +21,7 @@ from .models import ModelCache
 from .session import CLEAR_WAIT_S, Controls
 from .settings import DEFAULTS, MAX_SEED, MAX_TEMPERATURE, UI_MAX_BLOCK, UI_MAX_DRAFTS, UI_MAX_NEW_TOKENS, Settings
 from .texts import DEFAULTS_NOTE, EXAMPLES, HELP, INTRO, PANEL_HELP, VERDICT_PENDING
-from .widgets import block_slider, chat_history, int_slider
+from .widgets import block_slider, int_slider
 
 CHAT_HEIGHT = 300  # px: with the header, the message box and its buttons, inside a 720-pixel-high first screen
 
@@ -32,6 +32,7 @@ class ChatTab:
 
     message: gr.Textbox
     chatbot: gr.Chatbot
+    history: gr.JSON  # the chatbot's messages, as the endpoint reads them
     status: gr.Markdown
     plain: gr.Textbox  # the Race's plain-decoding reply
     evolution: gr.Plot
@@ -68,12 +69,13 @@ class ChatTab:
             self.step_slider,
             self.download,
             self.verdict,
+            self.history,
         ]
 
     @property
     def inputs(self) -> dict:
         """What the chat endpoint reads, by parameter name: the message, the history and every setting."""
-        return {"message": self.message, "history": self.chatbot, **self.settings, "controls": self.controls}
+        return {"message": self.message, "history": self.history, **self.settings, "controls": self.controls}
 
 
 def chat_layout(settings: dict, preset_note: gr.Markdown) -> ChatTab:
@@ -94,7 +96,11 @@ def chat_layout(settings: dict, preset_note: gr.Markdown) -> ChatTab:
 
 
 def conversation_column() -> dict:
-    chatbot = chat_history(label="Chat", height=CHAT_HEIGHT, elem_id="chatbot")
+    chatbot = gr.Chatbot(label="Chat", height=CHAT_HEIGHT, elem_id="chatbot")
+    # The history the chat endpoint reads: the chat's messages, kept beside the Chatbot, which would check an API
+    # client's history against its data model before any handler runs and answer a wrong shape with Gradio's generic
+    # error. JSON takes any value; the handler checks it (settings.history_messages) and says what is wrong.
+    history = gr.JSON([], visible=False, elem_id="history")
     message = gr.Textbox(
         show_label=False, placeholder="Type a message and press Enter", lines=1, max_lines=6, elem_id="message"
     )
@@ -110,6 +116,7 @@ def conversation_column() -> dict:
     status = gr.Markdown(elem_id="status")
     return {
         "chatbot": chatbot,
+        "history": history,
         "message": message,
         "send": send,
         "stop": stop,
@@ -209,6 +216,7 @@ def view_update(tab: ChatTab, log_dir: Path, view: View) -> dict:
     values = {
         tab.message: view.message,
         tab.chatbot: view.history,
+        tab.history: view.history,
         tab.status: view.status,
         tab.plain: view.plain,
         tab.evolution: view.evolution,
@@ -252,6 +260,7 @@ def cleared(tab: ChatTab, controls: Controls) -> dict:
     return {
         tab.message: "",
         tab.chatbot: [],
+        tab.history: [],
         tab.status: "",
         tab.plain: "",
         tab.evolution: empty["evolution"],
