@@ -28,7 +28,7 @@ from xpress_core.presets import ModelPreset
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI_CASES = 240  # in process; with the payloads below, well over 300 cases in CI
-CLI_SUBPROCESS_CASES = 3
+CLI_SUBPROCESS_CASES = 2
 
 
 def placeholders(argv: tuple[str, ...], zoo, tmp: Path) -> list[str]:
