@@ -618,6 +618,7 @@ def test_building_the_app_loads_no_model(config, monkeypatch):
         "step-slider",
         "download-log",
         "verdict",
+        "history",  # the chat's messages, read back as the next request's history
     ]
     assert demo._queue.default_concurrency_limit == config.concurrency
 

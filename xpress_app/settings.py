@@ -22,7 +22,7 @@ MAX_SEED = validation.MAX_SEED
 UI_LIMITS = validation.Limits(
     max_drafts=UI_MAX_DRAFTS, max_block=UI_MAX_BLOCK, max_new_tokens=UI_MAX_NEW_TOKENS, max_temperature=MAX_TEMPERATURE
 )
-# Bounded cost per request, whatever a client sends (docs/DESIGN.md §4: checked before any model work). Longer
+# Bounded cost per request, whatever a client sends (checked before any model work). Longer
 # messages keep their end (the part a reply follows); longer histories keep their newest messages. A notice says so.
 MAX_MESSAGE_CHARS = 8000
 MAX_HISTORY_MESSAGES = 200
