@@ -140,7 +140,7 @@ def test_typed_text_stays_text_and_bare_string_contents_are_read(server, models)
     history = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "Hi! How can I help?"}]
     outputs = client.predict(api_name=CHAT, **request("book a table", history=history))
     prompt = encode_prompt(models.tokenizer, history + [{"role": "user", "content": "book a table"}], chat=True)
-    assert reply_text(outputs) == list(decode(models, prompt, config_of(request(""))))[-1].text
+    assert reply_text(outputs) == list(decode(models, prompt, DecodeConfig.from_mapping(request(""))))[-1].text
 
 
 def test_empty_and_over_long_messages_are_answered(server, models):

@@ -70,7 +70,12 @@ def test_fuzz_cli_subprocess_sample(zoo, tmp_path):
     for i, case in enumerate(cases[:CLI_SUBPROCESS_CASES]):
         argv = [a.encode("utf-8", "surrogateescape") for a in placeholders(case.argv, zoo, tmp_path)]
         proc = subprocess.run(
-            [sys.executable, "-m", "xpress_core", "generate", *argv], cwd=ROOT, env=env, capture_output=True, timeout=300, check=False
+            [sys.executable, "-m", "xpress_core", "generate", *argv],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            timeout=300,
+            check=False,
         )
         check_outcome(case, proc.returncode, proc.stderr.decode("utf-8", "replace"), f"subprocess {i}")
 
@@ -81,7 +86,9 @@ TINY = "tiny"
 
 @pytest.fixture(scope="module")
 def tiny_cache(zoo):
-    return ModelCache(AppConfig(presets=(ModelPreset(TINY, str(zoo["llama"]), str(zoo["drafter_llama"])),), device="cpu"))
+    return ModelCache(
+        AppConfig(presets=(ModelPreset(TINY, str(zoo["llama"]), str(zoo["drafter_llama"])),), device="cpu")
+    )
 
 
 def test_fuzz_api_in_process(zoo, tiny_cache):
@@ -118,6 +125,8 @@ def json_compliant(value) -> bool:
     except ValueError:  # UnicodeEncodeError (lone surrogates) is one too
         return False
     return True
+
+
 GENERIC = "upstream Gradio app has raised an exception"
 
 
@@ -139,14 +148,18 @@ def test_fuzz_api_server_sample(zoo, tmp_path):
         client = Client(url, verbose=False)
         for i, p in enumerate(hostile.payloads(seed=141, count=SERVER_CASES, presets=(CUSTOM_PRESET,))):
             args = {**request(p.message), **p.settings, "history": p.history, "preset": p.preset}
-            if not json_compliant(args):  # NaN, infinities, lone surrogates: gradio_client cannot send them; in process they are
+            if not json_compliant(
+                args
+            ):  # NaN, infinities, lone surrogates: gradio_client cannot send them; in process they are
                 continue
             try:
                 client.predict(api_name="/chat", **args)
             except AppError as error:
                 assert str(error) and GENERIC not in str(error) and p.hostile, f"payload {i}: {error}\n{p!r:.300}"
-        big = [{"role": "user", "content": " ".join(["word"] * 100)},
-               {"role": "assistant", "content": " ".join(["reply"] * 100)}] * 1000
+        big = [
+            {"role": "user", "content": " ".join(["word"] * 100)},
+            {"role": "assistant", "content": " ".join(["reply"] * 100)},
+        ] * 1000
         started = time.perf_counter()
         outputs = client.predict(api_name="/chat", **request("hello", history=big, max_new_tokens=8))
         print(f"a {len(json.dumps(big))}-byte history answered in {time.perf_counter() - started:.2f} s")
@@ -154,7 +167,8 @@ def test_fuzz_api_server_sample(zoo, tmp_path):
         upload = urllib.request.Request(
             url + "gradio_api/upload",
             data=b'--b\r\nContent-Disposition: form-data; name="files"; filename="a.bin"\r\n\r\n'
-            + b"0" * 200_000 + b"\r\n--b--\r\n",
+            + b"0" * 200_000
+            + b"\r\n--b--\r\n",
             headers={"Content-Type": "multipart/form-data; boundary=b"},
         )
         with pytest.raises(urllib.error.HTTPError, match="413"):

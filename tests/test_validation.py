@@ -121,8 +121,12 @@ def test_usage_mistakes_are_one_error_line(capsys):
 
 @pytest.mark.parametrize(
     "args,needle",
-    [(["--seed", "-1"], "seed"), (["--temperatures", "0,1e-300"], "temperature"), (["--device", "bogus"], "device"),
-     (["--json", "DIR"], "is a directory")],
+    [
+        (["--seed", "-1"], "seed"),
+        (["--temperatures", "0,1e-300"], "temperature"),
+        (["--device", "bogus"], "device"),
+        (["--json", "DIR"], "is a directory"),
+    ],
 )
 def test_bench_checks_the_shared_settings_before_loading(capsys, tmp_path, args, needle):
     args = [str(tmp_path) if a == "DIR" else a for a in args]
@@ -270,6 +274,8 @@ def test_one_megabyte_history_costs_what_the_budget_costs(tokenizer):
         seconds = time.perf_counter() - start
         work[turns] = counting.chars
         assert fitted.ids.shape[1] <= 400
-    print(f"fit_chat on a {sum(len(m['content']) for m in big)}-character history: {seconds:.3f} s, "
-          f"{work['big']} characters encoded")
+    print(
+        f"fit_chat on a {sum(len(m['content']) for m in big)}-character history: {seconds:.3f} s, "
+        f"{work['big']} characters encoded"
+    )
     assert work["big"] == work["small"]  # the same newest turns are read; the older ones are never encoded

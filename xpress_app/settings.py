@@ -93,8 +93,12 @@ def history_messages(history) -> list[dict[str, str]]:
     for i, message in enumerate(history):
         if not (isinstance(message, dict) and "role" in message and "content" in message):
             raise XpressError(f'history: message {i} must be an object with "role" and "content", got {message!r:.60}')
-        messages.append({"role": validation.choice(f"history: the role of message {i}", message["role"], CHAT_ROLES),
-                         "content": message_text(i, message["content"])})
+        messages.append(
+            {
+                "role": validation.choice(f"history: the role of message {i}", message["role"], CHAT_ROLES),
+                "content": message_text(i, message["content"]),
+            }
+        )
     return messages
 
 

@@ -132,8 +132,15 @@ def wire_sweep(demo: gr.Blocks, tab: SweepTab, tab_block: gr.Tab, chat: ChatTab,
     ):
         progress(0, desc="Loading the models and the prompts…")
         try:
-            request = SweepRequest(preset, values("drafts K", drafts), values("denoise steps T", steps), block, source,
-                                   count, max_new_tokens)
+            request = SweepRequest(
+                preset,
+                values("drafts K", drafts),
+                values("denoise steps T", steps),
+                block,
+                source,
+                count,
+                max_new_tokens,
+            )
             view = sweep_turn(
                 cache,
                 request,

@@ -81,7 +81,7 @@ def fitting_start(tokenizer, messages: list[dict[str, str]], budget: int) -> int
     low, high = 0, len(starts) - 1  # invariant: starts[high] fits, or high is the last candidate
     while low < high:
         mid = (low + high) // 2
-        if len(encode_chat(tokenizer, messages[starts[mid]:])) <= budget:
+        if len(encode_chat(tokenizer, messages[starts[mid] :])) <= budget:
             high = mid
         else:
             low = mid + 1
@@ -104,7 +104,9 @@ def cut_last_message(tokenizer, messages: list[dict[str, str]], budget: int) -> 
 
     low, high = 1, len(last["content"])  # invariant: the answer is in [low, high] once low fits
     if len(encoded(low)) > budget:
-        raise XpressError(f"the chat template alone does not fit the {budget} prompt tokens the target's context allows")
+        raise XpressError(
+            f"the chat template alone does not fit the {budget} prompt tokens the target's context allows"
+        )
     while low < high:
         mid = (low + high + 1) // 2
         if len(encoded(mid)) <= budget:

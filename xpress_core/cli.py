@@ -95,8 +95,18 @@ def add_decode_args(parser: argparse.ArgumentParser) -> None:
 
 
 # the settings every run takes (-K/-T/-L only when given)
-DECODE_SETTINGS = ("temperature", "top_p", "top_k", "seed", "max_new_tokens", "refine", "verify", "schedule",
-                   "diversity", "stop")
+DECODE_SETTINGS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "max_new_tokens",
+    "refine",
+    "verify",
+    "schedule",
+    "diversity",
+    "stop",
+)
 
 
 def decode_config(args: argparse.Namespace) -> DecodeConfig:

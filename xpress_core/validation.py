@@ -93,8 +93,7 @@ def text(name: str, value, max_chars: int | None = None) -> str:
         value.encode("utf-8")
     except UnicodeEncodeError as error:
         raise XpressError(
-            f"{name} is not valid UTF-8 text (undecodable bytes at character {error.start}); "
-            "send it in UTF-8"
+            f"{name} is not valid UTF-8 text (undecodable bytes at character {error.start}); send it in UTF-8"
         ) from None
     if max_chars is not None and len(value) > max_chars:
         raise XpressError(f"{name} is {len(value)} characters long; the limit is {max_chars}")

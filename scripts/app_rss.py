@@ -1,4 +1,4 @@
-"""The app server's resident memory over sequential chat requests: ``python -m tests.app_rss [N]``.
+"""The app server's resident memory over sequential chat requests: ``python -m scripts.app_rss [N]``.
 
 A measurement, not a test: it serves the embedded models (``python app.py``), sends N requests (default 100) one after
 another through gradio_client, varied prompts, seeds and histories, and prints the server's RSS along the way and its
