@@ -117,8 +117,8 @@ def seed(value) -> int:
 def decode_config(settings: Mapping[str, object], limits: Limits = ENGINE_LIMITS) -> DecodeConfig:
     """A validated ``DecodeConfig`` from raw settings (argparse values or JSON from an API client).
 
-    Only the keys present are checked; the others keep ``DecodeConfig``'s defaults. Types and ranges first, then
-    the engine's own cross-field checks (T <= L, K x L cap)."""
+    Only the keys present are checked; the others keep ``DecodeConfig``'s defaults. Strict types and this entry
+    point's ranges first, then ``DecodeConfig.from_mapping`` with the engine's own checks (T <= L, K x L cap)."""
     checks = {
         "drafts": lambda v: whole("drafts K", v, 1, limits.max_drafts),
         "steps": lambda v: whole("denoise steps T", v, 1, limits.max_block),
@@ -138,7 +138,7 @@ def decode_config(settings: Mapping[str, object], limits: Limits = ENGINE_LIMITS
     unknown = set(settings) - set(checks)
     if unknown:
         raise XpressError(f"unknown setting(s) {', '.join(sorted(unknown))}")
-    return DecodeConfig(**{key: checks[key](value) for key, value in settings.items()}).validate()
+    return DecodeConfig.from_mapping({key: checks[key](value) for key, value in settings.items()})
 
 
 def stop_strings(value) -> tuple[str, ...]:
