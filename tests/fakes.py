@@ -14,6 +14,7 @@ class ScriptedDrafter(Drafter):
 
     ``mode="oracle"``: draft 0 is the target's continuation (long acceptance); other drafts differ from it at a
     varying position. ``mode="wrong"``: every draft token differs from the target's choice (nothing is accepted).
+    ``mode="second"``: draft 1 is the target's continuation, every other draft is wrong (only K >= 2 pays).
     """
 
     name = "scripted"
@@ -37,8 +38,10 @@ class ScriptedDrafter(Drafter):
         truth = out[0, ids.shape[1] :].tolist()
         truth += truth[-1:] * (cfg.block - len(truth))  # generate stopped at EOS: keep the draft length L
         vocab = self.target.config.vocab_size
-        if self.mode == "wrong":
+        if self.mode in ("wrong", "second"):
             drafts = [[(t + 1 + k) % vocab for t in truth] for k in range(cfg.drafts)]
+            if self.mode == "second" and cfg.drafts > 1:
+                drafts[1] = truth
         else:
             drafts = [truth] + [
                 truth[: k % len(truth)] + [(truth[k % len(truth)] + k) % vocab] + truth[k % len(truth) + 1 :]

@@ -39,13 +39,32 @@ def test_round_costs_and_acceptance_estimates_on_known_numbers():
     control.observe(RoundSetting(1, 1, 4), 2)  # positions 1 and 2 accepted, 3 rejected, 4 not reached
     # q_i = (accepted + 2 q_{i-1}) / (reached + 2), q_0 = 1/2: an unreached position repeats the one before it.
     assert control.acceptance((1, 1)) == pytest.approx([2 / 3, 7 / 9, 14 / 27, 14 / 27])
-    assert control.acceptance((2, 1)) == pytest.approx([2 / 3, 7 / 9, 14 / 27, 14 / 27])  # borrowed from (1, 1)
-    control.observe(RoundSetting(2, 1, 4), 4)  # earlier counts decay by MEMORY = 0.9
-    q1 = 1.9 / 2.9
-    q2 = (0.9 + 2 * q1) / 2.9
-    assert control.acceptance((1, 1)) == pytest.approx([q1, q2, 2 * q2 / 2.9, 2 * q2 / 2.9])
-    borrowed = control.acceptance((1, 1))
-    assert control.acceptance((2, 1)) == pytest.approx([(1 + 2 * q) / 3 for q in borrowed])
+    # Two drafts: at the first position the chance that one of two is right when each is as often as (1, 1)'s.
+    assert control.acceptance((2, 1)) == pytest.approx([8 / 9] * 4)
+    assert control.acceptance((4, 2)) == pytest.approx([80 / 81] * 4)  # every pair raises (1, 1)'s first position
+    # Earlier counts decay by MEMORY = 0.9; draft 0 accepted all 4, so (1, 1) counts the round too, (4, 1) does not.
+    control.observe(RoundSetting(2, 1, 4), 4, (4, 1))
+    q1 = 2.9 / 3.9
+    q2 = (1.9 + 2 * q1) / 3.9
+    q3 = (1.0 + 2 * q2) / 3.9
+    assert control.acceptance((1, 1)) == pytest.approx([q1, q2, q3, (1 + 2 * q3) / 3])
+    two = [1 - (1 - q1) ** 2]
+    for _ in range(4):
+        two.append((1 + 2 * two[-1]) / 3)
+    assert control.acceptance((2, 1)) == pytest.approx(two[1:])
+    assert control.acceptance((4, 1)) == pytest.approx([1 - (1 - q1) ** 4] * 4)
+
+
+def test_more_drafts_are_tried_when_one_fails_and_left_when_one_is_enough():
+    for right_draft, want_drafts in ((1, 2), (0, 1)):  # only draft 1 is right (K >= 2 pays); draft 0 is right
+        control, picks = AutoControl(COSTS, max_block=16), []
+        for _ in range(30):
+            setting = control.choose(remaining=1000)
+            lens = tuple(setting.block if k == right_draft else 0 for k in range(setting.drafts))
+            control.observe(setting, max(lens, default=0), lens)
+            picks.append(setting)
+        assert {s.drafts for s in picks[-10:]} == {want_drafts}, picks
+        assert all(s.block == 16 for s in picks[-10:]), picks
 
 
 def test_plain_steps_when_drafting_does_not_pay_with_probes_that_back_off():
@@ -56,9 +75,10 @@ def test_plain_steps_when_drafting_does_not_pay_with_probes_that_back_off():
     for _ in range(40):
         setting = control.choose(remaining=100)
         picks.append(setting)
-        control.observe(setting, 0)
+        control.observe(setting, 0, (0,) * setting.drafts)
     drafted = [i for i, s in enumerate(picks) if not s.plain]
-    assert drafted == [4, 13, 30]  # probes after 4, 8, 16 plain steps
+    # One draft failed thrice, four untried may not: one round at K = 4, then probes after 4, 8, 16 plain steps.
+    assert drafted == [0, 5, 14, 31] and picks[0].drafts == 4
     assert control.probe_after == min(32, LAST_PROBE)
     assert control.choose(remaining=1) == PLAIN_STEP  # one token left: nothing to draft
 
@@ -105,6 +125,18 @@ def test_auto_drafts_long_blocks_when_drafts_are_always_right(llama):
         assert list(result.token_ids) == hf_greedy(models, prompt_ids, new=cfg.max_new_tokens)
         late = result.settings[len(result.settings) // 2 : -1]  # the last round may be cut by max_new_tokens
         assert late and all(block >= 12 for _, _, block in late), result.settings
+        assert result.tau > 6
+
+
+def test_auto_drafts_more_when_only_a_second_draft_is_right(llama):
+    models, prompts = llama
+    second = Models(models.target, models.tokenizer, ScriptedDrafter(models.target, "second"))
+    cfg = DecodeConfig(auto=True, max_new_tokens=96)
+    for prompt_ids in prompts:
+        _, result = run(second, prompt_ids, cfg, costs=COSTS)
+        assert list(result.token_ids) == hf_greedy(models, prompt_ids, new=cfg.max_new_tokens)
+        late = result.settings[len(result.settings) // 2 : -1]
+        assert late and all(k >= 2 and block >= 12 for k, _, block in late), result.settings
         assert result.tau > 6
 
 

@@ -4,7 +4,7 @@
 
 - expected tokens of a round at (K, T, L) = 1 + sum over i = 1..L of q_1 ... q_i, where q_i is the chance that block
   position i is accepted once the positions before it were, estimated per (K, T) from this request's rounds (recent
-  rounds weigh more) over a prior (``AutoControl.acceptance``); L = 0 is a plain step (one token, no drafting);
+  rounds weigh more) over an optimistic prior for more drafts (``AutoControl.acceptance``); L = 0 is a plain step;
 - seconds of a round from a ``CostModel``: stage costs measured on the models at hand (the engine calibrates them).
 
 When plain steps win it still drafts now and then (a probe, after 4, 8, ... 64 plain rounds), so that it notices when
@@ -72,7 +72,7 @@ class FixedControl:
     def choose(self, remaining: int) -> RoundSetting:
         return self.setting
 
-    def observe(self, setting: RoundSetting, accepted: int) -> None:
+    def observe(self, setting: RoundSetting, accepted: int, draft_accepted: tuple[int, ...] = ()) -> None:
         pass
 
 
@@ -90,15 +90,14 @@ class AutoControl:
         self.plain_run, self.probe_after = 0, FIRST_PROBE
 
     def acceptance(self, pair: tuple[int, int]) -> list[float]:
-        """q_i per block position: this (K, T)'s counts over a prior. The prior of (1, 1) at position i is its own
-        estimate at i - 1 (``PRIOR_ACCEPT`` at the first), so positions no round reached yet expect what the last
-        reached one showed: a block accepted whole invites a longer one. Other pairs take (1, 1)'s estimate as their
-        prior (more drafts or steps rarely accept less)."""
+        """q_i per block position: this (K, T)'s counts over a prior worth ``PRIOR_WEIGHT`` rounds. The prior at
+        position i is the pair's own estimate at i - 1, so positions no round reached yet expect what the last reached
+        one showed (a block accepted whole invites a longer one). At the first position it is the chance that one of
+        K drafts is right when each is as often as (1, 1)'s (``PRIOR_ACCEPT`` before any round): an optimistic guess
+        that makes ``auto`` try more drafts when one draft fails, until their own counts replace it."""
         reached, accepted = self.reached[pair], self.accepted[pair]
-        if pair != (1, 1):
-            base = self.acceptance((1, 1))
-            return [(a + PRIOR_WEIGHT * b) / (r + PRIOR_WEIGHT) for a, r, b in zip(accepted, reached, base)]
-        q, previous = [], PRIOR_ACCEPT
+        one = PRIOR_ACCEPT if pair == (1, 1) else self.acceptance((1, 1))[0]
+        q, previous = [], 1.0 - (1.0 - one) ** pair[0]
         for a, r in zip(accepted, reached):
             previous = (a + PRIOR_WEIGHT * previous) / (r + PRIOR_WEIGHT)
             q.append(previous)
@@ -134,8 +133,10 @@ class AutoControl:
             return setting
         return PLAIN_STEP
 
-    def observe(self, setting: RoundSetting, accepted: int) -> None:
-        """Count a round: positions 1..accepted were accepted, position accepted + 1 (if drafted) was not."""
+    def observe(self, setting: RoundSetting, accepted: int, draft_accepted: tuple[int, ...] = ()) -> None:
+        """Count a round: positions 1..accepted were accepted, position accepted + 1 (if drafted) was not.
+        ``draft_accepted`` (per draft, its tokens on the accepted path) counts the round for fewer drafts at the same
+        T too: the first k drafts would have accepted the longest of theirs, so a round at K = 4 teaches K = 1 and 2."""
         if setting.plain:
             self.plain_run += 1
             return
@@ -143,7 +144,14 @@ class AutoControl:
         for pair in self.pairs:
             self.reached[pair] = [MEMORY * r for r in self.reached[pair]]
             self.accepted[pair] = [MEMORY * a for a in self.accepted[pair]]
-        reached, hits = self.reached[setting.drafts, setting.steps], self.accepted[setting.drafts, setting.steps]
-        for i in range(min(accepted + 1, setting.block)):
+        self.count((setting.drafts, setting.steps), setting.block, accepted)
+        for k in AUTO_DRAFTS:
+            if k < min(setting.drafts, len(draft_accepted) + 1) and (k, setting.steps) in self.reached:
+                self.count((k, setting.steps), setting.block, max(draft_accepted[:k]))
+
+    def count(self, pair: tuple[int, int], block: int, accepted: int) -> None:
+        """One round of a pair in its counts: positions 1..accepted accepted, the next one (if drafted) reached."""
+        reached, hits = self.reached[pair], self.accepted[pair]
+        for i in range(min(accepted + 1, block)):
             reached[i] += 1.0
             hits[i] += 1.0 if i < accepted else 0.0

@@ -277,7 +277,7 @@ def decode(
             t2 = clock.now()
             acceptance = accept(tree, verified.node_logits, cfg, state.target_rng)
             commit(models, state, tree, verified, acceptance, verifier)
-            settings.observe(setting, len(acceptance.path))
+            settings.observe(setting, len(acceptance.path), acceptance.draft_accept_lens)
             emitted = [tree.tokens[n] for n in acceptance.path] + [acceptance.bonus]
             kept, reason = finish(models, state, emitted, cfg, eos)
             t3 = clock.now()
