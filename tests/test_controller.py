@@ -13,7 +13,7 @@ from tests.oracles import PROMPTS, check_invariants, cli, hf_greedy, run
 from xpress_core.config import DecodeConfig
 from xpress_core.controller import LAST_PROBE, PLAIN_STEP, AutoControl, CostModel, RoundSetting
 from xpress_core.drafters.base import NoDrafter
-from xpress_core.engine import Models, calibrated, decode
+from xpress_core.engine import Models, calibrate, calibrated, decode
 from xpress_core.models import encode_prompt, load_models
 from xpress_core.trace import write_jsonl
 
@@ -65,6 +65,24 @@ def test_more_drafts_are_tried_when_one_fails_and_left_when_one_is_enough():
             picks.append(setting)
         assert {s.drafts for s in picks[-10:]} == {want_drafts}, picks
         assert all(s.block == 16 for s in picks[-10:]), picks
+
+
+def test_round_costs_count_the_forwards_the_drafter_declares(zoo):
+    left_to_right = CostModel(1.0, 0.1, 2.0, 0.5, 0.25, draft_work=lambda s: (s.block, s.drafts))
+    assert left_to_right.round_s(RoundSetting(2, 3, 4)) == pytest.approx(4 * (1.0 + 0.1 * 2) + 2.0 + 0.5 * 9 + 0.25)
+    assert left_to_right.round_s(PLAIN_STEP) == pytest.approx(2.0 + 0.5 + 0.25)
+    models = load_models(zoo["llama"], zoo["ar_drafter"], device="cpu", dtype="float32")
+    forwards = []
+    models.drafter.model.register_forward_hook(lambda *_: forwards.append(1))
+    prompt_ids = encode_prompt(models.tokenizer, PROMPTS[0], chat=True)
+    for setting in ((2, 1, 5), (1, 2, 3)):  # the autoregressive drafter runs L forwards whatever T
+        forwards.clear()
+        k, t, block = setting
+        _, result = run(models, prompt_ids, DecodeConfig(drafts=k, steps=t, block=block, max_new_tokens=24))
+        declared = [models.drafter.draft_work(RoundSetting(*s))[0] for s in result.settings]
+        assert len(forwards) == 1 + sum(declared) and declared[0] == setting[2]  # 1: the prompt's forward at start
+    costs = calibrate(models)
+    assert costs.draft_work(RoundSetting(4, 2, 16)) == (16, 4) and costs.draft_forward_s > 0
 
 
 def test_plain_steps_when_drafting_does_not_pay_with_probes_that_back_off():

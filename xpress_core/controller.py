@@ -15,6 +15,7 @@ changes what is drafted, and the acceptance walk decides what is kept.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .config import DecodeConfig
@@ -45,6 +46,11 @@ class RoundSetting:
 PLAIN_STEP = RoundSetting(0, 0, 0)
 
 
+def denoise_work(setting: RoundSetting) -> tuple[int, int]:
+    """A diffusion drafter's work in a round: T forwards, each over K x (L + 1) positions (every draft row)."""
+    return setting.steps, setting.drafts * (setting.block + 1)
+
+
 @dataclass(frozen=True)
 class CostModel:
     """Seconds of a round's stages, linear in their work (fitted by ``engine.calibrate``)."""
@@ -54,13 +60,15 @@ class CostModel:
     verify_forward_s: float  # one target forward, fixed part
     verify_token_s: float  # one target forward, per token (the root and every tree node)
     other_s: float  # acceptance, commit and stop checks
+    # The drafter's forwards a round runs and positions each computes (``Drafter.draft_work``).
+    draft_work: Callable[[RoundSetting], tuple[int, int]] = denoise_work
 
     def round_s(self, setting: RoundSetting) -> float:
         """Seconds of a round; a tree of K drafts of L tokens has at most K x L nodes (branching keeps them apart)."""
         tree = setting.drafts * setting.block
         verify = self.verify_forward_s + self.verify_token_s * (tree + 1)
-        per_forward = self.draft_forward_s + self.draft_position_s * setting.drafts * (setting.block + 1)
-        return setting.steps * per_forward + verify + self.other_s
+        forwards, positions = self.draft_work(setting) if not setting.plain else (0, 0)
+        return forwards * (self.draft_forward_s + self.draft_position_s * positions) + verify + self.other_s
 
 
 class FixedControl:

@@ -415,8 +415,10 @@ def calibrate(models: Models, repeats: int = 5) -> CostModel:
                 )
                 for k in (1, 4)
             )
-            position_s = max(0.0, (four - single) / (3 * (block + 1)))
-            forward_s = max(0.0, single - position_s * (block + 1))
+            # Per forward: a + b x positions, over the forwards and positions the drafter declares for each draft.
+            (f1, p1), (f4, p4) = (models.drafter.draft_work(RoundSetting(k, 1, block)) for k in (1, 4))
+            position_s = max(0.0, (four / f4 - single / f1) / (p4 - p1))
+            forward_s = max(0.0, single / f1 - position_s * p1)
 
         def accept_and_commit() -> float:
             tree = build_tree(state.root, [[state.root]])
@@ -433,4 +435,4 @@ def calibrate(models: Models, repeats: int = 5) -> CostModel:
             return clock.now() - start
 
         other = statistics.median(accept_and_commit() for _ in range(repeats))
-    return CostModel(forward_s, position_s, max(0.0, one - token_s), token_s, other)
+    return CostModel(forward_s, position_s, max(0.0, one - token_s), token_s, other, models.drafter.draft_work)

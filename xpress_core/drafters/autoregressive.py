@@ -13,6 +13,7 @@ import torch
 
 from .. import cache as kv
 from ..config import DecodeConfig
+from ..controller import RoundSetting
 from ..trace import MASKED, DenoiseStep
 from .base import Drafter, Drafts, allowed_logits, banned_token_mask, refine_groups
 
@@ -36,6 +37,10 @@ class AutoregressiveDrafter(Drafter):
         cache = kv.new_cache(self.model)
         self.model(input_ids=prompt_ids.to(self.model.device), cache=cache, use_cache=True)
         return AutoregressiveState(cache=cache, length=prompt_ids.shape[1])
+
+    def draft_work(self, setting: RoundSetting) -> tuple[int, int]:
+        """L forwards whatever T, each over one position of the K rows (parallel refinement)."""
+        return setting.block, setting.drafts
 
     def commit(self, state: AutoregressiveState, tokens, features):
         state.pending.extend(tokens)

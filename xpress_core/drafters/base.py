@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import DecodeConfig
+from ..controller import RoundSetting, denoise_work
 from ..errors import XpressError
 from ..trace import DenoiseStep
 
@@ -30,6 +31,10 @@ class Drafter(ABC):
     max_block: int | None = None
     # What sets that limit, for the error message.
     max_block_reason: str = "trained block size"
+
+    def draft_work(self, setting: RoundSetting) -> tuple[int, int]:
+        """Forwards a draft at (K, T, L) runs and positions each computes: what ``auto`` prices (docs/DESIGN.md §2.6)."""
+        return denoise_work(setting)
 
     def check_block(self, cfg: DecodeConfig) -> None:
         """Refuse a block L beyond ``max_block`` (the engine asks once per request, before the prefill)."""
