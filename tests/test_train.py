@@ -95,8 +95,8 @@ def pipeline(tmp_path_factory):
     out["target_half"] = train_cli("target", *common, "--steps", "40")  # stops at 40: a checkpoint to resume from
     out["target"] = train_cli("target", *common, "--steps", "80")
     for name, step, extra in (
-        ("drafter", "drafter", ["--block", "8"]),
-        ("gauss", "drafter", ["--block", "8", "--noise", "gaussian"]),
+        ("drafter", "drafter", ["--block", "8", "--anchors", "8", "--tau-prompts", "2", "--eval-data", str(data)]),
+        ("gauss", "drafter", ["--block", "8", "--noise", "gaussian", "--soft", "0.5", "--tau-prompts", "0"]),
         ("ar-drafter", "ar-drafter", []),
     ):
         args = [
@@ -175,3 +175,62 @@ def test_card_counts_every_training_stage_of_a_continued_drafter():
     assert training_time(first) == "2400 steps, 30 min of wall time"
     continued = {"steps": 2000, "wall_s": 1200.0, "continued_from": first}
     assert training_time(continued) == "4400 steps in 2 runs (2400 + 2000), 50 min of wall time"
+
+
+def test_soft_label_loss_is_the_kl_to_the_target_and_the_ce_to_the_token():
+    import math
+
+    import torch
+
+    from xpress_core.train.drafter import distillation_loss
+
+    target = [[2.0, 0.0, -1.0], [0.5, 0.5, 0.0]]
+    drafter = [[0.0, 1.0, 0.0], [1.0, -1.0, 2.0]]
+    tokens = [0, 2]
+
+    def log_softmax(row):
+        z = math.log(sum(math.exp(x) for x in row))
+        return [x - z for x in row]
+
+    kl = [sum(math.exp(a) * (a - b) for a, b in zip(log_softmax(t), log_softmax(d))) for t, d in zip(target, drafter)]
+    ce = [-log_softmax(d)[tok] for d, tok in zip(drafter, tokens)]
+    args = torch.tensor([drafter]), torch.tensor([tokens]), torch.tensor([target]).log_softmax(-1)
+    assert distillation_loss(*args, soft=1.0)[0].tolist() == pytest.approx(kl, rel=1e-5)
+    assert distillation_loss(*args, soft=0.0)[0].tolist() == pytest.approx(ce, rel=1e-5)
+    mixed = [0.25 * k + 0.75 * c for k, c in zip(kl, ce)]
+    assert distillation_loss(*args, soft=0.25)[0].tolist() == pytest.approx(mixed, rel=1e-5)
+
+
+def test_soft_labels_of_a_block_token_come_from_the_position_before_it():
+    import numpy as np
+    import torch
+
+    from xpress_core.train.drafter import TargetReading, make_blocks, soft_targets
+
+    seqs = torch.arange(40).reshape(2, 20) % 7
+    # The target's logits at position p put all their mass on the id p + 1 (a vocabulary of 21 ids).
+    logits = torch.full((2, 20, 21), -30.0)
+    logits[:, torch.arange(20), torch.arange(20) + 1] = 30.0
+    batch = make_blocks(seqs, 5, 4, 3, np.random.default_rng(0), torch.float32)
+    predicted = soft_targets(TargetReading(torch.zeros(2, 20, 1), logits), batch).argmax(-1)
+    roots = torch.arange(batch.positions.shape[1]) % 5 == 0
+    assert torch.equal(predicted[:, ~roots], batch.positions[:, ~roots])
+
+
+def test_the_drafter_run_logs_its_learning_curve(pipeline):
+    from xpress_core.train.curve import curve_points, learning_curve_figure
+
+    log = pipeline["root"] / "drafter_w" / "train_log.jsonl"
+    points = curve_points([log, log], seq_len=64)
+    evals = [r for r in map(json.loads, log.read_text().splitlines()) if "tau" in r]
+    assert len(points) == 2 * len(evals) >= 2
+    assert [p["tau"] for p in points] == [r["tau"] for r in evals] * 2
+    # A continued run's points go on where the first run stopped.
+    assert points[len(evals)]["tokens_seen"] == (evals[-1]["rows_seen"] + evals[0]["rows_seen"]) * 64
+    for r in evals:
+        shares = r["accepted_at"]
+        assert len(shares) == 8 and all(0 <= b <= a <= 1 for a, b in zip(shares, shares[1:]))
+        assert r["tau"] == pytest.approx(1 + sum(shares), abs=1e-3)  # tau = 1 + E[accepted] = 1 + sum P(>= j)
+    figure = learning_curve_figure(points, shipped_tau=1.5)
+    assert list(figure.data[0].y) == [p["tau"] for p in points]
+    assert list(figure.data[-1].y) == points[-1]["accepted_at"]

@@ -360,10 +360,12 @@ def init_drafter(
     seed: int = 0,
     noise: str = "mask",
     clean_rms: float = 1.0,
+    tapped_layers: list[int] | None = None,
 ) -> XpressDrafter:
     """An untrained diffusion drafter sized for any HF causal-LM target (the start of training, and for tests).
 
-    ``noise``: "mask" or "gaussian"; ``clean_rms``: the gaussian drafter's clean-embedding scale (see its config)."""
+    ``noise``: "mask" or "gaussian"; ``clean_rms``: the gaussian drafter's clean-embedding scale (see its config);
+    ``tapped_layers``: the target layers it reads (default ``default_tapped_layers``)."""
     target, tokenizer = load_target(target_spec, torch.device("cpu"), torch.float32)
     embed = target.get_input_embeddings().weight
     tcfg = target.config
@@ -375,7 +377,7 @@ def init_drafter(
         num_key_value_heads=getattr(tcfg, "num_key_value_heads", None) or heads,
         intermediate_size=getattr(tcfg, "intermediate_size", None) or 4 * embed.shape[1],
         vocab_size=embed.shape[0],
-        tapped_layers=default_tapped_layers(tcfg.num_hidden_layers),
+        tapped_layers=tapped_layers or default_tapped_layers(tcfg.num_hidden_layers),
         block_size=block,
         mask_token_id=tokenizer.mask_token_id,
         target_name_or_path=str(target_spec),

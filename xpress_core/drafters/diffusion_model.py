@@ -97,10 +97,11 @@ AutoConfig.register(XpressDrafterConfig.model_type, XpressDrafterConfig, exist_o
 
 
 def default_tapped_layers(num_layers: int, count: int = 3) -> list[int]:
-    """Spread taps from an early to a late layer (DFlash taps shallow to deep): e.g. 6 layers -> [1, 3, 4]."""
+    """Spread taps from an early layer to the last (DFlash taps shallow to deep): e.g. 6 layers -> [1, 3, 5]. The
+    last layer's output is the target's next-token prediction, the best single hint of what the block holds."""
     if num_layers <= count:
         return list(range(num_layers))
-    last = num_layers - 2  # the final layer's output is mostly next-token logits; the one before carries more context
+    last = num_layers - 1
     return sorted({round(1 + i * (last - 1) / (count - 1)) for i in range(count)})
 
 

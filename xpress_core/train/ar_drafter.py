@@ -49,10 +49,10 @@ def train_ar_drafter(model, seqs: torch.Tensor, cfg: TrainConfig, workdir: Path,
     def loss_fn(rng: np.random.Generator) -> torch.Tensor:
         return lm_loss(model, draw_rows(train_seqs, rng, cfg.batch_size))
 
-    def eval_fn() -> float:
+    def eval_fn() -> dict:
         with torch.no_grad():
-            return lm_loss(model, held_out).item()
+            return {"heldout_loss": round(lm_loss(model, held_out).item(), 4)}
 
-    summary = train(model, loss_fn, cfg, workdir, eval_fn=eval_fn, desc="ar-drafter", eval_name="heldout_loss")
-    summary["heldout_loss"] = round(eval_fn(), 4)
+    summary = train(model, loss_fn, cfg, workdir, eval_fn=eval_fn, desc="ar-drafter")
+    summary |= eval_fn()
     return save_trained(model, tokenizer, out_dir, summary)

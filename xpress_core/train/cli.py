@@ -80,10 +80,33 @@ def add_drafter_steps(steps: argparse._SubParsersAction) -> None:
         step.add_argument("--layers", type=int, default=1 if name == "drafter" else 2)
         step.add_argument("--no-bf16", action="store_true")
         if name == "drafter":
-            step.add_argument("--block", type=int, default=16)
-            step.add_argument("--anchors", type=int, default=4, help="blocks per sequence per step")
+            step.add_argument(
+                "--block", type=int, help="trained block size L (default 8; with --init, the init drafter's)"
+            )
+            step.add_argument("--anchors", type=int, default=48, help="blocks per sequence per step")
             step.add_argument(
                 "--decay", type=float, default=8.0, help="loss weight of block position j: exp(-(j-1)/decay)"
+            )
+            step.add_argument(
+                "--soft",
+                type=float,
+                default=1.0,
+                help="weight of the KL to the target's distribution (soft labels) against the CE on the token",
+            )
+            step.add_argument(
+                "--taps",
+                type=int,
+                nargs="+",
+                help="target layers (0-based) whose hidden states the drafter reads (default: spread, last included)",
+            )
+            step.add_argument(
+                "--tau-prompts",
+                type=int,
+                default=20,
+                help="held-out sgd_dev chats on which each evaluation measures tau at (1, 1, 8) (0 = none)",
+            )
+            step.add_argument(
+                "--eval-data", type=Path, default=DEFAULT_DATA, help="the data folder holding sgd/sgd_dev.txt"
             )
             step.add_argument("--init", help="start from this drafter directory instead of a fresh one")
             step.add_argument(
@@ -114,6 +137,14 @@ def add_report_steps(steps: argparse._SubParsersAction) -> None:
     ev.add_argument("--prompts", type=int, default=50)
     ev.add_argument("--max-new-tokens", type=int, default=64)
     ev.add_argument("--out", type=Path, nargs="+", help="write each drafter's scores as JSON here (one per drafter)")
+
+    curve = steps.add_parser("curve", help="draw a drafter run's learning curve (tau against tokens read) as HTML")
+    curve.add_argument(
+        "--log", type=Path, nargs="+", required=True, help="train_log.jsonl of each run, in training order"
+    )
+    curve.add_argument("--seq-len", type=int, default=192, help="tokens per distilled row (prompt + new tokens)")
+    curve.add_argument("--before", type=float, help="tau of the drafter it replaces (a dashed line)")
+    curve.add_argument("--out", type=Path, default=Path("runs") / "learning_curve.html")
 
     cards = steps.add_parser("cards", help="write the model cards of the assets from their summaries and scores")
     cards.add_argument("--assets", type=Path, default=Path("assets"))
@@ -197,6 +228,14 @@ def run_train(args: argparse.Namespace) -> int:
 
         write_cards(args.assets, json.loads(args.commands.read_text()))
         print(json.dumps({"assets": str(args.assets)}))
+    elif args.step == "curve":
+        from .curve import curve_points, learning_curve_figure
+
+        points = curve_points(args.log, args.seq_len)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        learning_curve_figure(points, args.before).write_html(args.out, include_plotlyjs="directory")
+        (args.out.with_suffix(".json")).write_text(json.dumps(points, indent=1))
+        print(json.dumps({"points": len(points), "out": str(args.out)}))
     elif args.step == "eval":
         print(json.dumps(run_eval(args)))
     else:
@@ -210,7 +249,7 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
     from ..models import init_drafter, load_target
     from .ar_drafter import make_ar_drafter, train_ar_drafter
     from .distill import DistillConfig, load_distillation, write_distillation
-    from .drafter import train_drafter
+    from .drafter import extend_drafter, train_drafter
     from .loop import TrainConfig
 
     target, tokenizer = load_target(args.target, torch.device("cpu"), torch.float32)
@@ -231,9 +270,17 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
     init_dir = Path(args.init) if args.init else args.workdir / "init"
     if not args.init and not (init_dir / "config.json").exists():
         init_drafter(
-            args.target, init_dir, layers=args.layers, block=args.block, noise=args.noise, clean_rms=args.clean_rms
+            args.target,
+            init_dir,
+            layers=args.layers,
+            block=args.block or 8,
+            noise=args.noise,
+            clean_rms=args.clean_rms,
+            tapped_layers=args.taps,
         )
     drafter = XpressDrafter.from_pretrained(init_dir)
+    if args.init and (args.taps or args.block):
+        drafter = extend_drafter(drafter, args.taps or drafter.config.tapped_layers, args.block)
     if drafter.config.noise != args.noise:
         raise XpressError(f"{init_dir} holds a {drafter.config.noise!r} drafter; --noise asks for {args.noise!r}")
     return train_drafter(
@@ -247,8 +294,23 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
         tokenizer,
         anchors=args.anchors,
         decay=args.decay,
+        soft=args.soft,
+        tau_eval=tau_curve(target, tokenizer, drafter, args) if args.tau_prompts else None,
         continued_from=read_summary(Path(args.init)) if args.init else None,
     )
+
+
+def tau_curve(target, tokenizer, drafter, args: argparse.Namespace):
+    """The learning curve's measure: tau and per-position acceptance at (1, 1, 8) on held-out chats, greedy."""
+    from ..drafters.diffusion import diffusion_drafter
+    from ..models import Models, banned_draft_ids, eos_ids
+    from .evaluate import acceptance_profile, heldout_prompts
+
+    prompts = [p.ids(tokenizer) for p in heldout_prompts(args.eval_data, args.tau_prompts)]
+    vocab = target.get_input_embeddings().weight.shape[0]
+    banned = banned_draft_ids(tokenizer, eos_ids(target, tokenizer), vocab)
+    models = Models(target, tokenizer, diffusion_drafter(drafter, banned))
+    return lambda: acceptance_profile(models, prompts, block=min(8, drafter.config.block_size))
 
 
 def read_summary(drafter_dir: Path) -> dict | None:

@@ -12,6 +12,7 @@ sequence go through one drafter forward: block m sees the context before its anc
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ..drafters.diffusion_model import XpressDrafter, add_noise
+from ..errors import XpressError
 from .loop import TrainConfig, draw_rows, save_trained, split_held_out, train
 
 
@@ -36,7 +38,9 @@ def make_blocks(
 ) -> DrafterBatch:
     b, s = seqs.shape
     span = block + 1
-    starts = np.stack([rng.choice(np.arange(first_anchor, s - block), size=anchors, replace=False) for _ in range(b)])
+    candidates = np.arange(first_anchor, s - block)
+    anchors = min(anchors, candidates.size)  # every target-written position can open a block; never more
+    starts = np.stack([rng.choice(candidates, size=anchors, replace=False) for _ in range(b)])
     starts_t = torch.from_numpy(starts)  # (B, M)
     offsets = torch.arange(span)
     positions = (starts_t[..., None] + offsets).reshape(b, -1)  # (B, M*span)
@@ -60,12 +64,19 @@ def make_blocks(
     return DrafterBatch(block_ids, masked.reshape(b, -1), levels.reshape(b, -1), positions, mask[:, None])
 
 
+@dataclass(frozen=True)
+class TargetReading:
+    features: torch.Tensor  # (B, S, n_tapped*H) tapped hidden states: the drafter's context
+    logits: torch.Tensor  # (B, S, V) the target's next-token logits: the soft labels
+
+
 @torch.no_grad()
-def target_features(target, seqs: torch.Tensor, tapped_layers: list[int]) -> torch.Tensor:
-    """The tapped layers' hidden states (B, S, n_tapped*H). The base model alone: training needs no target logits,
-    and the LM head over the whole vocabulary is a fifth of the target's cost here."""
-    out = target.base_model(input_ids=seqs, output_hidden_states=True)
-    return torch.cat([out.hidden_states[i + 1] for i in tapped_layers], dim=-1)
+def read_target(target, seqs: torch.Tensor, tapped_layers: list[int]) -> TargetReading:
+    """One teacher-forced read of whole sequences: the drafter's context features and the target's distribution at
+    every position (position p predicts token p + 1), so every block drawn from the sequence gets soft labels."""
+    out = target(input_ids=seqs, output_hidden_states=True)
+    features = torch.cat([out.hidden_states[i + 1] for i in tapped_layers], dim=-1)
+    return TargetReading(features, out.logits)
 
 
 def predicted_positions(drafter: XpressDrafter, batch: DrafterBatch) -> torch.Tensor:
@@ -82,48 +93,90 @@ def block_inputs(drafter: XpressDrafter, batch: DrafterBatch, generator: torch.G
     return drafter.embed_noisy_block(add_noise(clean, noise, batch.levels), batch.levels)
 
 
-def context_features(drafter: XpressDrafter, target, seqs: torch.Tensor):
-    """Per-layer context keys/values of the drafter from the frozen target's tapped hidden states."""
-    features = target_features(target, seqs, drafter.config.tapped_layers)
-    b, s = seqs.shape
+def context_features(drafter: XpressDrafter, features: torch.Tensor):
+    """Per-layer context keys/values of the drafter from the frozen target's tapped hidden states (B, S, F)."""
+    b, s, _ = features.shape
     return drafter.context_kv(features, torch.arange(s).expand(b, -1))
+
+
+def soft_targets(reading: TargetReading, batch: DrafterBatch) -> torch.Tensor:
+    """(B, Q, V) the target's log-probabilities for each block token: token p is predicted at position p - 1."""
+    index = (batch.positions - 1).clamp(min=0)[..., None].expand(-1, -1, reading.logits.shape[-1])
+    return reading.logits.gather(1, index).float().log_softmax(-1)
+
+
+def distillation_loss(logits: torch.Tensor, tokens: torch.Tensor, target_logp: torch.Tensor, soft: float):
+    """Per position: soft * KL(p_target || q_drafter) + (1 - soft) * CE(token); (B, Q, V) logits -> (B, Q).
+
+    The KL teaches the target's whole distribution at every position (its ranking of the runners-up too), where
+    the CE sees one token, a sample when the sequence was sampled."""
+    logq = logits.float().log_softmax(-1)
+    loss = torch.zeros(tokens.shape, device=logits.device)
+    if soft > 0:
+        loss = loss + soft * (target_logp.exp() * (target_logp - logq)).sum(-1)
+    if soft < 1:
+        loss = loss + (1 - soft) * -logq.gather(-1, tokens[..., None])[..., 0]
+    return loss
 
 
 def drafter_loss(
     drafter: XpressDrafter,
-    target,
-    seqs: torch.Tensor,
+    reading: TargetReading,
     batch: DrafterBatch,
     decay: float,
+    soft: float,
     generator: torch.Generator,
 ) -> torch.Tensor:
-    context = context_features(drafter, target, seqs)
+    context = context_features(drafter, reading.features)
     embeds = block_inputs(drafter, batch, generator)
     logits = drafter(embeds, batch.positions, context, batch.attention_mask.to(embeds.dtype))
-    losses = F.cross_entropy(
-        logits.float().reshape(-1, logits.shape[-1]), batch.block_ids.reshape(-1), reduction="none"
-    )
+    losses = distillation_loss(logits, batch.block_ids, soft_targets(reading, batch) if soft > 0 else None, soft)
     # Acceptance stops at the first wrong token, so early block positions matter most: weight position j by
     # exp(-(j - 1) / decay) (DFlash weights its loss the same way), predicted positions only.
     span = drafter.config.block_size + 1
     offset = (torch.arange(batch.masked.shape[1]) % span).clamp(min=1).float()
     weights = torch.exp(-(offset - 1) / decay) * predicted_positions(drafter, batch).float()
-    return (losses.view_as(weights) * weights).sum() / weights.sum()
+    return (losses * weights).sum() / weights.sum()
 
 
 @torch.no_grad()
-def masked_accuracy(drafter: XpressDrafter, target, seqs: torch.Tensor, first_anchor: int, anchors: int) -> float:
-    """Share of fully masked (or pure-noise) block tokens the drafter gets right in one step (a T = 1 proxy for
-    acceptance); fixed blocks and noise, so the figure is comparable along a run."""
+def extend_drafter(drafter: XpressDrafter, taps: list[int], block: int | None = None) -> XpressDrafter:
+    """The same drafter reading more target layers, or trained for another block size, for continued training.
+
+    The new taps' fusion weights start at zero, so the extended drafter drafts exactly as the old one did and
+    training only adds what the new layers tell; the block size sets no weight (positions are rotary)."""
+    old = list(drafter.config.tapped_layers)
+    if not set(old) <= set(taps):
+        raise XpressError(f"--taps {taps} must keep the init drafter's taps {old} (their weights are trained)")
+    config = drafter.config.to_dict() | {"tapped_layers": sorted(taps), "block_size": block or drafter.config.block_size}
+    extended = XpressDrafter(type(drafter.config).from_dict(config))
+    state = drafter.state_dict()
+    hidden = drafter.config.hidden_size
+    fc = torch.zeros_like(extended.fc.weight)  # (H, n_taps * H): one H-wide slice per tapped layer
+    for i, layer in enumerate(old):
+        j = extended.config.tapped_layers.index(layer)
+        fc[:, j * hidden : (j + 1) * hidden] = state["fc.weight"][:, i * hidden : (i + 1) * hidden]
+    extended.load_state_dict(state | {"fc.weight": fc})
+    return extended
+
+
+@torch.no_grad()
+def block_agreement(drafter: XpressDrafter, target, seqs: torch.Tensor, first_anchor: int, anchors: int) -> list[float]:
+    """Per block position j = 1..L: the share of fully masked (or pure-noise) blocks whose one-step (T = 1) draft at
+    j equals the target's greedy token there, given the true prefix. On greedy rows that is the chance that a
+    greedy round accepts position j once the positions before it were accepted: a cheap proxy for tau. Fixed blocks
+    and noise, so the figures are comparable along a run."""
     rng = np.random.default_rng(12345)
+    span = drafter.config.block_size + 1
     b = make_blocks(seqs, first_anchor, drafter.config.block_size, anchors, rng, torch.float32)
-    block = torch.arange(b.masked.shape[1]) % (drafter.config.block_size + 1) > 0  # every position but the roots
+    block = torch.arange(b.masked.shape[1]) % span > 0  # every position but the roots
     b = DrafterBatch(b.block_ids, b.masked | block, block.float().expand_as(b.levels), b.positions, b.attention_mask)
-    context = context_features(drafter, target, seqs)
+    reading = read_target(target, seqs, drafter.config.tapped_layers)
     embeds = block_inputs(drafter, b, torch.Generator().manual_seed(12345))
-    logits = drafter(embeds, b.positions, context, b.attention_mask)
-    right = (logits.argmax(-1) == b.block_ids) & block
-    return float(right.sum() / block.expand_as(right).sum())
+    logits = drafter(embeds, b.positions, context_features(drafter, reading.features), b.attention_mask)
+    greedy = soft_targets(reading, b).argmax(-1)
+    right = (logits.argmax(-1) == greedy).float().view(seqs.shape[0], -1, span)[..., 1:]  # (B, M, L)
+    return [round(float(x), 4) for x in right.mean(dim=(0, 1))]
 
 
 def train_drafter(
@@ -137,9 +190,14 @@ def train_drafter(
     tokenizer,
     anchors: int = 4,
     decay: float = 8.0,
+    soft: float = 0.0,
+    tau_eval: Callable[[], dict] | None = None,
     continued_from: dict | None = None,
 ) -> dict:
-    """Train ``drafter`` (bound to the frozen ``target``) on distilled sequences (N, S); save to ``out_dir``."""
+    """Train ``drafter`` (bound to the frozen ``target``) on distilled sequences (N, S); save to ``out_dir``.
+
+    ``soft``: weight of the KL to the target's distribution against the CE on the sequence's token (1 = KL only).
+    ``tau_eval``: measures tau on held-out prompts with the engine (the learning curve), at every evaluation."""
     for p in target.parameters():
         p.requires_grad_(False)
     drafter.bind(target)
@@ -151,25 +209,22 @@ def train_drafter(
         batch_seqs = draw_rows(train_seqs, rng, cfg.batch_size)
         return drafter_loss(
             drafter,
-            target,
-            batch_seqs,
+            read_target(target, batch_seqs, drafter.config.tapped_layers),
             make_blocks(batch_seqs, first_anchor, block, anchors, rng, torch.float32),
             decay,
+            soft,
             # Drawn from the step's seeded rng: a resumed run sees the noise the uninterrupted run would have.
             torch.Generator().manual_seed(int(rng.integers(2**62))),
         )
 
-    summary = train(
-        drafter,
-        loss_fn,
-        cfg,
-        workdir,
-        desc="drafter",
-        eval_name="block_accuracy_T1",
-        eval_fn=lambda: masked_accuracy(drafter, target, held_out[:32], first_anchor, anchors),
-    )
-    summary["heldout_block_accuracy_T1"] = round(masked_accuracy(drafter, target, held_out, first_anchor, anchors), 4)
+    def eval_fn() -> dict:
+        agreement = block_agreement(drafter, target, held_out, first_anchor, anchors)
+        return {"block_agreement_T1": agreement} | (tau_eval() if tau_eval else {})
+
+    summary = train(drafter, loss_fn, cfg, workdir, desc="drafter", eval_fn=eval_fn)
+    summary["heldout_block_agreement_T1"] = block_agreement(drafter, target, held_out, first_anchor, anchors)
     summary["distilled_sequences"] = int(seqs.shape[0])
+    summary["recipe"] = {"anchors": anchors, "decay": decay, "soft": soft, "batch_size": cfg.batch_size}
     if continued_from:  # the --init drafter's own summary: the card then reports the whole training
         summary["continued_from"] = continued_from
     return save_trained(drafter, tokenizer, out_dir, summary)

@@ -15,8 +15,10 @@ from ..bench.measure import BenchRun, RunPlan
 from ..bench.methods import XPRESS, XPRESS_NONE, BenchModels, Setting
 from ..bench.stages import run_stage
 from ..config import DecodeConfig
+from ..engine import decode_to_end
 from ..data import Prompt, default_prompts
 from ..models import Models
+from ..trace import tokens_per_round
 
 # (K, T, L) the model cards report.
 CARD_SETTINGS = ((1, 1, 8), (4, 2, 8), (4, 4, 16))
@@ -85,3 +87,12 @@ def evaluate(
 
 def heldout_prompts(data_dir: Path, count: int = 50) -> tuple[Prompt, ...]:
     return default_prompts(data_dir, sgd=count, stories=0)
+
+
+def acceptance_profile(models: Models, prompt_ids: list, block: int = 8, max_new_tokens: int = 64) -> dict:
+    """Greedy tau at (K, T, L) = (1, 1, block) and, per block position j, the share of rounds that accepted at least
+    j draft tokens (position 1 = the first draft token was right): the learning curve's figures."""
+    cfg = DecodeConfig(drafts=1, steps=1, block=block, max_new_tokens=max_new_tokens)
+    rounds = [a for ids in prompt_ids for a in decode_to_end(models, ids, cfg).accept_lens]
+    reached = [sum(a >= j for a in rounds) / max(len(rounds), 1) for j in range(1, block + 1)]
+    return {"tau": round(tokens_per_round(rounds), 4), "accepted_at": [round(r, 4) for r in reached]}

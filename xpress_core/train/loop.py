@@ -56,11 +56,13 @@ def train(
     loss_fn: Callable[[np.random.Generator], torch.Tensor],
     cfg: TrainConfig,
     workdir: Path,
-    eval_fn: Callable[[], float] | None = None,
+    eval_fn: Callable[[], dict] | None = None,
     desc: str = "train",
-    eval_name: str = "val_loss",
 ) -> dict:
-    """Run (or resume) ``cfg.steps`` optimizer steps; ``loss_fn(rng)`` draws one batch and returns its loss."""
+    """Run (or resume) ``cfg.steps`` optimizer steps; ``loss_fn(rng)`` draws one batch and returns its loss.
+
+    Every ``eval_every`` steps ``eval_fn()`` returns named figures, logged with the rows seen so far and the wall
+    time: the run's learning curve."""
     workdir.mkdir(parents=True, exist_ok=True)
     ckpt_path = workdir / "ckpt.pt"
     log_path = workdir / "train_log.jsonl"
@@ -100,11 +102,12 @@ def train(
             step += 1
             bar.update(1)
             record = {"step": step, "loss": round(loss.item(), 4), "lr": opt.param_groups[0]["lr"]}
-            if eval_fn is not None and (step % cfg.eval_every == 0 or step == cfg.steps):
+            evaluated = eval_fn is not None and (step % cfg.eval_every == 0 or step == cfg.steps)
+            if evaluated:
                 model.eval()
-                record[eval_name] = round(eval_fn(), 4)
+                record |= {"rows_seen": step * cfg.batch_size, **eval_fn()}
                 model.train()
-            if step % 10 == 0 or eval_name in record:
+            if step % 10 == 0 or evaluated:
                 record["elapsed_s"] = round(prior_wall + time.time() - started, 1)
                 log.write(json.dumps(record) + "\n")
                 log.flush()

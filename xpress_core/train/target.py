@@ -88,7 +88,7 @@ def train_target(
         lambda rng: lm_loss(model, random_windows(train_tokens, rng, cfg.batch_size, cfg.seq_len)),
         cfg,
         workdir,
-        eval_fn=lambda: validation_loss(model, val_tokens, cfg.seq_len, max_windows=64),
+        eval_fn=lambda: {"val_loss": round(validation_loss(model, val_tokens, cfg.seq_len, max_windows=64), 4)},
         desc="target",
     )
     return save_target(model, tokenizer, out_dir, summary, val_tokens, cfg, cfg.steps)
