@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from .drafter import distillation_loss
 from .loop import TrainConfig, draw_rows, save_trained, split_held_out, train
 from .target import lm_loss
 
@@ -43,11 +44,24 @@ def make_ar_drafter(target, layers: int) -> LlamaForCausalLM:
     return model
 
 
-def train_ar_drafter(model, seqs: torch.Tensor, cfg: TrainConfig, workdir: Path, out_dir: Path, tokenizer) -> dict:
+def soft_lm_loss(model, target, rows: torch.Tensor, soft: float) -> torch.Tensor:
+    """Next-token loss against the target's distribution at every position (KL, mixed with the CE by ``soft``),
+    the same soft labels the diffusion drafter learns from."""
+    with torch.no_grad():
+        target_logp = target(input_ids=rows[:, :-1]).logits.float().log_softmax(-1)
+    logits = model(input_ids=rows[:, :-1]).logits
+    return distillation_loss(logits, rows[:, 1:], target_logp, soft).mean()
+
+
+def train_ar_drafter(
+    model, seqs: torch.Tensor, cfg: TrainConfig, workdir: Path, out_dir: Path, tokenizer, target=None, soft: float = 0.0
+) -> dict:
+    """``soft`` > 0 (with the frozen ``target``): learn the target's distributions, not only its tokens."""
     held_out, train_seqs = split_held_out(seqs)
 
     def loss_fn(rng: np.random.Generator) -> torch.Tensor:
-        return lm_loss(model, draw_rows(train_seqs, rng, cfg.batch_size))
+        rows = draw_rows(train_seqs, rng, cfg.batch_size)
+        return soft_lm_loss(model, target, rows, soft) if soft > 0 else lm_loss(model, rows)
 
     def eval_fn() -> dict:
         with torch.no_grad():
@@ -55,4 +69,5 @@ def train_ar_drafter(model, seqs: torch.Tensor, cfg: TrainConfig, workdir: Path,
 
     summary = train(model, loss_fn, cfg, workdir, eval_fn=eval_fn, desc="ar-drafter")
     summary |= eval_fn()
+    summary["recipe"] = {"soft": soft, "batch_size": cfg.batch_size}
     return save_trained(model, tokenizer, out_dir, summary)

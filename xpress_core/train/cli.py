@@ -77,8 +77,14 @@ def add_drafter_steps(steps: argparse._SubParsersAction) -> None:
         step.add_argument("--steps", type=int, default=2000)
         step.add_argument("--batch-size", type=int, default=16)
         step.add_argument("--lr", type=float, default=1e-3)
-        step.add_argument("--layers", type=int, default=1 if name == "drafter" else 2)
+        step.add_argument("--layers", type=int, help="model depth (default 2; with --init, the init drafter's or more)")
         step.add_argument("--no-bf16", action="store_true")
+        step.add_argument(
+            "--soft",
+            type=float,
+            default=1.0,
+            help="weight of the KL to the target's distribution (soft labels) against the CE on the token",
+        )
         if name == "drafter":
             step.add_argument(
                 "--block", type=int, help="trained block size L (default 8; with --init, the init drafter's)"
@@ -86,12 +92,6 @@ def add_drafter_steps(steps: argparse._SubParsersAction) -> None:
             step.add_argument("--anchors", type=int, default=48, help="blocks per sequence per step")
             step.add_argument(
                 "--decay", type=float, default=8.0, help="loss weight of block position j: exp(-(j-1)/decay)"
-            )
-            step.add_argument(
-                "--soft",
-                type=float,
-                default=1.0,
-                help="weight of the KL to the target's distribution (soft labels) against the CE on the token",
             )
             step.add_argument(
                 "--taps",
@@ -264,7 +264,8 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
         eval_every=max(50, args.steps // 10),
     )
     if args.step == "ar-drafter":
-        return train_ar_drafter(make_ar_drafter(target, args.layers), seqs, cfg, args.workdir, args.out, tokenizer)
+        model = make_ar_drafter(target, args.layers or 2)
+        return train_ar_drafter(model, seqs, cfg, args.workdir, args.out, tokenizer, target, args.soft)
     from ..drafters.diffusion_model import XpressDrafter
 
     init_dir = Path(args.init) if args.init else args.workdir / "init"
@@ -272,15 +273,15 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
         init_drafter(
             args.target,
             init_dir,
-            layers=args.layers,
+            layers=args.layers or 2,
             block=args.block or 8,
             noise=args.noise,
             clean_rms=args.clean_rms,
             tapped_layers=args.taps,
         )
     drafter = XpressDrafter.from_pretrained(init_dir)
-    if args.init and (args.taps or args.block):
-        drafter = extend_drafter(drafter, args.taps or drafter.config.tapped_layers, args.block)
+    if args.init and (args.taps or args.block or args.layers):
+        drafter = extend_drafter(drafter, args.taps or drafter.config.tapped_layers, args.block, args.layers)
     if drafter.config.noise != args.noise:
         raise XpressError(f"{init_dir} holds a {drafter.config.noise!r} drafter; --noise asks for {args.noise!r}")
     return train_drafter(

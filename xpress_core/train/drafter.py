@@ -140,17 +140,29 @@ def drafter_loss(
 
 
 @torch.no_grad()
-def extend_drafter(drafter: XpressDrafter, taps: list[int], block: int | None = None) -> XpressDrafter:
-    """The same drafter reading more target layers, or trained for another block size, for continued training.
+def extend_drafter(drafter: XpressDrafter, taps: list[int], block: int | None = None, layers: int = 0) -> XpressDrafter:
+    """The same drafter reading more target layers, deeper, or trained for another block size, for continued
+    training, drafting exactly as the old one did at the start.
 
-    The new taps' fusion weights start at zero, so the extended drafter drafts exactly as the old one did and
-    training only adds what the new layers tell; the block size sets no weight (positions are rotary)."""
+    The new taps' fusion weights start at zero, so training only adds what the new layers tell; new drafter layers
+    go on top with their output projections at zero (each adds nothing to the residual stream until trained); the
+    block size sets no weight (positions are rotary)."""
     old = list(drafter.config.tapped_layers)
     if not set(old) <= set(taps):
         raise XpressError(f"--taps {taps} must keep the init drafter's taps {old} (their weights are trained)")
-    config = drafter.config.to_dict() | {"tapped_layers": sorted(taps), "block_size": block or drafter.config.block_size}
+    depth = drafter.config.num_hidden_layers
+    if layers and layers < depth:
+        raise XpressError(f"--layers {layers} is fewer than the init drafter's {depth}")
+    config = drafter.config.to_dict() | {
+        "tapped_layers": sorted(taps),
+        "block_size": block or drafter.config.block_size,
+        "num_hidden_layers": max(layers, depth),
+    }
     extended = XpressDrafter(type(drafter.config).from_dict(config))
-    state = drafter.state_dict()
+    for layer in extended.layers[depth:]:
+        layer.attn.o_proj.weight.zero_()
+        layer.down_proj.weight.zero_()
+    state = extended.state_dict() | drafter.state_dict()
     hidden = drafter.config.hidden_size
     fc = torch.zeros_like(extended.fc.weight)  # (H, n_taps * H): one H-wide slice per tapped layer
     for i, layer in enumerate(old):
