@@ -140,7 +140,9 @@ def drafter_loss(
 
 
 @torch.no_grad()
-def extend_drafter(drafter: XpressDrafter, taps: list[int], block: int | None = None, layers: int = 0) -> XpressDrafter:
+def extend_drafter(
+    drafter: XpressDrafter, taps: list[int], block: int | None = None, layers: int | None = None
+) -> XpressDrafter:
     """The same drafter reading more target layers, deeper, or trained for another block size, for continued
     training, drafting exactly as the old one did at the start.
 
@@ -156,7 +158,7 @@ def extend_drafter(drafter: XpressDrafter, taps: list[int], block: int | None = 
     config = drafter.config.to_dict() | {
         "tapped_layers": sorted(taps),
         "block_size": block or drafter.config.block_size,
-        "num_hidden_layers": max(layers, depth),
+        "num_hidden_layers": max(layers or 0, depth),
     }
     extended = XpressDrafter(type(drafter.config).from_dict(config))
     for layer in extended.layers[depth:]:
