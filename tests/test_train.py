@@ -95,7 +95,11 @@ def pipeline(tmp_path_factory):
     out["target_half"] = train_cli("target", *common, "--steps", "40")  # stops at 40: a checkpoint to resume from
     out["target"] = train_cli("target", *common, "--steps", "80")
     for name, step, extra in (
-        ("drafter", "drafter", ["--block", "8", "--anchors", "8", "--tau-prompts", "2", "--eval-data", str(data)]),
+        (
+            "drafter",
+            "drafter",
+            ["--block", "8", "--anchors", "8", "--root-predicts-next", "--tau-prompts", "2", "--eval-data", str(data)],
+        ),
         ("gauss", "drafter", ["--block", "8", "--noise", "gaussian", "--soft", "0.5", "--tau-prompts", "0"]),
         ("ar-drafter", "ar-drafter", []),
     ):
@@ -160,6 +164,7 @@ def test_drafters_train_and_decode_exactly(pipeline):
     for name in ("drafter", "gauss", "ar-drafter"):
         assert losses(root / f"{name}_w")[-1] < losses(root / f"{name}_w")[0], name
     assert json.loads((root / "gauss" / "config.json").read_text())["noise"] == "gaussian"
+    assert json.loads((root / "drafter" / "config.json").read_text())["root_predicts_next"] is True
     for drafter in (root / "drafter", root / "gauss", root / "ar-drafter"):
         models = load_models(root / "target", drafter, device="cpu")
         prompt = encode_prompt(models.tokenizer, "I want to book a table", chat=True)
@@ -234,3 +239,44 @@ def test_the_drafter_run_logs_its_learning_curve(pipeline):
     figure = learning_curve_figure(points, shipped_tau=1.5)
     assert list(figure.data[0].y) == [p["tau"] for p in points]
     assert list(figure.data[-1].y) == points[-1]["accepted_at"]
+
+
+def test_training_reads_the_features_and_logits_the_engine_decodes_with(zoo):
+    import torch
+
+    from xpress_core.engine import target_forward
+    from xpress_core.models import load_models
+    from xpress_core.train.drafter import read_target
+
+    models = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu")
+    ids = torch.tensor([[5, 9, 14, 3, 27, 8, 11]])
+    with torch.no_grad():
+        logits, features = target_forward(models, ids, torch.arange(7)[None], None, None)
+    reading = read_target(models.target, ids, list(models.drafter.tapped_layers))
+    assert torch.equal(reading.features, features) and torch.equal(reading.logits, logits)
+
+
+def test_extended_drafter_drafts_exactly_as_before_and_the_root_can_predict_the_first_token(zoo, tmp_path):
+    import torch
+
+    from xpress_core.models import init_drafter, load_target
+    from xpress_core.train.drafter import extend_drafter
+
+    target, _ = load_target(zoo["llama"], torch.device("cpu"), torch.float32)
+    old = init_drafter(zoo["llama"], tmp_path / "d", layers=1, block=8, tapped_layers=[0, 2]).bind(target).eval()
+    new = extend_drafter(old, [0, 1, 2], block=4, layers=3).bind(target).eval()
+    assert (new.config.tapped_layers, new.config.num_hidden_layers, new.config.block_size) == ([0, 1, 2], 3, 4)
+    h = old.config.hidden_size
+    tapped = {layer: torch.randn(1, 6, h) for layer in (0, 1, 2)}  # what the target's layers would say
+    features = torch.cat([tapped[0], tapped[2]], dim=-1)
+    wide = torch.cat([tapped[0], tapped[1], tapped[2]], dim=-1)
+    embeds = old.embed_block(torch.tensor([[4, 0, 0, 0, 0]]), torch.tensor([[False, True, True, True, True]]))
+    positions = torch.arange(6, 11)[None]
+    with torch.no_grad():
+        before = old(embeds, positions, old.context_kv(features, torch.arange(6)[None]))
+        after = new(embeds, positions, new.context_kv(wide, torch.arange(6)[None]))
+    assert torch.allclose(before, after, atol=1e-5)
+    logits = torch.arange(3 * 5 * 2.0).view(3, 5, 2)  # (blocks, [root, 1..4], V)
+    assert torch.equal(new.block_predictions(logits), logits[:, 1:])
+    new.config.root_predicts_next = True
+    assert torch.equal(new.block_predictions(logits), torch.cat([logits[:, :1], logits[:, 2:]], dim=1))

@@ -182,7 +182,7 @@ class TargetConditionedDrafter(Drafter):
         rows, span, _ = block_embeds.shape
         positions = torch.arange(state.length, state.length + span, device=block_embeds.device).expand(rows, -1)
         context = [(ck.expand(rows, -1, -1, -1), cv.expand(rows, -1, -1, -1)) for ck, cv in state.context]
-        return self.model(block_embeds, positions, context)[:, 1:]
+        return self.model.block_predictions(self.model(block_embeds, positions, context))
 
 
 class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):

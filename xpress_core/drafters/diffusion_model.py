@@ -62,6 +62,7 @@ class XpressDrafterConfig(PreTrainedConfig):
         qk_norm: bool = False,
         learned_mask: bool = True,
         attention_bias: bool = False,
+        root_predicts_next: bool = False,
         **kwargs,
     ):
         if noise not in NOISE_TYPES:
@@ -89,6 +90,10 @@ class XpressDrafterConfig(PreTrainedConfig):
         self.qk_norm = qk_norm
         self.learned_mask = learned_mask
         self.attention_bias = attention_bias
+        # The root's own output predicts the block's first token (as an autoregressive model's last position does)
+        # instead of the first masked position: the root knows its token from the first layer on, so every layer's
+        # attention to the context is already asked about it, where a masked position spends a layer fetching it.
+        self.root_predicts_next = root_predicts_next
         super().__init__(**kwargs)
 
 
@@ -290,3 +295,10 @@ class XpressDrafter(PreTrainedModel):
         for layer, (ctx_k, ctx_v) in zip(self.layers, context):
             h = layer(h, cos, sin, ctx_k, ctx_v, attention_mask)
         return self.shared[1](self.norm(h))
+
+    def block_predictions(self, logits: torch.Tensor) -> torch.Tensor:
+        """Per block (..., L+1, V) logits of ``[root, positions 1..L]`` -> (..., L, V) the predictions of tokens
+        1..L: the root's output for token 1 when ``root_predicts_next``, else position j's for token j."""
+        if self.config.root_predicts_next:
+            return torch.cat([logits[..., :1, :], logits[..., 2:, :]], dim=-2)
+        return logits[..., 1:, :]

@@ -108,6 +108,11 @@ def add_drafter_steps(steps: argparse._SubParsersAction) -> None:
             step.add_argument(
                 "--eval-data", type=Path, default=DEFAULT_DATA, help="the data folder holding sgd/sgd_dev.txt"
             )
+            step.add_argument(
+                "--root-predicts-next",
+                action="store_true",
+                help="the root's output predicts the first block token (else the first masked position's)",
+            )
             step.add_argument("--init", help="start from this drafter directory instead of a fresh one")
             step.add_argument(
                 "--noise",
@@ -282,6 +287,8 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
     drafter = XpressDrafter.from_pretrained(init_dir)
     if args.init and (args.taps or args.block or args.layers):
         drafter = extend_drafter(drafter, args.taps or drafter.config.tapped_layers, args.block, args.layers)
+    if args.root_predicts_next:  # a readout choice: no weight changes, so an --init drafter can switch to it
+        drafter.config.root_predicts_next = True
     if drafter.config.noise != args.noise:
         raise XpressError(f"{init_dir} holds a {drafter.config.noise!r} drafter; --noise asks for {args.noise!r}")
     return train_drafter(

@@ -119,6 +119,11 @@ def distillation_loss(logits: torch.Tensor, tokens: torch.Tensor, target_logp: t
     return loss
 
 
+def per_block(x: torch.Tensor, span: int) -> torch.Tensor:
+    """(B, M*span, ...) -> (B, M, span, ...): the blocks of a batch side by side."""
+    return x.view(x.shape[0], -1, span, *x.shape[2:])
+
+
 def drafter_loss(
     drafter: XpressDrafter,
     reading: TargetReading,
@@ -127,15 +132,17 @@ def drafter_loss(
     soft: float,
     generator: torch.Generator,
 ) -> torch.Tensor:
+    span = drafter.config.block_size + 1
     context = context_features(drafter, reading.features)
     embeds = block_inputs(drafter, batch, generator)
-    logits = drafter(embeds, batch.positions, context, batch.attention_mask.to(embeds.dtype))
-    losses = distillation_loss(logits, batch.block_ids, soft_targets(reading, batch) if soft > 0 else None, soft)
+    logits = drafter(embeds, batch.positions, context, batch.attention_mask.to(embeds.dtype))  # (B, Q, V)
+    predictions = drafter.block_predictions(per_block(logits, span))  # (B, M, L, V): tokens 1..L of each block
+    target_logp = per_block(soft_targets(reading, batch), span)[:, :, 1:] if soft > 0 else None
+    losses = distillation_loss(predictions, per_block(batch.block_ids, span)[:, :, 1:], target_logp, soft)
     # Acceptance stops at the first wrong token, so early block positions matter most: weight position j by
     # exp(-(j - 1) / decay) (DFlash weights its loss the same way), predicted positions only.
-    span = drafter.config.block_size + 1
-    offset = (torch.arange(batch.masked.shape[1]) % span).clamp(min=1).float()
-    weights = torch.exp(-(offset - 1) / decay) * predicted_positions(drafter, batch).float()
+    decays = torch.exp(-torch.arange(span - 1, dtype=torch.float32) / decay)  # (L,)
+    weights = decays * per_block(predicted_positions(drafter, batch), span)[:, :, 1:].float()
     return (losses * weights).sum() / weights.sum()
 
 
@@ -188,8 +195,8 @@ def block_agreement(drafter: XpressDrafter, target, seqs: torch.Tensor, first_an
     reading = read_target(target, seqs, drafter.config.tapped_layers)
     embeds = block_inputs(drafter, b, torch.Generator().manual_seed(12345))
     logits = drafter(embeds, b.positions, context_features(drafter, reading.features), b.attention_mask)
-    greedy = soft_targets(reading, b).argmax(-1)
-    right = (logits.argmax(-1) == greedy).float().view(seqs.shape[0], -1, span)[..., 1:]  # (B, M, L)
+    greedy = per_block(soft_targets(reading, b).argmax(-1), span)[:, :, 1:]
+    right = (drafter.block_predictions(per_block(logits, span)).argmax(-1) == greedy).float()  # (B, M, L)
     return [round(float(x), 4) for x in right.mean(dim=(0, 1))]
 
 
