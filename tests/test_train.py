@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -234,7 +235,7 @@ def test_the_drafter_run_logs_its_learning_curve(pipeline):
     assert points[len(evals)]["tokens_seen"] == (evals[-1]["rows_seen"] + evals[0]["rows_seen"]) * 64
     for r in evals:
         shares = r["accepted_at"]
-        assert len(shares) == 8 and all(0 <= b <= a <= 1 for a, b in zip(shares, shares[1:]))
+        assert len(shares) == 8 and all(0 <= b <= a <= 1 for a, b in pairwise(shares))
         assert r["tau"] == pytest.approx(1 + sum(shares), abs=1e-3)  # tau = 1 + E[accepted] = 1 + sum P(>= j)
     figure = learning_curve_figure(points, shipped_tau=1.5)
     assert list(figure.data[0].y) == [p["tau"] for p in points]

@@ -59,7 +59,9 @@ def learning_curve_figure(points: list[dict], shipped_tau: float | None = None) 
         fig.add_hline(y=shipped_tau, line_dash="dash", annotation_text=f"before: τ {shipped_tau:.2f}", row=1, col=1)
     for label, point in (("first evaluation", points[0]), ("last evaluation", points[-1])) if points else ():
         shares = point["accepted_at"]
-        fig.add_bar(x=list(range(1, len(shares) + 1)), y=shares, name=f"{label} ({point['wall_min']} min)", row=1, col=2)
+        fig.add_bar(
+            x=list(range(1, len(shares) + 1)), y=shares, name=f"{label} ({point['wall_min']} min)", row=1, col=2
+        )
     fig.update_xaxes(title_text="target tokens read (millions)", row=1, col=1)
     fig.update_xaxes(title_text="block position j", dtick=1, row=1, col=2)
     fig.update_yaxes(title_text="τ (tokens per round)", row=1, col=1)

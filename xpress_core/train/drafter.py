@@ -11,13 +11,12 @@ sequence go through one drafter forward: block m sees the context before its anc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ..drafters.diffusion_model import XpressDrafter, add_noise
 from ..errors import XpressError

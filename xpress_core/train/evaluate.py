@@ -15,8 +15,8 @@ from ..bench.measure import BenchRun, RunPlan
 from ..bench.methods import XPRESS, XPRESS_NONE, BenchModels, Setting
 from ..bench.stages import run_stage
 from ..config import DecodeConfig
-from ..engine import decode_to_end
 from ..data import Prompt, default_prompts
+from ..engine import decode_to_end
 from ..models import Models
 from ..trace import tokens_per_round
 
