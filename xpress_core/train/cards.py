@@ -102,8 +102,15 @@ def drafter_card(asset: Path, command: str, kind: str) -> str:
     s = read_json(asset / "training_summary.json")
     scores = read_json(asset / "eval.json")
     cfg = read_json(asset / "config.json")
+    recipe = s.get("recipe", {})
+    root_text = (
+        " The root's own output predicts the block's first token (`root_predicts_next`)."
+        if cfg.get("root_predicts_next")
+        else ""
+    )
     rows = "\n".join(
-        f"| {r['drafts']} | {r['steps']} | {r['block']} | {r['tau']:.2f} | {draft_ms(r)} | {r['tokens_per_s']:.0f} | "
+        f"| {r['drafts']} | {r['steps']} | {r['block']} | {r.get('temperature', 0):g} | {r['tau']:.2f} | {draft_ms(r)} | "
+        f"{r['tokens_per_s']:.0f} | "
         f"{r['plain_tokens_per_s']:.0f} | {r['speedup']:.2f}x |"
         for r in scores.get("scores", [])
     )
@@ -127,7 +134,9 @@ A target-conditioned masked block-diffusion drafter (`XpressDrafter`): {cfg.get(
 hidden {cfg.get("hidden_size")}, block size {cfg.get("block_size")}, tapped target layers {cfg.get("tapped_layers")}.
 It reuses the target's embedding and LM head (not stored here), so it only works with `assets/target`. Trained by
 self-distillation: the target wrote {s.get("distilled_sequences")} continuations of corpus prompts (half greedy, half
-sampled at temperature 0.8); random anchors, masked at a random ratio (half of the blocks fully masked)."""
+sampled at temperature 0.8), each read once by the frozen target; {recipe.get("anchors", "random")} anchors per
+sequence, each block masked at a random ratio (half of the blocks fully masked); the loss is
+{loss_text(recipe)}.{root_text}"""
     else:
         head = f"""# xPress embedded autoregressive drafter
 
@@ -150,14 +159,24 @@ Command: `{command}`
 
 ## Mean accepted length on held-out chats
 
-{scores.get("prompts", 0)} held-out `sgd_dev` chats, greedy, {scores.get("max_new_tokens", 0)} new tokens, on this
+{scores.get("prompts", 0)} held-out `sgd_dev` chats, {scores.get("max_new_tokens", 0)} new tokens, fp32, on this
 2-core CPU. tau = tokens per drafting round (accepted draft tokens + the target's own token).
 
-| K | T | L | tau | draft ms/round | tokens/s | plain tokens/s | speedup |
-|---|---|---|---|---|---|---|---|
+| K | T | L | temperature | tau | draft ms/round | tokens/s | plain tokens/s | speedup |
+|---|---|---|---|---|---|---|---|---|
 {rows}
 
 {DATA_CREDITS}"""
+
+
+def loss_text(recipe: dict) -> str:
+    """How a drafter learned: soft labels (the target's distributions), the sampled tokens, or both."""
+    soft = recipe.get("soft", 0.0)
+    if soft >= 1:
+        return "the KL divergence from the target's distribution at every block position (soft labels)"
+    if soft <= 0:
+        return "cross-entropy on the masked tokens"
+    return f"{soft:g} x the KL divergence from the target's distribution + {1 - soft:g} x cross-entropy on the token"
 
 
 def draft_ms(score: dict) -> str:

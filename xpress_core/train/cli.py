@@ -141,6 +141,9 @@ def add_report_steps(steps: argparse._SubParsersAction) -> None:
     ev.add_argument("--data", type=Path, default=DEFAULT_DATA)
     ev.add_argument("--prompts", type=int, default=50)
     ev.add_argument("--max-new-tokens", type=int, default=64)
+    ev.add_argument(
+        "--temperatures", type=float, nargs="+", default=[0.0], help="sampling temperatures to measure (0 = greedy)"
+    )
     ev.add_argument("--out", type=Path, nargs="+", help="write each drafter's scores as JSON here (one per drafter)")
 
     curve = steps.add_parser("curve", help="draw a drafter run's learning curve (tau against tokens read) as HTML")
@@ -183,7 +186,7 @@ def run_eval(args: argparse.Namespace) -> list[dict]:
     prompts = heldout_prompts(args.data, args.prompts)
     # The AR drafter drafts left to right, one position per step: T = L, tried over draft lengths.
     settings = CARD_SETTINGS if kinds == {"diffusion"} else [(1, n, n) for n in AR_DRAFT_LENGTHS]
-    scores = evaluate(drafters, prompts, settings, args.max_new_tokens)
+    scores = evaluate(drafters, prompts, settings, args.max_new_tokens, args.temperatures)
     reports = [
         {
             "target": str(args.target),
