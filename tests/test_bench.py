@@ -331,7 +331,7 @@ def test_bench_figures_render_to_png_in_the_browser(bench_run, tmp_path):
 
     figures = figure_files(bench_run)
     assert set(figures) == {"speedup", "tau_hist", "latency", "heatmap_tokens_per_s", "heatmap_tau"}
-    pngs = render_pngs(bench_run, tmp_path)
+    pngs = render_pngs([bench_run], tmp_path)
     assert [p.stem for p in pngs] == list(figures)
     for png in pngs:
         with Image.open(png) as image:

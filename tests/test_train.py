@@ -224,7 +224,7 @@ def test_soft_labels_of_a_block_token_come_from_the_position_before_it():
 
 
 def test_the_drafter_run_logs_its_learning_curve(pipeline):
-    from xpress_core.train.curve import curve_points, learning_curve_figure
+    from xpress_core.train.curve import curve_points, learning_curve_figure, parse_run
 
     log = pipeline["root"] / "drafter_w" / "train_log.jsonl"
     points = curve_points([log, log], seq_len=64)
@@ -237,9 +237,11 @@ def test_the_drafter_run_logs_its_learning_curve(pipeline):
         shares = r["accepted_at"]
         assert len(shares) == 8 and all(0 <= b <= a <= 1 for a, b in pairwise(shares))
         assert r["tau"] == pytest.approx(1 + sum(shares), abs=1e-3)  # tau = 1 + E[accepted] = 1 + sum P(>= j)
-    figure = learning_curve_figure(points, shipped_tau=1.5)
-    assert list(figure.data[0].y) == [p["tau"] for p in points]
-    assert list(figure.data[-1].y) == points[-1]["accepted_at"]
+    figure = learning_curve_figure({"run": points, "again": points[:1]}, before_tau=1.5)
+    assert list(figure.data[0].y) == [p["tau"] for p in points] and list(figure.data[1].y) == [points[0]["tau"]]
+    assert [list(bar.y) for bar in figure.data[2:]] == [p["accepted_at"] for p in (points[0], points[-1], points[0])]
+    assert parse_run(f"two stages={log},{log}") == ("two stages", [log, log])
+    assert parse_run(str(log)) == ("drafter_w", [log])
 
 
 def test_training_reads_the_features_and_logits_the_engine_decodes_with(zoo):

@@ -148,10 +148,13 @@ def add_report_steps(steps: argparse._SubParsersAction) -> None:
 
     curve = steps.add_parser("curve", help="draw a drafter run's learning curve (tau against tokens read) as HTML")
     curve.add_argument(
-        "--log", type=Path, nargs="+", required=True, help="train_log.jsonl of each run, in training order"
+        "--run",
+        nargs="+",
+        required=True,
+        help="NAME=LOG[,LOG...] per run (train_log.jsonl files in training order), or a bare LOG",
     )
     curve.add_argument("--seq-len", type=int, default=192, help="tokens per distilled row (prompt + new tokens)")
-    curve.add_argument("--before", type=float, help="tau of the drafter it replaces (a dashed line)")
+    curve.add_argument("--before", type=float, help="tau of the drafter the runs should beat (a dashed line)")
     curve.add_argument("--out", type=Path, default=Path("runs") / "learning_curve.html")
 
     cards = steps.add_parser("cards", help="write the model cards of the assets from their summaries and scores")
@@ -237,13 +240,13 @@ def run_train(args: argparse.Namespace) -> int:
         write_cards(args.assets, json.loads(args.commands.read_text()))
         print(json.dumps({"assets": str(args.assets)}))
     elif args.step == "curve":
-        from .curve import curve_points, learning_curve_figure
+        from .curve import curve_points, learning_curve_figure, parse_run
 
-        points = curve_points(args.log, args.seq_len)
+        runs = {name: curve_points(logs, args.seq_len) for name, logs in map(parse_run, args.run)}
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        learning_curve_figure(points, args.before).write_html(args.out, include_plotlyjs="directory")
-        (args.out.with_suffix(".json")).write_text(json.dumps(points, indent=1))
-        print(json.dumps({"points": len(points), "out": str(args.out)}))
+        learning_curve_figure(runs, args.before).write_html(args.out, include_plotlyjs="directory")
+        (args.out.with_suffix(".json")).write_text(json.dumps(runs, indent=1))
+        print(json.dumps({name: len(points) for name, points in runs.items()} | {"out": str(args.out)}))
     elif args.step == "eval":
         print(json.dumps(run_eval(args)))
     else:

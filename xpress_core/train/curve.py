@@ -39,32 +39,40 @@ def curve_points(logs: list[Path], seq_len: int) -> list[dict]:
     return points
 
 
-def learning_curve_figure(points: list[dict], shipped_tau: float | None = None) -> go.Figure:
-    """Left: tau against target tokens read (wall minutes on hover); right: per-position acceptance at the first
-    and the last evaluation. ``shipped_tau``: the drafter it should beat, as a dashed line."""
+def learning_curve_figure(runs: dict[str, list[dict]], before_tau: float | None = None) -> go.Figure:
+    """Left: tau of each run against target tokens read (wall minutes on hover); right: per-position acceptance at
+    each run's last evaluation (and the first run's first). ``before_tau``: the drafter to beat, as a dashed line."""
     fig = make_subplots(
         rows=1, cols=2, subplot_titles=("τ at (K, T, L) = (1, 1, 8), held-out chats", "rounds accepting ≥ j drafts")
     )
-    fig.add_scatter(
-        x=[p["tokens_seen"] / 1e6 for p in points],
-        y=[p["tau"] for p in points],
-        customdata=[p["wall_min"] for p in points],
-        hovertemplate="%{x:.1f}M tokens, %{customdata} min: τ %{y:.2f}<extra></extra>",
-        mode="lines+markers",
-        name="τ",
-        row=1,
-        col=1,
-    )
-    if shipped_tau is not None:
-        fig.add_hline(y=shipped_tau, line_dash="dash", annotation_text=f"before: τ {shipped_tau:.2f}", row=1, col=1)
-    for label, point in (("first evaluation", points[0]), ("last evaluation", points[-1])) if points else ():
-        shares = point["accepted_at"]
-        fig.add_bar(
-            x=list(range(1, len(shares) + 1)), y=shares, name=f"{label} ({point['wall_min']} min)", row=1, col=2
+    for name, points in runs.items():
+        fig.add_scatter(
+            x=[p["tokens_seen"] / 1e6 for p in points],
+            y=[p["tau"] for p in points],
+            customdata=[p["wall_min"] for p in points],
+            hovertemplate="%{x:.2f}M tokens, %{customdata} min: τ %{y:.2f}<extra></extra>",
+            mode="lines+markers",
+            name=name,
+            row=1,
+            col=1,
         )
-    fig.update_xaxes(title_text="target tokens read (millions)", row=1, col=1)
+    if before_tau is not None:
+        fig.add_hline(y=before_tau, line_dash="dash", annotation_text=f"before: τ {before_tau:.2f}", row=1, col=1)
+    bars = [(f"{name}, last ({points[-1]['wall_min']} min)", points[-1]) for name, points in runs.items() if points]
+    first = next((name, points[0]) for name, points in runs.items() if points) if bars else None
+    for label, point in ([(f"{first[0]}, first ({first[1]['wall_min']} min)", first[1])] if first else []) + bars:
+        shares = point["accepted_at"]
+        fig.add_bar(x=list(range(1, len(shares) + 1)), y=shares, name=label, row=1, col=2)
+    fig.update_xaxes(title_text="target tokens read in the run (millions)", row=1, col=1)
     fig.update_xaxes(title_text="block position j", dtick=1, row=1, col=2)
     fig.update_yaxes(title_text="τ (tokens per round)", row=1, col=1)
     fig.update_yaxes(title_text="share of rounds", range=[0, 1], row=1, col=2)
     fig.update_layout(template="plotly_white", barmode="group", width=1100, height=420)
     return fig
+
+
+def parse_run(spec: str) -> tuple[str, list[Path]]:
+    """``NAME=LOG[,LOG...]`` (logs of one run in training order) or a bare ``LOG`` named after its folder."""
+    name, _, logs = spec.rpartition("=")
+    paths = [Path(p) for p in logs.split(",")]
+    return name or paths[0].parent.name, paths
