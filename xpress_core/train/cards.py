@@ -112,8 +112,9 @@ def drafter_card(asset: Path, command: str, kind: str) -> str:
         f"| {r['drafts']} | {r['steps']} | {r['block']} | {r.get('temperature', 0):g} | {r['tau']:.2f} | {draft_ms(r)} | "
         f"{r['tokens_per_s']:.0f} | "
         f"{r['plain_tokens_per_s']:.0f} | {r['speedup']:.2f}x |"
-        for r in scores.get("scores", [])
+        for r in sorted(scores.get("scores", []), key=lambda r: (r.get("temperature", 0), r["block"], r["drafts"]))
     )
+    note = f" Note: {scores['note']}." if scores.get("note") else ""
     if kind == "gaussian":
         head = f"""# xPress embedded gaussian diffusion drafter
 
@@ -160,7 +161,7 @@ Command: `{command}`
 ## Mean accepted length on held-out chats
 
 {scores.get("prompts", 0)} held-out `sgd_dev` chats, {scores.get("max_new_tokens", 0)} new tokens, fp32, on this
-2-core CPU. tau = tokens per drafting round (accepted draft tokens + the target's own token).
+2-core CPU. tau = tokens per drafting round (accepted draft tokens + the target's own token).{note}
 
 | K | T | L | temperature | tau | draft ms/round | tokens/s | plain tokens/s | speedup |
 |---|---|---|---|---|---|---|---|---|
