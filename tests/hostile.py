@@ -70,17 +70,24 @@ def cli_cases(seed: int, count: int) -> list[CliCase]:
     return [cli_case(rng) for _ in range(count)]
 
 
+class Picker:
+    """Draws each value from the good pool, or from the bad one with the case's bad share (none in about one case of
+    eight: wholly valid cases), and remembers whether any bad value was drawn."""
+
+    def __init__(self, rng: random.Random, shares: tuple[float, ...]):
+        self.rng = rng
+        self.bad_share = 0.0 if rng.random() < 0.12 else rng.choice(shares)
+        self.hostile = False
+
+    def __call__(self, good, bad):
+        if self.rng.random() < self.bad_share:
+            self.hostile = True
+            return self.rng.choice(bad)
+        return self.rng.choice(good)
+
+
 def cli_case(rng: random.Random) -> CliCase:
-    bad_share = 0.0 if rng.random() < 0.12 else rng.choice((0.2, 0.4, 0.8))
-    hostile = False
-
-    def pick(good, bad):
-        nonlocal hostile
-        if rng.random() < bad_share:
-            hostile = True
-            return rng.choice(bad)
-        return rng.choice(good)
-
+    pick = Picker(rng, (0.2, 0.4, 0.8))
     argv = ["--prompt", pick(("book a table", "Once upon a time", FORGED), BAD_TEXT)]
     argv += ["--target", pick(("TARGET",), BAD_MODEL_SPECS), "--drafter", pick(("DRAFTER", "none"), BAD_MODEL_SPECS)]
     for option, good in NUMERIC_OPTIONS.items():
@@ -95,6 +102,7 @@ def cli_case(rng: random.Random) -> CliCase:
         argv += ["--log", pick(("TMP/rounds.jsonl",), BAD_PATHS)]
     if rng.random() < 0.2:
         argv += ["--stop", pick(("\n", "User:"), BAD_TEXT[:6])]
+    hostile = pick.hostile
     if rng.random() < 0.1:
         hostile = True
         argv += rng.choice(
@@ -188,20 +196,10 @@ def payloads(seed: int, count: int, presets: tuple[str, ...]) -> list[Payload]:
 
 
 def payload(rng: random.Random, presets: tuple[str, ...]) -> Payload:
-    bad_share = 0.0 if rng.random() < 0.12 else rng.choice((0.1, 0.3, 0.6))
-    hostile = False
-
-    def pick(good, bad):
-        nonlocal hostile
-        if rng.random() < bad_share:
-            hostile = True
-            return rng.choice(bad)
-        return rng.choice(good)
-
+    pick = Picker(rng, (0.1, 0.3, 0.6))
     settings = {name: pick(good, BAD_VALUES + BAD_CHOICES) for name, good in PAYLOAD_GOOD.items()}
-    if not hostile and settings["steps"] > settings["block"]:
-        hostile = True
+    steps_over_block = not pick.hostile and settings["steps"] > settings["block"]
     message = pick(("book a table", "Once upon a time", FORGED), BAD_MESSAGES)
     history = pick(GOOD_HISTORIES, BAD_HISTORIES)
     preset = pick(presets, ("no such preset", None, 3, "", UNDECODABLE))
-    return Payload(message, history, preset, settings, hostile)
+    return Payload(message, history, preset, settings, pick.hostile or steps_over_block)
