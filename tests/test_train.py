@@ -218,7 +218,7 @@ def test_soft_labels_of_a_block_token_come_from_the_position_before_it():
     logits = torch.full((2, 20, 21), -30.0)
     logits[:, torch.arange(20), torch.arange(20) + 1] = 30.0
     batch = make_blocks(seqs, 5, 4, 3, np.random.default_rng(0), torch.float32)
-    predicted = soft_targets(TargetReading(torch.zeros(2, 20, 1), logits), batch).argmax(-1)
+    predicted = soft_targets(TargetReading(torch.zeros(2, 20, 1), logits), batch.positions).argmax(-1)
     roots = torch.arange(batch.positions.shape[1]) % 5 == 0
     assert torch.equal(predicted[:, ~roots], batch.positions[:, ~roots])
 

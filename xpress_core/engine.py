@@ -21,7 +21,7 @@ from .config import DecodeConfig
 from .controller import AutoControl, CostModel, FixedControl, RoundSetting
 from .drafters.base import Drafts, NoDrafter
 from .errors import XpressError
-from .models import Models, context_limit, eos_ids
+from .models import Models, context_limit, eos_ids, tapped_forward
 from .sampling import draw_token
 from .trace import DecodeResult, RoundTrace, peak_memory_mb
 from .tree import Acceptance, DraftTree, accept, build_tree, tree_attention_mask, tree_position_ids
@@ -90,22 +90,16 @@ def stop_token_ids(models: Models) -> set[int]:
 
 
 def target_forward(models: Models, ids, positions, mask, cache):
-    """One target forward -> (B, Q, V) logits and (B, Q, F) tapped features (or None).
-
-    ``output_hidden_states`` takes the indices of the hidden states to keep, so only the tapped layers' outputs are
-    collected (index i + 1 is decoder layer i's output; index 0 is the embeddings).
-    """
-    tapped = models.drafter.tapped_layers
-    out = models.target(
+    """One target forward -> (B, Q, V) logits and (B, Q, F) tapped features (or None)."""
+    return tapped_forward(
+        models.target,
+        models.drafter.tapped_layers,
         input_ids=ids,
         position_ids=positions,
         attention_mask=mask,
         cache=cache,
         use_cache=True,
-        output_hidden_states=[i + 1 for i in tapped] if tapped else False,
     )
-    features = torch.cat([out.hidden_states[i + 1] for i in tapped], dim=-1) if tapped else None
-    return out.logits, features
 
 
 def prefill(models: Models, prompt_ids: torch.Tensor, cfg: DecodeConfig) -> tuple[DecodeState, int]:

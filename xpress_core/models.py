@@ -191,6 +191,23 @@ def check_tokenizer_extends(kind: str, spec: str, target_tokenizer):
     return tokenizer
 
 
+def tapped_forward(target, tapped, **inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One target forward -> (B, Q, V) logits and (B, Q, F) the tapped layers' hidden states (None when none are
+    tapped): what the engine verifies with and what drafter training reads, by one definition.
+
+    ``output_hidden_states`` takes the indices of the hidden states to keep, so only the tapped layers' outputs are
+    collected (index i + 1 is decoder layer i's output; index 0 is the embeddings).
+    """
+    out = target(**inputs, output_hidden_states=[i + 1 for i in tapped] if tapped else False)
+    features = torch.cat([out.hidden_states[i + 1] for i in tapped], dim=-1) if tapped else None
+    return out.logits, features
+
+
+def target_banned_ids(target, tokenizer) -> list[int]:
+    """``banned_draft_ids`` for a target: its stop tokens stay draftable, its embedding rows bound the vocabulary."""
+    return banned_draft_ids(tokenizer, eos_ids(target, tokenizer), target.get_input_embeddings().weight.shape[0])
+
+
 def banned_draft_ids(tokenizer, eos: set[int], vocab_size: int) -> list[int]:
     """Never proposed in drafts: special tokens (the end-of-turn/eos tokens stay draftable), and the padding rows of an
     embedding larger than the tokenizer (Qwen3: 151,936 rows for 151,669 tokens; DFlash's mask is one of them)."""
@@ -228,8 +245,7 @@ def load_drafter(
         raise XpressError(f"drafter kind must be one of {DRAFTER_KINDS}, got {options.kind!r}")
     access = access or Access.from_env()
     check_known("drafter", spec, access)
-    eos = eos_ids(target, tokenizer)
-    banned = banned_draft_ids(tokenizer, eos, target.get_input_embeddings().weight.shape[0])
+    banned = target_banned_ids(target, tokenizer)
     config = read_config_json(spec)
     kind = drafter_kind(config) if options.kind == "auto" else options.kind
     if kind == "dflash" and config is None:

@@ -317,13 +317,11 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
 def tau_curve(target, tokenizer, drafter, args: argparse.Namespace):
     """The learning curve's measure: tau and per-position acceptance at (1, 1, 8) on held-out chats, greedy."""
     from ..drafters.diffusion import diffusion_drafter
-    from ..models import Models, banned_draft_ids, eos_ids
+    from ..models import Models, target_banned_ids
     from .evaluate import acceptance_profile, heldout_prompts
 
     prompts = [p.ids(tokenizer) for p in heldout_prompts(args.eval_data, args.tau_prompts)]
-    vocab = target.get_input_embeddings().weight.shape[0]
-    banned = banned_draft_ids(tokenizer, eos_ids(target, tokenizer), vocab)
-    models = Models(target, tokenizer, diffusion_drafter(drafter, banned))
+    models = Models(target, tokenizer, diffusion_drafter(drafter, target_banned_ids(target, tokenizer)))
     return lambda: acceptance_profile(models, prompts, block=min(8, drafter.config.block_size))
 
 

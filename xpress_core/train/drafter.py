@@ -20,6 +20,7 @@ import torch
 
 from ..drafters.diffusion_model import XpressDrafter, add_noise
 from ..errors import XpressError
+from ..models import tapped_forward
 from .loop import TrainConfig, draw_rows, save_trained, split_held_out, train
 
 
@@ -73,9 +74,8 @@ class TargetReading:
 def read_target(target, seqs: torch.Tensor, tapped_layers: list[int]) -> TargetReading:
     """One teacher-forced read of whole sequences: the drafter's context features and the target's distribution at
     every position (position p predicts token p + 1), so every block drawn from the sequence gets soft labels."""
-    out = target(input_ids=seqs, output_hidden_states=True)
-    features = torch.cat([out.hidden_states[i + 1] for i in tapped_layers], dim=-1)
-    return TargetReading(features, out.logits)
+    logits, features = tapped_forward(target, tapped_layers, input_ids=seqs)
+    return TargetReading(features, logits)
 
 
 def predicted_positions(drafter: XpressDrafter, batch: DrafterBatch) -> torch.Tensor:
@@ -98,10 +98,12 @@ def context_features(drafter: XpressDrafter, features: torch.Tensor):
     return drafter.context_kv(features, torch.arange(s).expand(b, -1))
 
 
-def soft_targets(reading: TargetReading, batch: DrafterBatch) -> torch.Tensor:
-    """(B, Q, V) the target's log-probabilities for each block token: token p is predicted at position p - 1."""
-    index = (batch.positions - 1).clamp(min=0)[..., None].expand(-1, -1, reading.logits.shape[-1])
-    return reading.logits.gather(1, index).float().log_softmax(-1)
+def soft_targets(reading: TargetReading, positions: torch.Tensor) -> torch.Tensor:
+    """(B, ..., V) the target's log-probabilities for the tokens at ``positions`` (B, ...): token p is predicted at
+    position p - 1."""
+    flat = (positions.reshape(positions.shape[0], -1) - 1).clamp(min=0)
+    index = flat[..., None].expand(-1, -1, reading.logits.shape[-1])
+    return reading.logits.gather(1, index).float().log_softmax(-1).view(*positions.shape, -1)
 
 
 def distillation_loss(logits: torch.Tensor, tokens: torch.Tensor, target_logp: torch.Tensor, soft: float):
@@ -136,7 +138,8 @@ def drafter_loss(
     embeds = block_inputs(drafter, batch, generator)
     logits = drafter(embeds, batch.positions, context, batch.attention_mask.to(embeds.dtype))  # (B, Q, V)
     predictions = drafter.block_predictions(per_block(logits, span))  # (B, M, L, V): tokens 1..L of each block
-    target_logp = per_block(soft_targets(reading, batch), span)[:, :, 1:] if soft > 0 else None
+    block_tokens = per_block(batch.positions, span)[:, :, 1:]  # (B, M, L): the roots have no label
+    target_logp = soft_targets(reading, block_tokens) if soft > 0 else None
     losses = distillation_loss(predictions, per_block(batch.block_ids, span)[:, :, 1:], target_logp, soft)
     # Acceptance stops at the first wrong token, so early block positions matter most: weight position j by
     # exp(-(j - 1) / decay) (DFlash weights its loss the same way), predicted positions only.
@@ -194,7 +197,7 @@ def block_agreement(drafter: XpressDrafter, target, seqs: torch.Tensor, first_an
     reading = read_target(target, seqs, drafter.config.tapped_layers)
     embeds = block_inputs(drafter, b, torch.Generator().manual_seed(12345))
     logits = drafter(embeds, b.positions, context_features(drafter, reading.features), b.attention_mask)
-    greedy = per_block(soft_targets(reading, b).argmax(-1), span)[:, :, 1:]
+    greedy = soft_targets(reading, per_block(b.positions, span)[:, :, 1:]).argmax(-1)
     right = (drafter.block_predictions(per_block(logits, span)).argmax(-1) == greedy).float()  # (B, M, L)
     return [round(float(x), 4) for x in right.mean(dim=(0, 1))]
 
