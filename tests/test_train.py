@@ -259,6 +259,46 @@ def test_training_reads_the_features_and_logits_the_engine_decodes_with(zoo):
     assert torch.equal(reading.features, features) and torch.equal(reading.logits, logits)
 
 
+def test_training_blocks_get_the_logits_the_engine_drafts_with(zoo, tmp_path):
+    """A block drawn in training (context strictly before its root, the token before the root fused into the inputs)
+    gets the logits the engine's drafter computes for the same root after the same committed context."""
+    import torch
+
+    from xpress_core.drafters.diffusion import diffusion_drafter
+    from xpress_core.models import init_drafter, load_target
+    from xpress_core.train.drafter import DrafterBatch, block_inputs, context_features, per_block, read_target
+
+    target, _ = load_target(zoo["llama"], torch.device("cpu"), torch.float32)
+    drafter = init_drafter(zoo["llama"], tmp_path / "d", layers=2, block=4, fuse_previous=True).bind(target).eval()
+    with torch.no_grad():
+        drafter.previous_proj.weight.normal_(std=0.5)  # trained-like: the fused input must change the logits
+    seq = torch.tensor([[5, 9, 14, 3, 27, 8, 11, 30, 2, 17, 21, 6, 12, 4]])
+    reading = read_target(target, seq, drafter.config.tapped_layers)
+    engine = diffusion_drafter(drafter, [])
+    span, masked = 5, torch.tensor([[False] + [True] * 4])
+
+    def trained_logits(root: int, fused: bool = True) -> torch.Tensor:
+        allowed = torch.cat([torch.arange(14)[None] < root, torch.ones(1, span, dtype=torch.bool)], dim=1)
+        mask = torch.zeros(1, 1, span, 14 + span).masked_fill(~allowed[:, None], torch.finfo(torch.float32).min)
+        positions = torch.arange(root, root + span)[None]
+        batch = DrafterBatch(seq[:, root : root + span], masked, masked.float(), positions, mask)
+        embeds = block_inputs(drafter, batch, reading, torch.Generator())
+        if not fused:
+            embeds = drafter.embed_block(batch.block_ids, masked)
+        logits = drafter(embeds, positions, context_features(drafter, reading.features), mask)
+        return drafter.block_predictions(per_block(logits, span))[0, 0]  # (L, V)
+
+    def drafted_logits(state, root: int) -> torch.Tensor:
+        return engine.denoise(state, int(seq[0, root]), torch.zeros(1, 4, dtype=torch.long), ~masked[:, 1:])[0]
+
+    with torch.no_grad():
+        state = engine.start(seq[0, :6], reading.features[0, :6])  # the prompt's features; root 6
+        assert torch.allclose(trained_logits(6), drafted_logits(state, 6), atol=1e-5)
+        engine.commit(state, seq[0, 6:9], reading.features[0, 6:9])  # a round accepted 7 and 8; root 9
+        assert torch.allclose(trained_logits(9), drafted_logits(state, 9), atol=1e-5)
+        assert not torch.allclose(trained_logits(9), trained_logits(9, fused=False), atol=1e-3)  # really read
+
+
 def test_extended_drafter_drafts_exactly_as_before_and_the_root_can_predict_the_first_token(zoo, tmp_path):
     import torch
 
@@ -267,8 +307,9 @@ def test_extended_drafter_drafts_exactly_as_before_and_the_root_can_predict_the_
 
     target, _ = load_target(zoo["llama"], torch.device("cpu"), torch.float32)
     old = init_drafter(zoo["llama"], tmp_path / "d", layers=1, block=8, tapped_layers=[0, 2]).bind(target).eval()
-    new = extend_drafter(old, [0, 1, 2], block=4, layers=3).bind(target).eval()
+    new = extend_drafter(old, [0, 1, 2], block=4, layers=3, fuse_previous=True).bind(target).eval()
     assert (new.config.tapped_layers, new.config.num_hidden_layers, new.config.block_size) == ([0, 1, 2], 3, 4)
+    assert new.config.fuse_previous and not new.previous_proj.weight.any()
     h = old.config.hidden_size
     tapped = {layer: torch.randn(1, 6, h) for layer in (0, 1, 2)}  # what the target's layers would say
     features = torch.cat([tapped[0], tapped[2]], dim=-1)
@@ -277,7 +318,7 @@ def test_extended_drafter_drafts_exactly_as_before_and_the_root_can_predict_the_
     positions = torch.arange(6, 11)[None]
     with torch.no_grad():
         before = old(embeds, positions, old.context_kv(features, torch.arange(6)[None]))
-        after = new(embeds, positions, new.context_kv(wide, torch.arange(6)[None]))
+        after = new(new.with_previous(embeds, wide[:, -1:]), positions, new.context_kv(wide, torch.arange(6)[None]))
     assert torch.allclose(before, after, atol=1e-5)
     logits = torch.arange(3 * 5 * 2.0).view(3, 5, 2)  # (blocks, [root, 1..4], V)
     assert torch.equal(new.block_predictions(logits), logits[:, 1:])

@@ -377,11 +377,13 @@ def init_drafter(
     noise: str = "mask",
     clean_rms: float = 1.0,
     tapped_layers: list[int] | None = None,
+    fuse_previous: bool = False,
 ) -> XpressDrafter:
     """An untrained diffusion drafter sized for any HF causal-LM target (the start of training, and for tests).
 
     ``noise``: "mask" or "gaussian"; ``clean_rms``: the gaussian drafter's clean-embedding scale (see its config);
-    ``tapped_layers``: the target layers it reads (default ``default_tapped_layers``)."""
+    ``tapped_layers``: the target layers it reads (default ``default_tapped_layers``); ``fuse_previous``: block
+    inputs also read the features of the token before the root (see its config)."""
     target, tokenizer = load_target(target_spec, torch.device("cpu"), torch.float32)
     embed = target.get_input_embeddings().weight
     tcfg = target.config
@@ -401,6 +403,7 @@ def init_drafter(
         rope_theta=float(getattr(tcfg, "rope_theta", None) or 10000.0),
         noise=noise,
         clean_rms=clean_rms,
+        fuse_previous=fuse_previous,
     )
     torch.manual_seed(seed)
     model = XpressDrafter(config)

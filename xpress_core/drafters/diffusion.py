@@ -109,6 +109,7 @@ class DiffusionState:
 
     buffers: ContextKV  # per drafter layer (1, kv_heads, capacity, head_dim); the first ``length`` slots are used
     length: int  # tokens whose keys/values are in the buffers
+    previous: torch.Tensor  # (F,) tapped features of the last committed token, the one before the root
     pending: list[torch.Tensor] = field(default_factory=list)  # (m, F) tapped features of tokens committed since
 
     @property
@@ -159,10 +160,11 @@ class TargetConditionedDrafter(Drafter):
         positions = torch.arange(n, device=features.device)[None]
         context = self.model.context_kv(features[None], positions)
         capacity = n + CONTEXT_HEADROOM
-        return DiffusionState([(grown(k, capacity), grown(v, capacity)) for k, v in context], n)
+        return DiffusionState([(grown(k, capacity), grown(v, capacity)) for k, v in context], n, features[-1])
 
     def commit(self, state: DiffusionState, tokens, features):
         state.pending.append(features)
+        state.previous = features[-1]
 
     def context_length(self, state: DiffusionState) -> int:
         return state.committed
@@ -182,6 +184,7 @@ class TargetConditionedDrafter(Drafter):
         rows, span, _ = block_embeds.shape
         positions = torch.arange(state.length, state.length + span, device=block_embeds.device).expand(rows, -1)
         context = [(ck.expand(rows, -1, -1, -1), cv.expand(rows, -1, -1, -1)) for ck, cv in state.context]
+        block_embeds = self.model.with_previous(block_embeds, state.previous[None, None])
         return self.model.block_predictions(self.model(block_embeds, positions, context))
 
 

@@ -63,6 +63,7 @@ class XpressDrafterConfig(PreTrainedConfig):
         learned_mask: bool = True,
         attention_bias: bool = False,
         root_predicts_next: bool = False,
+        fuse_previous: bool = False,
         **kwargs,
     ):
         if noise not in NOISE_TYPES:
@@ -94,6 +95,10 @@ class XpressDrafterConfig(PreTrainedConfig):
         # instead of the first masked position: the root knows its token from the first layer on, so every layer's
         # attention to the context is already asked about it, where a masked position spends a layer fetching it.
         self.root_predicts_next = root_predicts_next
+        # Every block position's input also holds the fused target features of the token before the root (EAGLE's
+        # input, Li et al. 2024): the target's own state one token back, where attention alone passes a layer only
+        # its values' few dimensions of it.
+        self.fuse_previous = fuse_previous
         super().__init__(**kwargs)
 
 
@@ -226,6 +231,9 @@ class XpressDrafter(PreTrainedModel):
             self.mask_embedding = nn.Parameter(torch.zeros(config.hidden_size))
         elif config.noise == "gaussian":
             self.time_embedding = TimestepEmbedding(config.hidden_size)
+        self.previous_proj = (
+            nn.Linear(config.hidden_size, config.hidden_size, bias=False) if config.fuse_previous else None
+        )
         self.layers = nn.ModuleList(DrafterLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary = Rotary(config.head_dim, config.rope_theta)
@@ -236,6 +244,9 @@ class XpressDrafter(PreTrainedModel):
         super()._init_weights(module)
         if module is self and self.mask_embedding is not None:
             init.normal_(self.mask_embedding, mean=0.0, std=self.config.initializer_range)
+        if module is self.previous_proj:
+            # Zero: a drafter given this input for continued training drafts exactly as before until it learns.
+            init.zeros_(module.weight)
         if isinstance(module, Rotary):
             # Not in the checkpoint (non-persistent): from_pretrained builds on the meta device, so without this the
             # buffer is uninitialised memory and drafts come out of garbage positions (NaN at random).
@@ -258,9 +269,13 @@ class XpressDrafter(PreTrainedModel):
             raise RuntimeError("drafter is not bound to a target: call bind(target) first")
         return self._shared
 
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """Tapped target features (..., n_tapped*H) -> (..., H), the drafter's view of a context token."""
+        return self.context_norm(self.fc(features.to(self.fc.weight.dtype)))
+
     def context_kv(self, features: torch.Tensor, positions: torch.Tensor) -> ContextKV:
         """Fuse tapped target features (B, S, n_tapped*H) into per-layer keys/values at ``positions`` (B, S)."""
-        x = self.context_norm(self.fc(features.to(self.fc.weight.dtype)))
+        x = self.fuse(features)
         cos, sin = self.rotary(positions, x.dtype)
         return [layer.attn.project_kv(x, cos, sin) for layer in self.layers]
 
@@ -281,6 +296,13 @@ class XpressDrafter(PreTrainedModel):
     def embed_noisy_block(self, noisy: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """Gaussian drafter input: noisy embeddings (B, Q, H) at noise levels (B, Q) -> (B, Q, H) block embeddings."""
         return noisy + self.time_embedding(t)
+
+    def with_previous(self, block_embeds: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
+        """Block inputs (B, Q, H) plus, with ``fuse_previous``, the fused features (B, 1 or Q, F) of the token
+        before each position's root."""
+        if self.previous_proj is None:
+            return block_embeds
+        return block_embeds + self.previous_proj(self.fuse(previous)).to(block_embeds.dtype)
 
     def forward(
         self,

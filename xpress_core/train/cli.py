@@ -113,6 +113,12 @@ def add_drafter_steps(steps: argparse._SubParsersAction) -> None:
                 action="store_true",
                 help="the root's output predicts the first block token (else the first masked position's)",
             )
+            step.add_argument(
+                "--fuse-previous",
+                action="store_true",
+                help="block inputs also read the target features of the token before the root (EAGLE's input); "
+                "with --init, added at zero so the drafter starts as it was",
+            )
             step.add_argument("--init", help="start from this drafter directory instead of a fresh one")
             step.add_argument(
                 "--noise",
@@ -289,10 +295,12 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
             noise=args.noise,
             clean_rms=args.clean_rms,
             tapped_layers=args.taps,
+            fuse_previous=args.fuse_previous,
         )
     drafter = XpressDrafter.from_pretrained(init_dir)
-    if args.init and (args.taps or args.block or args.layers):
-        drafter = extend_drafter(drafter, args.taps or drafter.config.tapped_layers, args.block, args.layers)
+    if args.init and (args.taps or args.block or args.layers or args.fuse_previous):
+        taps = args.taps or drafter.config.tapped_layers
+        drafter = extend_drafter(drafter, taps, args.block, args.layers, args.fuse_previous)
     if args.root_predicts_next:  # a readout choice: no weight changes, so an --init drafter can switch to it
         drafter.config.root_predicts_next = True
     if drafter.config.noise != args.noise:

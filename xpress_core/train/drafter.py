@@ -83,13 +83,23 @@ def predicted_positions(drafter: XpressDrafter, batch: DrafterBatch) -> torch.Te
     return batch.masked if drafter.config.noise == "mask" else batch.levels > 0
 
 
-def block_inputs(drafter: XpressDrafter, batch: DrafterBatch, generator: torch.Generator) -> torch.Tensor:
-    """(B, Q, H) drafter input: MASK vectors in the masked positions, or every block noised at its level."""
+def block_inputs(
+    drafter: XpressDrafter, batch: DrafterBatch, reading: TargetReading, generator: torch.Generator
+) -> torch.Tensor:
+    """(B, Q, H) drafter input: MASK vectors in the masked positions, or every block noised at its level; with
+    ``fuse_previous``, plus the features of the token before each block's root."""
     if drafter.config.noise == "mask":
-        return drafter.embed_block(batch.block_ids, batch.masked)
-    clean = drafter.token_embeddings(batch.block_ids)
-    noise = torch.randn(clean.shape, generator=generator).to(clean.dtype)
-    return drafter.embed_noisy_block(add_noise(clean, noise, batch.levels), batch.levels)
+        embeds = drafter.embed_block(batch.block_ids, batch.masked)
+    else:
+        clean = drafter.token_embeddings(batch.block_ids)
+        noise = torch.randn(clean.shape, generator=generator).to(clean.dtype)
+        embeds = drafter.embed_noisy_block(add_noise(clean, noise, batch.levels), batch.levels)
+    if drafter.previous_proj is None:
+        return embeds
+    span = drafter.config.block_size + 1
+    before_root = (per_block(batch.positions, span)[:, :, :1] - 1).expand(-1, -1, span).reshape(embeds.shape[:2])
+    index = before_root[..., None].expand(-1, -1, reading.features.shape[-1])
+    return drafter.with_previous(embeds, reading.features.gather(1, index))
 
 
 def context_features(drafter: XpressDrafter, features: torch.Tensor):
@@ -135,7 +145,7 @@ def drafter_loss(
 ) -> torch.Tensor:
     span = drafter.config.block_size + 1
     context = context_features(drafter, reading.features)
-    embeds = block_inputs(drafter, batch, generator)
+    embeds = block_inputs(drafter, batch, reading, generator)
     logits = drafter(embeds, batch.positions, context, batch.attention_mask.to(embeds.dtype))  # (B, Q, V)
     predictions = drafter.block_predictions(per_block(logits, span))  # (B, M, L, V): tokens 1..L of each block
     block_tokens = per_block(batch.positions, span)[:, :, 1:]  # (B, M, L): the roots have no label
@@ -150,14 +160,18 @@ def drafter_loss(
 
 @torch.no_grad()
 def extend_drafter(
-    drafter: XpressDrafter, taps: list[int], block: int | None = None, layers: int | None = None
+    drafter: XpressDrafter,
+    taps: list[int],
+    block: int | None = None,
+    layers: int | None = None,
+    fuse_previous: bool = False,
 ) -> XpressDrafter:
     """The same drafter reading more target layers, deeper, or trained for another block size, for continued
     training, drafting exactly as the old one did at the start.
 
     The new taps' fusion weights start at zero, so training only adds what the new layers tell; new drafter layers
     go on top with their output projections at zero (each adds nothing to the residual stream until trained); the
-    block size sets no weight (positions are rotary)."""
+    previous token's input (``fuse_previous``) starts at zero too; the block size sets no weight (rotary positions)."""
     old = list(drafter.config.tapped_layers)
     if not set(old) <= set(taps):
         raise XpressError(f"--taps {taps} must keep the init drafter's taps {old} (their weights are trained)")
@@ -168,6 +182,7 @@ def extend_drafter(
         "tapped_layers": sorted(taps),
         "block_size": block or drafter.config.block_size,
         "num_hidden_layers": max(layers or 0, depth),
+        "fuse_previous": drafter.config.fuse_previous or fuse_previous,
     }
     extended = XpressDrafter(type(drafter.config).from_dict(config))
     for layer in extended.layers[depth:]:
@@ -195,7 +210,7 @@ def block_agreement(drafter: XpressDrafter, target, seqs: torch.Tensor, first_an
     block = torch.arange(b.masked.shape[1]) % span > 0  # every position but the roots
     b = DrafterBatch(b.block_ids, b.masked | block, block.float().expand_as(b.levels), b.positions, b.attention_mask)
     reading = read_target(target, seqs, drafter.config.tapped_layers)
-    embeds = block_inputs(drafter, b, torch.Generator().manual_seed(12345))
+    embeds = block_inputs(drafter, b, reading, torch.Generator().manual_seed(12345))
     logits = drafter(embeds, b.positions, context_features(drafter, reading.features), b.attention_mask)
     greedy = soft_targets(reading, per_block(b.positions, span)[:, :, 1:]).argmax(-1)
     right = (drafter.block_predictions(per_block(logits, span)).argmax(-1) == greedy).float()  # (B, M, L)
