@@ -108,9 +108,9 @@ def test_bench_outputs_are_complete_and_valid(bench_run):
         "files",
     ):
         assert key in doc, key
-    # search: every setting, greedy, on 1 prompt; final: reference, best assisted, lookup, xpress-none, the one
-    # finalist xPress setting and xpress-auto, at both temperatures, on both prompts.
-    search_settings, final_settings = 1 + 2 + 1 + 1 + 3 + 1, 6
+    # search: every setting, greedy, on 1 prompt; final: generate (the run's fp32 and bf16), best assisted, lookup,
+    # xpress-none, the one finalist xPress setting and xpress-auto, at both temperatures, on both prompts.
+    search_settings, final_settings = 2 + 2 + 1 + 1 + 3 + 1, 7
     assert [st["name"] for st in doc["stages"]] == ["search", "final"]
     assert len(doc["stages"][1]["plan"]["settings"]) == final_settings
     with open(doc["files"]["csv"], newline="") as f:
@@ -119,6 +119,13 @@ def test_bench_outputs_are_complete_and_valid(bench_run):
     assert [r["stage"] for r in rows].count("search") == search_settings
     assert len(doc["grid"]) == search_settings and len(doc["summaries"]) == final_settings * len(TEMPERATURES)
     assert {r["method"] for r in rows if r["stage"] == "final"} == set(METHODS)
+    generate = [s for s in doc["summaries"] if s["method"] == REFERENCE and s["temperature"] == 0.0]
+    assert [s["setting"] for s in generate] == ["", "bfloat16"]  # the run is fp32 (the tests' CPU default)
+    fastest = max(generate, key=lambda s: s["tokens_per_s"])
+    auto = next(s for s in doc["summaries"] if s["method"] == XPRESS_AUTO and s["temperature"] == 0.0)
+    assert doc["goals"]["auto"]["over_fastest_generate"] == pytest.approx(
+        auto["tokens_per_s"] / fastest["tokens_per_s"], abs=1e-3
+    )
     for row in doc["measurements"]:
         assert row["new_tokens"] == 12  # max_new_tokens: the tiny target writes past it
         assert row["tokens_per_s"] == pytest.approx(row["new_tokens"] / row["time_s"], rel=1e-4)
@@ -137,11 +144,13 @@ def test_bench_outputs_are_complete_and_valid(bench_run):
                 sum(int(k) * v for k, v in summary["tau_hist"].items()) / rounds, abs=1e-3
             )
             reference = next(
-                s for s in summaries if s["method"] == REFERENCE and s["temperature"] == summary["temperature"]
+                s
+                for s in summaries
+                if s["method"] == REFERENCE and not s["setting"] and s["temperature"] == summary["temperature"]
             )
             assert summary["speedup"] == pytest.approx(summary["tokens_per_s"] / reference["tokens_per_s"], rel=1e-2)
             assert set(summary["ms_per_token"]) == {"prefill", "draft", "verify", "other"}
-    reference = [s for s in doc["summaries"] if s["method"] == REFERENCE]
+    reference = [s for s in doc["summaries"] if s["method"] == REFERENCE and not s["setting"]]
     assert all(s["speedup"] == 1.0 for s in reference)
     for name in ("speedup", "tau_hist", "latency", "heatmap_tokens_per_s", "heatmap_tau"):
         html = Path(doc["files"][name])

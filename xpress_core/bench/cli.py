@@ -38,6 +38,7 @@ from .methods import (
     METHODS,
     XPRESS_AUTO,
     BenchModels,
+    Setting,
     method_settings,
 )
 from .report import markdown_table, write_outputs
@@ -83,6 +84,12 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     bench.add_argument(
         "--dtype", default="auto", help="auto (bf16 on CUDA and on CPUs with native bf16, else fp32), float32, bfloat16"
+    )
+    bench.add_argument(
+        "--generate-dtypes",
+        default="auto",
+        help="hf-generate runs again in these dtypes, comma list (auto: float32 or bfloat16, whichever the run is not; "
+        "none: only the run's), so that no speedup comes from a baseline held to its slower dtype",
     )
     bench.add_argument("--prompts", type=Path, help='JSONL: {"messages": [...]} or {"prompt": "..."} a line')
     bench.add_argument("--data", type=Path, default=DEFAULT_DATA, help="shared data folder (default prompts)")
@@ -140,10 +147,26 @@ def _float_list(raw: str, flag: str) -> tuple[float, ...]:
         raise XpressError(f"{flag}: expected a comma list of numbers, got {raw!r}") from error
 
 
-def load_bench_models(args: argparse.Namespace, methods: Sequence[str]) -> BenchModels:
+def dtype_name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def generate_dtypes(raw: str, run_dtype: str, device) -> tuple[str, ...]:
+    """The dtypes ``generate`` runs in besides the run's (``--generate-dtypes``), by canonical name."""
+    if raw == "none":
+        return ()
+    if raw == "auto":
+        return tuple(d for d in ("float32", "bfloat16") if d != run_dtype)
+    names = (dtype_name(resolve_dtype(d.strip(), device)) for d in raw.split(",") if d.strip())
+    return tuple(dict.fromkeys(d for d in names if d != run_dtype))
+
+
+def load_bench_models(args: argparse.Namespace, settings: Sequence[Setting]) -> BenchModels:
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
+    methods = {s.method for s in settings}
     target, tokenizer = load_target(args.target, device, dtype)
+    others = {s.dtype: load_target(args.target, device, resolve_dtype(s.dtype, device))[0] for s in settings if s.dtype}
     drafting = any(m in methods for m in DRAFTING)
     drafter = load_drafter(args.drafter, target, tokenizer, device, dtype) if drafting else None
     costs = calibrate(Models(target, tokenizer, drafter)) if XPRESS_AUTO in methods else None
@@ -158,7 +181,7 @@ def load_bench_models(args: argparse.Namespace, methods: Sequence[str]) -> Bench
             )
         # transformers stops the assistant where the target stops; give it the target's end tokens.
         assistant.generation_config.eos_token_id = sorted(eos_ids(target, tokenizer))
-    return BenchModels(target, tokenizer, drafter, assistant, costs=costs)
+    return BenchModels(target, tokenizer, drafter, assistant, costs=costs, targets=others)
 
 
 def check_run_args(args: argparse.Namespace, temperatures: Sequence[float]) -> None:
@@ -178,7 +201,11 @@ def run_bench(args: argparse.Namespace) -> int:
     grid = parse_grid(args.grid or preset.grid)
     assisted = _int_list(args.assisted_tokens, "--assisted-tokens") if args.assisted_tokens else preset.assisted_tokens
     lookup = _int_list(args.lookup_tokens, "--lookup-tokens") if args.lookup_tokens else preset.lookup_tokens
-    settings = method_settings(methods, grid, assisted, lookup)
+    device = resolve_device(args.device)
+    run_dtype = dtype_name(resolve_dtype(args.dtype, device))
+    settings = method_settings(
+        methods, grid, assisted, lookup, generate_dtypes(args.generate_dtypes, run_dtype, device)
+    )
     temperatures = _float_list(args.temperatures, "--temperatures") if args.temperatures else TEMPERATURES
     search_prompts = preset.search_prompts if args.search_prompts is None else args.search_prompts
     plan = RunPlan(
@@ -199,7 +226,7 @@ def run_bench(args: argparse.Namespace) -> int:
     else:
         prompts = default_prompts(args.data, *preset.prompts) if preset.prompts else default_prompts(args.data)
     prompts = prompts[: args.num_prompts] if args.num_prompts else prompts
-    models = load_bench_models(args, {s.method for s in settings})
+    models = load_bench_models(args, settings)
 
     stages = []
     if search_prompts and len(grid) > args.finalists:

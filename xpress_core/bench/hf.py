@@ -122,8 +122,9 @@ def run_hf(
         kwargs["assistant_model"] = assistant
     if setting.method == HF_LOOKUP:
         kwargs["prompt_lookup_num_tokens"] = setting.draft_tokens
-    with ForwardProbe(models.target, now) as verify, ForwardProbe(assistant, now) as draft:
-        out = models.target.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+    target = models.target_of(setting)
+    with ForwardProbe(target, now) as verify, ForwardProbe(assistant, now) as draft:
+        out = target.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
     tokens = tuple(out[0, ids.shape[1] :].tolist())
     accepted, verified = hf_rounds(verify.calls, ids.shape[1], len(tokens))
     return Outcome(

@@ -63,6 +63,12 @@ class Setting:
     decode: DecodeConfig | None = None  # xpress: the drafter settings (K, T, L, refine, verify, ...)
     draft_tokens: int | None = None  # hf-assisted / hf-prompt-lookup: candidates per round (None: HF default)
     drafter: str = ""  # xpress: which of BenchModels.drafters drafts ("": BenchModels.drafter)
+    dtype: str = ""  # hf-generate: the target's dtype when not the run's ("": the run's, the reference)
+
+    @property
+    def is_reference(self) -> bool:
+        """The setting every speedup divides by: ``generate`` in the run's dtype."""
+        return self.method == REFERENCE and not self.dtype
 
     @property
     def label(self) -> str:
@@ -74,7 +80,7 @@ class Setting:
             return "default" if self.draft_tokens is None else f"n={self.draft_tokens}"
         if self.method == XPRESS_AUTO:
             return "auto"
-        return ""
+        return self.dtype
 
     @property
     def name(self) -> str:
@@ -95,15 +101,17 @@ def method_settings(
     grid: Sequence[DecodeConfig],
     assisted_tokens: Sequence[int | None],
     lookup_tokens: Sequence[int | None],
+    generate_dtypes: Sequence[str] = (),
 ) -> tuple[Setting, ...]:
-    """Every setting of the selected methods; the reference always runs (speedups divide by it)."""
+    """Every setting of the selected methods; the reference always runs (speedups divide by it), and ``generate``
+    runs again in each of ``generate_dtypes`` (so no speedup comes from a baseline held to a slower dtype)."""
     unknown = set(methods) - set(METHODS)
     if unknown:
         raise XpressError(f"unknown method(s) {', '.join(sorted(unknown))}; choose from {', '.join(METHODS)}")
     if HF_LOOKUP in methods and (not lookup_tokens or None in lookup_tokens):
         raise XpressError("prompt lookup needs candidate lengths (integers): it has no default")
     per_method = {
-        HF_GENERATE: [Setting(HF_GENERATE)],
+        HF_GENERATE: [Setting(HF_GENERATE), *(Setting(HF_GENERATE, dtype=d) for d in generate_dtypes)],
         HF_ASSISTED: [Setting(HF_ASSISTED, draft_tokens=n) for n in assisted_tokens],
         HF_LOOKUP: [Setting(HF_LOOKUP, draft_tokens=n) for n in lookup_tokens],
         XPRESS_NONE: [Setting(XPRESS_NONE)],
@@ -138,10 +146,14 @@ class BenchModels:
     assistant: torch.nn.Module | None = None  # hf-assisted: an AutoModelForCausalLM with the target's tokenizer
     drafters: dict[str, Drafter] = field(default_factory=dict)  # more, by name, to compare (``train eval``)
     costs: CostModel | None = None  # xpress-auto: the drafter's stage costs, measured once at load (engine.calibrate)
+    targets: dict[str, torch.nn.Module] = field(default_factory=dict)  # the target in other dtypes, by name
 
     @property
     def device(self) -> torch.device:
         return self.target.device
+
+    def target_of(self, setting: Setting) -> torch.nn.Module:
+        return self.targets[setting.dtype] if setting.dtype else self.target
 
     def drafter_of(self, setting: Setting) -> Drafter:
         return self.drafters[setting.drafter] if setting.drafter else self.drafter

@@ -51,14 +51,24 @@ def goals(summaries: Sequence[Summary], grid: Sequence[Summary]) -> dict:
     stage's ``summaries``, drafting time over K from the ``grid`` (every setting measured)."""
     best = best_per_method(summaries, 0.0)
     out: dict = {}
-    xp, ref = best.get(XPRESS), best.get(REFERENCE)
+    xp = best.get(XPRESS)
+    ref = next((s for s in summaries if s.setting.is_reference and s.temperature == 0.0), None)
+    fastest = best.get(REFERENCE)  # generate in its fastest dtype (the run's, or another the run measured)
+    if fastest and fastest is not ref:
+        out["fastest_generate"] = {"dtype": fastest.setting.dtype, "over_reference": fastest.speedup}
+
+    def over_fastest(summary: Summary) -> float:
+        """Tokens/s over the faster generate's (the speedup is over the run's dtype's, in the same repeats)."""
+        return summary.tokens_per_s / fastest.tokens_per_s
+
     if xp and ref:
         out["best_xpress"] = {
             "setting": xp.setting.label,
             "speedup": xp.speedup,
+            "over_fastest_generate": over_fastest(xp),
             "tau": xp.tau,
             "goal": GOAL_SPEEDUP,
-            "met": (xp.speedup or 0) >= GOAL_SPEEDUP,
+            "met": min(xp.speedup or 0, over_fastest(xp)) >= GOAL_SPEEDUP,
         }
         for rival in (HF_ASSISTED, HF_LOOKUP):
             if rival in best:
@@ -90,9 +100,10 @@ def goals(summaries: Sequence[Summary], grid: Sequence[Summary]) -> dict:
     if auto and ref:
         out["auto"] = {
             "speedup": auto.speedup,
+            "over_fastest_generate": over_fastest(auto),
             "tau": auto.tau,
             "goal": GOAL_SPEEDUP,
-            "met": (auto.speedup or 0) >= GOAL_SPEEDUP,
+            "met": min(auto.speedup or 0, over_fastest(auto)) >= GOAL_SPEEDUP,
         }
         for name, rival, goal in (("best_fixed", xp, GOAL_AUTO_OVER_BEST_FIXED), ("plain", none, GOAL_AUTO_OVER_PLAIN)):
             if rival:
@@ -219,17 +230,20 @@ def write_outputs(stages: Sequence[Stage], args: argparse.Namespace, models: Ben
 
 
 def markdown_table(summaries: Sequence[Summary]) -> str:
-    """The best setting of every method at every temperature: what the README's Results table shows."""
+    """``generate`` in every dtype measured and the best setting of every other method, at every temperature: what
+    the README's Results table shows."""
     lines = [
         "| method | setting | temperature | tokens/s | speedup | tau | greedy/same-seed mismatches |",
         "|---|---|---|---|---|---|---|",
     ]
     for temperature in sorted({s.temperature for s in summaries}):
-        for method, s in best_per_method(summaries, temperature).items():
+        generate = [s for s in summaries if s.setting.method == REFERENCE and s.temperature == temperature]
+        best = [s for method, s in best_per_method(summaries, temperature).items() if method != REFERENCE]
+        for s in generate + best:
             speedup = "" if s.speedup is None else f"{s.speedup:.2f}x ({s.speedup_min:.2f}-{s.speedup_max:.2f})"
             checked = f"{s.mismatches}/{s.checked}" if s.checked else "n/a"
             lines.append(
-                f"| {method} | {s.setting.label or '-'} | {temperature:g} | {s.tokens_per_s:.1f} | "
+                f"| {s.setting.method} | {s.setting.label or '-'} | {temperature:g} | {s.tokens_per_s:.1f} | "
                 f"{speedup} | {s.tau:.2f} | {checked} |"
             )
     return "\n".join(lines)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ..data import Prompt
 from .measure import BenchRun, RunPlan, measure
-from .methods import XPRESS, BenchModels, Setting
+from .methods import REFERENCE, XPRESS, BenchModels, Setting
 from .summary import Summary, best_per_method
 
 # Two stages keep the full grid affordable on a 2-core CPU: the search stage runs every setting once, greedy, on a
@@ -33,15 +33,16 @@ class Stage:
 
 
 def choose_finalists(summaries: Sequence[Summary], count: int) -> tuple[Setting, ...]:
-    """The reference, the fastest setting of every other method, and the ``count`` fastest xPress settings
-    (greedy), for the final stage."""
-    best = [s.setting for m, s in best_per_method(summaries, 0.0).items() if m != XPRESS]
+    """``generate`` in every dtype measured (the reference first), the fastest setting of every other method, and the
+    ``count`` fastest xPress settings (greedy), for the final stage."""
+    generate = [s.setting for s in summaries if s.setting.method == REFERENCE and s.temperature == 0.0]
+    best = [s.setting for m, s in best_per_method(summaries, 0.0).items() if m not in (XPRESS, REFERENCE)]
     xpress = sorted(
         (s for s in summaries if s.setting.method == XPRESS and s.temperature == 0.0),
         key=lambda s: s.tokens_per_s,
         reverse=True,
     )
-    return tuple(best + [s.setting for s in xpress[:count]])
+    return tuple(generate + best + [s.setting for s in xpress[:count]])
 
 
 def run_stage(name: str, models: BenchModels, prompts: Sequence[Prompt], plan: RunPlan, quiet: bool) -> Stage:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ..records import json_record
 from ..trace import tokens_per_round
-from .methods import METHODS, REFERENCE, Outcome, Setting
+from .methods import METHODS, Outcome, Setting
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ def summarize(measurements: Sequence[Measurement]) -> tuple[Summary, ...]:
     reference = {
         (t, r): throughput([m for m in ms if m.repeat == r])
         for (s, t), ms in groups.items()
-        if s.method == REFERENCE
+        if s.is_reference
         for r in {m.repeat for m in ms}
     }
     return tuple(summarize_group(s, t, ms, reference) for (s, t), ms in groups.items())
