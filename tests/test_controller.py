@@ -4,6 +4,7 @@ plain sampling with the same seed, drafters that are always wrong or always righ
 from __future__ import annotations
 
 import json
+import math
 import time
 
 import pytest
@@ -37,22 +38,27 @@ def test_round_costs_and_acceptance_estimates_on_known_numbers():
     control = AutoControl(costs, max_block=4)
     assert control.acceptance((1, 1)) == [0.5] * 4  # the prior
     control.observe(RoundSetting(1, 1, 4), 2)  # positions 1 and 2 accepted, 3 rejected, 4 not reached
-    # q_i = (accepted + 2 q_{i-1}) / (reached + 2), q_0 = 1/2: an unreached position repeats the one before it.
-    assert control.acceptance((1, 1)) == pytest.approx([2 / 3, 7 / 9, 14 / 27, 14 / 27])
-    # Two drafts: at the first position the chance that one of two is right when each is as often as (1, 1)'s.
-    assert control.acceptance((2, 1)) == pytest.approx([8 / 9] * 4)
-    assert control.acceptance((4, 2)) == pytest.approx([80 / 81] * 4)  # every pair raises (1, 1)'s first position
+    # q_i = (accepted + 2 prior_i) / (reached + 2), prior_i = q_{i-1} (q_0 = 1/2), times PRIOR_DECLINE = 0.8 at the
+    # first position no round reached.
+    single = [2 / 3, 7 / 9, 14 / 27, 0.8 * 14 / 27]
+    assert control.acceptance((1, 1)) == pytest.approx(single)
+    # More drafts: at the first position 1 - (1 - q_1)^sqrt(K); right after it 0.8 times that, then the same.
+    two, four = 1 - (1 / 3) ** math.sqrt(2), 1 - (1 / 3) ** 2
+    assert control.acceptance((2, 1)) == pytest.approx([two, 0.8 * two, 0.8 * two, 0.8 * two])
+    assert control.acceptance((4, 2)) == pytest.approx([four, 0.8 * four, 0.8 * four, 0.8 * four])
     # Earlier counts decay by MEMORY = 0.9; draft 0 accepted all 4, so (1, 1) counts the round too, (4, 1) does not.
     control.observe(RoundSetting(2, 1, 4), 4, (4, 1))
     q1 = 2.9 / 3.9
     q2 = (1.9 + 2 * q1) / 3.9
     q3 = (1.0 + 2 * q2) / 3.9
     assert control.acceptance((1, 1)) == pytest.approx([q1, q2, q3, (1 + 2 * q3) / 3])
-    two = [1 - (1 - q1) ** 2]
-    for _ in range(4):
+    two = [(1 + 2 * (1 - (1 - q1) ** math.sqrt(2))) / 3]
+    two.append((1 + 2 * 0.8 * two[-1]) / 3)
+    for _ in range(2):
         two.append((1 + 2 * two[-1]) / 3)
-    assert control.acceptance((2, 1)) == pytest.approx(two[1:])
-    assert control.acceptance((4, 1)) == pytest.approx([1 - (1 - q1) ** 4] * 4)
+    assert control.acceptance((2, 1)) == pytest.approx(two)
+    four = 1 - (1 - q1) ** 2
+    assert control.acceptance((4, 1)) == pytest.approx([four, 0.8 * four, 0.8 * four, 0.8 * four])
 
 
 def test_more_drafts_are_tried_when_one_fails_and_left_when_one_is_enough():
@@ -95,8 +101,9 @@ def test_plain_steps_when_drafting_does_not_pay_with_probes_that_back_off():
         picks.append(setting)
         control.observe(setting, 0, (0,) * setting.drafts)
     drafted = [i for i, s in enumerate(picks) if not s.plain]
-    # One draft failed thrice, four untried may not: one round at K = 4, then probes after 4, 8, 16 plain steps.
-    assert drafted == [0, 5, 14, 31] and picks[0].drafts == 4
+    # One draft failed thrice; four untried are not worth a round either (their prior grows with sqrt(K), the drafts
+    # are not independent guesses): plain steps, with probes after 4, 8, 16 of them.
+    assert drafted == [4, 13, 30]
     assert control.probe_after == min(32, LAST_PROBE)
     assert control.choose(remaining=1) == PLAIN_STEP  # one token left: nothing to draft
 
