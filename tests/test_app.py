@@ -29,7 +29,7 @@ from xpress_app.config import (
 from xpress_app.models import Loaded, ModelCache, TokenTexts
 from xpress_app.settings import MAX_MESSAGE_CHARS, UI_MAX_BLOCK, Settings, fit_prompt
 from xpress_app.sweep import CHAT_BOX, HELD_OUT, SweepRequest, run_sweep, values
-from xpress_app.texts import EMPTY_MESSAGE, VERDICT_PENDING
+from xpress_app.texts import EMPTY_MESSAGE, VERDICT_PENDING, exactness
 from xpress_app.ui import build_app
 from xpress_app.widgets import block_slider
 from xpress_core import verdict
@@ -134,6 +134,8 @@ def test_reply_is_what_the_engine_writes(cache, oracle_models, changes):
     assert [t.emitted for t in last.reply.traces] == [t.emitted for t in traces]
     assert [t.accepted for t in last.reply.traces] == [t.accepted for t in traces]
     assert f"τ = {result.tau:.2f}" in last.status
+    assert "Ran in float32: the reply is plain decoding's token for token" in last.status  # the tests' dtype
+    assert exactness(torch.bfloat16).startswith("Ran in bfloat16, faster here: the reply equals plain bfloat16")
     assert views[0].message == ""  # the input box is cleared when the request starts
 
 

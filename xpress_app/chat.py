@@ -23,7 +23,7 @@ from xpress_core.trace import DecodeResult, RoundTrace, write_jsonl
 from .models import Loaded, ModelCache, TokenTexts, check_block
 from .session import never
 from .settings import Settings, conversation, fit_prompt, history_messages, user_message
-from .texts import EMPTY_MESSAGE, VERDICT_PENDING
+from .texts import EMPTY_MESSAGE, VERDICT_PENDING, exactness
 from .zerogpu import on_gpu
 
 # Rendering may take at most this share of the wall time, so that watching barely slows decoding; the engine's own
@@ -179,6 +179,7 @@ class Board:
                 f"· stop: {result.stop_reason}"
             )
             lines.append(f"Rounds: {verdict.settings_summary(traces)}.")
+            lines.append(exactness(self.loaded.speculative.target.dtype))
             if self.wall_s and not self.race:  # with Race the wall clock holds both runs
                 lines.append(f"Wall clock with the UI: {result.new_tokens / self.wall_s:.1f} tokens/s.")
         elif traces:
