@@ -347,3 +347,18 @@ def test_bench_figures_render_to_png_in_the_browser(bench_run, tmp_path):
             assert image.format == "PNG" and image.width > 400 and image.height > 300
             # a drawn figure, not a blank page: many distinct colours (axes, bars, text)
             assert len(image.convert("RGB").getcolors(maxcolors=1 << 24) or []) > 20, png
+
+
+def test_generate_runs_again_in_the_other_dtype_on_a_cpu_only():
+    import torch
+
+    from xpress_core.bench.cli import generate_dtypes
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert generate_dtypes("auto", "bfloat16", cpu) == ("float32",)
+    assert generate_dtypes("auto", "float32", cpu) == ("bfloat16",)
+    assert generate_dtypes("auto", "bfloat16", cuda) == ()  # fp32 is the slower there; a second copy may not fit
+    assert generate_dtypes("none", "bfloat16", cpu) == ()
+    assert generate_dtypes("fp32,bf16,float32", "bfloat16", cpu) == ("float32",)  # the run's own dtype is dropped
+    with pytest.raises(XpressError, match="unknown dtype"):
+        generate_dtypes("fp8", "bfloat16", cpu)

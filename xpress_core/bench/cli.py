@@ -88,8 +88,8 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bench.add_argument(
         "--generate-dtypes",
         default="auto",
-        help="hf-generate runs again in these dtypes, comma list (auto: float32 or bfloat16, whichever the run is not; "
-        "none: only the run's), so that no speedup comes from a baseline held to its slower dtype",
+        help="hf-generate runs again in these dtypes, comma list (auto: on a CPU float32 or bfloat16, whichever the run "
+        "is not, on CUDA none; none: only the run's), so that no speedup comes from a baseline held to its slower dtype",
     )
     bench.add_argument("--prompts", type=Path, help='JSONL: {"messages": [...]} or {"prompt": "..."} a line')
     bench.add_argument("--data", type=Path, default=DEFAULT_DATA, help="shared data folder (default prompts)")
@@ -152,8 +152,10 @@ def dtype_name(dtype) -> str:
 
 
 def generate_dtypes(raw: str, run_dtype: str, device) -> tuple[str, ...]:
-    """The dtypes ``generate`` runs in besides the run's (``--generate-dtypes``), by canonical name."""
-    if raw == "none":
+    """The dtypes ``generate`` runs in besides the run's (``--generate-dtypes``), by canonical name. ``auto``: on a
+    CPU the other of float32 and bfloat16 (which is faster for one-token forwards depends on the CPU: fp32 on ours);
+    on CUDA none (fp32 is the slower there, and a second copy of a large target may not fit)."""
+    if raw == "none" or (raw == "auto" and device.type == "cuda"):
         return ()
     if raw == "auto":
         return tuple(d for d in ("float32", "bfloat16") if d != run_dtype)
