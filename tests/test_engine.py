@@ -259,7 +259,7 @@ def test_unwatched_requests_draft_the_same_without_denoise_steps(zoo):
 def test_drafter_context_buffers_hold_what_concatenation_would():
     """The drafter's context grows in place; past its capacity the buffers double and keep every slot."""
     chunks = [torch.randn(1, 2, n, 4) for n in (3, 2, 4, 1)]
-    state = DiffusionState([(grown(chunks[0], 4), grown(-chunks[0], 4))], 3)
+    state = DiffusionState([(grown(chunks[0], 4), grown(-chunks[0], 4))], 3, previous=torch.zeros(8))
     for chunk in chunks[1:]:
         state.append([(chunk, -chunk)])
     ((keys, values),) = state.context
