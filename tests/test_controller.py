@@ -141,27 +141,17 @@ def test_auto_steps_plainly_when_drafts_are_always_wrong(zoo, llama):
     assert plain_share >= 0.85, result.settings
 
 
-def test_auto_drafts_long_blocks_when_drafts_are_always_right(llama):
+@pytest.mark.parametrize("script, min_drafts", [("oracle", 1), ("second", 2)])
+def test_auto_drafts_long_blocks_and_as_many_drafts_as_it_takes_to_be_right(llama, script, min_drafts):
+    """Drafts always right (``oracle``): long blocks; only a second draft right (``second``): K >= 2 and long blocks."""
     models, prompts = llama
-    oracle = Models(models.target, models.tokenizer, ScriptedDrafter(models.target, "oracle"))
+    scripted = Models(models.target, models.tokenizer, ScriptedDrafter(models.target, script))
     cfg = DecodeConfig(auto=True, max_new_tokens=96)
     for prompt_ids in prompts:
-        _, result = run(oracle, prompt_ids, cfg, costs=COSTS)
+        _, result = run(scripted, prompt_ids, cfg, costs=COSTS)
         assert list(result.token_ids) == hf_greedy(models, prompt_ids, new=cfg.max_new_tokens)
         late = result.settings[len(result.settings) // 2 : -1]  # the last round may be cut by max_new_tokens
-        assert late and all(block >= 12 for _, _, block in late), result.settings
-        assert result.tau > 6
-
-
-def test_auto_drafts_more_when_only_a_second_draft_is_right(llama):
-    models, prompts = llama
-    second = Models(models.target, models.tokenizer, ScriptedDrafter(models.target, "second"))
-    cfg = DecodeConfig(auto=True, max_new_tokens=96)
-    for prompt_ids in prompts:
-        _, result = run(second, prompt_ids, cfg, costs=COSTS)
-        assert list(result.token_ids) == hf_greedy(models, prompt_ids, new=cfg.max_new_tokens)
-        late = result.settings[len(result.settings) // 2 : -1]
-        assert late and all(k >= 2 and block >= 12 for k, _, block in late), result.settings
+        assert late and all(k >= min_drafts and block >= 12 for k, _, block in late), result.settings
         assert result.tau > 6
 
 
