@@ -185,7 +185,7 @@ class TargetConditionedDrafter(Drafter):
         positions = torch.arange(state.length, state.length + span, device=block_embeds.device).expand(rows, -1)
         context = [(ck.expand(rows, -1, -1, -1), cv.expand(rows, -1, -1, -1)) for ck, cv in state.context]
         block_embeds = self.model.with_previous(block_embeds, state.previous[None, None])
-        return self.model.block_predictions(self.model(block_embeds, positions, context))
+        return self.model.draft_logits(block_embeds, positions, context)
 
 
 class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):

@@ -312,15 +312,28 @@ class XpressDrafter(PreTrainedModel):
         attention_mask: torch.Tensor | None = None,  # (B or 1, 1, Q, S + Q) additive; None = attend to everything
     ) -> torch.Tensor:
         """Logits (B, Q, V) for every block position (no shift: position j predicts token j)."""
+        return self.shared[1](self.hidden(block_embeds, positions, context, attention_mask))
+
+    def hidden(self, block_embeds, positions, context: ContextKV, attention_mask=None) -> torch.Tensor:
+        """The final normed hidden states (B, Q, H) of every block position, what the LM head reads."""
         cos, sin = self.rotary(positions, block_embeds.dtype)
         h = block_embeds
         for layer, (ctx_k, ctx_v) in zip(self.layers, context):
             h = layer(h, cos, sin, ctx_k, ctx_v, attention_mask)
-        return self.shared[1](self.norm(h))
+        return self.norm(h)
+
+    def draft_logits(self, block_embeds, positions, context: ContextKV) -> torch.Tensor:
+        """Logits (B, L, V) of tokens 1..L of each block ``[root, L positions]``: the LM head, the drafter's largest
+        matrix, runs only on the positions that predict them (``block_predictions``)."""
+        h = self.block_predictions(self.hidden(block_embeds, positions, context))
+        # As rows of a matrix: a slice keeps its parent's batch stride, which sends CPU bf16 matmuls down a path
+        # 8x slower than for the same rows laid out afresh (measured: 1.33 ms against 0.15 ms for 8 x 256 x 4096).
+        return self.shared[1](h.reshape(-1, h.shape[-1])).view(*h.shape[:-1], -1)
 
     def block_predictions(self, logits: torch.Tensor) -> torch.Tensor:
-        """Per block (..., L+1, V) logits of ``[root, positions 1..L]`` -> (..., L, V) the predictions of tokens
-        1..L: the root's output for token 1 when ``root_predicts_next``, else position j's for token j."""
+        """Per block (..., L+1, D) outputs of ``[root, positions 1..L]`` (logits, or the hidden states the head reads)
+        -> (..., L, D) those that predict tokens 1..L: the root's for token 1 when ``root_predicts_next``, else
+        position j's for token j."""
         if self.config.root_predicts_next:
             return torch.cat([logits[..., :1, :], logits[..., 2:, :]], dim=-2)
         return logits[..., 1:, :]
