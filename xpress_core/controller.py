@@ -143,6 +143,7 @@ class AutoControl:
         if carried and all(len(carried[0].get(pair, ())) == top for pair in self.pairs):
             self.reached, self.accepted = carried
         self.plain_run, self.probe_after = 0, FIRST_PROBE
+        self.searched: tuple[int, tuple[float, RoundSetting]] | None = None  # (longest block, best) on these counts
 
     def acceptance(self, pair: tuple[int, int]) -> list[float]:
         """q_i per block position: this (K, T)'s counts over a prior worth ``PRIOR_WEIGHT`` rounds.
@@ -171,8 +172,14 @@ class AutoControl:
 
     def best(self, remaining: int) -> tuple[float, RoundSetting]:
         """The speculative setting with the most expected tokens per second, and that rate."""
-        best_rate, best = 0.0, PLAIN_STEP
         longest = min(self.max_block, remaining - 1)  # drafting past the reply's end gains nothing
+        # Plain rounds change no count: a run of them reuses one search instead of paying it every token.
+        if self.searched is None or self.searched[0] != longest:
+            self.searched = (longest, self.search(longest))
+        return self.searched[1]
+
+    def search(self, longest: int) -> tuple[float, RoundSetting]:
+        best_rate, best = 0.0, PLAIN_STEP
         for k, t in self.pairs:
             expected, chain = 1.0, 1.0
             for block, q in enumerate(self.acceptance((k, t))[:longest], start=1):
@@ -206,7 +213,7 @@ class AutoControl:
         if setting.plain:
             self.plain_run += 1
             return
-        self.plain_run = 0
+        self.plain_run, self.searched = 0, None
         for pair in self.pairs:
             self.reached[pair] = [MEMORY * r for r in self.reached[pair]]
             self.accepted[pair] = [MEMORY * a for a in self.accepted[pair]]
