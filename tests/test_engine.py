@@ -242,12 +242,13 @@ def test_schedules_commit_ceil_l_s_over_t_positions(zoo):
                 assert all(tok >= 0 for tok in t.steps[0].tokens[0][:3])
 
 
-def test_unwatched_requests_draft_the_same_without_denoise_steps(zoo):
+@pytest.mark.parametrize("k, t", [(3, 2), (1, 1), (1, 2)])  # one draft: its last step takes only the argmax
+def test_unwatched_requests_draft_the_same_without_denoise_steps(zoo, k, t):
     """Without a watcher the drafters build no per-step lists; the drafts and the output do not change."""
     for drafter in (zoo["drafter_llama"], zoo["gauss_llama"], zoo["ar_drafter"]):
         models = load_models(zoo["llama"], drafter, device="cpu")
         prompt_ids = encode_prompt(models.tokenizer, PROMPTS[0], chat=True)
-        cfg = DecodeConfig(drafts=3, steps=2, block=4, max_new_tokens=NEW)
+        cfg = DecodeConfig(drafts=k, steps=t, block=4, max_new_tokens=NEW)
         watched, result = run(models, prompt_ids, cfg)
         events = list(decode(models, prompt_ids, cfg))
         unwatched, plain_result = events[:-1], events[-1]
