@@ -350,9 +350,11 @@ def test_tree_mask_and_children_equal_a_direct_construction_on_random_tries(seed
     assert tree.tokens[0] == root
     assert set(paths) == {tuple(d[:i]) for d in drafts for i in range(len(d) + 1)}
     assert [paths[p[-1]] for p in tree.draft_paths] == [tuple(d) for d in drafts]
+    causal = True  # every node sees exactly the nodes before it: the verify may leave the mask to causal attention
     for node, path in enumerate(paths):
         # node j is visible from node i iff j's tokens are a prefix of i's: j is i or one of its ancestors
         expected = {j for j, other in enumerate(paths) if path[: len(other)] == other}
+        causal &= expected == set(range(node + 1))
         for past, dtype in ((0, torch.float32), (rng.randint(1, 9), torch.bfloat16)):
             row = tree_attention_mask(tree, past, dtype, "cpu")[0, 0, node]
             want = torch.full((past + len(paths),), torch.finfo(dtype).min, dtype=dtype)
@@ -361,3 +363,5 @@ def test_tree_mask_and_children_equal_a_direct_construction_on_random_tries(seed
             assert torch.equal(row, want), (seed, node)
         kids = {tree.tokens[c]: c for c, parent in enumerate(tree.parents) if parent == node}
         assert dict(tree.children(node)) == kids
+    assert tree.is_chain == causal
+    assert build_tree(root, drafts[:1]).is_chain and build_tree(root, []).is_chain

