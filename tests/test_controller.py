@@ -12,15 +12,7 @@ import pytest
 from tests.fakes import ScriptedDrafter
 from tests.oracles import PROMPTS, check_invariants, cli, hf_greedy, run
 from xpress_core.config import DecodeConfig
-from xpress_core.controller import (
-    LAST_PROBE,
-    MAX_REGIMES,
-    PLAIN_STEP,
-    AcceptanceMemory,
-    AutoControl,
-    CostModel,
-    RoundSetting,
-)
+from xpress_core.controller import LAST_PROBE, PLAIN_STEP, AutoControl, CostModel, RoundSetting
 from xpress_core.drafters.base import NoDrafter
 from xpress_core.engine import Models, calibrate, calibrated, decode
 from xpress_core.models import encode_prompt, load_models
@@ -79,43 +71,6 @@ def test_more_drafts_are_tried_when_one_fails_and_left_when_one_is_enough():
             picks.append(setting)
         assert {s.drafts for s in picks[-10:]} == {want_drafts}, picks
         assert all(s.block == 16 for s in picks[-10:]), picks
-
-
-def test_the_memory_carries_counts_from_request_to_request_within_a_regime_only():
-    memory, greedy, sampled = AcceptanceMemory(), (0.0, 1.0, 0), (0.7, 1.0, 0)
-    first = AutoControl(COSTS, max_block=16, memory=memory, regime=greedy)
-    assert memory.recall(greedy) is None  # nothing kept before a drafting round
-    first.observe(RoundSetting(1, 1, 8), 8, (8,))
-    next_request = AutoControl(COSTS, max_block=16, memory=memory, regime=greedy)
-    assert next_request.reached == first.reached and next_request.accepted == first.accepted
-    assert next_request.acceptance((1, 1)) == first.acceptance((1, 1))
-    first.observe(RoundSetting(1, 1, 8), 0, (0,))  # later rounds of the first request reach the memory too
-    assert memory.recall(greedy)[1][(1, 1)][0] == pytest.approx(0.9)
-    assert next_request.accepted[(1, 1)][0] == 1.0  # its copy stays its own
-    fresh = AutoControl(COSTS, max_block=16)
-    assert AutoControl(COSTS, 16, memory=memory, regime=sampled).acceptance((1, 1)) == fresh.acceptance((1, 1))
-    assert AutoControl(COSTS, 8, memory=memory, regime=greedy).reached[(1, 1)] == [0.0] * 8  # other models' shape
-    for temperature in range(MAX_REGIMES):  # the most recently used regimes stay
-        AutoControl(COSTS, 16, memory=memory, regime=(temperature + 1.0, 1.0, 0)).observe(RoundSetting(1, 1, 4), 1)
-    assert memory.recall(greedy) is None and memory.recall((1.0, 1.0, 0)) is not None
-
-
-@pytest.mark.parametrize(
-    "script, first_round, later_first_round", [("wrong", "drafts", "plain"), ("oracle", "short", "long")]
-)
-def test_a_request_starts_from_what_the_last_one_in_its_regime_learned(llama, script, first_round, later_first_round):
-    models, prompts = llama
-    memory = AcceptanceMemory()
-    scripted = Models(models.target, models.tokenizer, ScriptedDrafter(models.target, script), COSTS, memory)
-    kinds = {"drafts": lambda s: s[2] > 0, "plain": lambda s: s[2] == 0, "short": lambda s: 0 < s[2] < 8}
-    kinds["long"] = lambda s: s[2] == 16
-    results = [run(scripted, prompt_ids, AUTO)[1] for prompt_ids in (*prompts, prompts[0])]
-    for prompt_ids, result in zip((*prompts, prompts[0]), results):
-        assert list(result.token_ids) == hf_greedy(models, prompt_ids, new=AUTO.max_new_tokens)
-    assert kinds[first_round](results[0].settings[0]), results[0].settings
-    assert all(kinds[later_first_round](r.settings[0]) for r in results[1:]), [r.settings[0] for r in results]
-    sampled = DecodeConfig(auto=True, temperature=0.7, max_new_tokens=8)
-    assert kinds[first_round](run(scripted, prompts[0], sampled)[1].settings[0])  # another regime starts afresh
 
 
 def test_round_costs_count_the_forwards_the_drafter_declares(zoo):

@@ -8,19 +8,15 @@
 - seconds of a round from a ``CostModel``: stage costs measured on the models at hand (the engine calibrates them).
 
 When plain steps win it still drafts now and then (a probe, after 4, 8, ... 64 plain rounds), so that it notices when
-the text becomes predictable again. With an ``AcceptanceMemory`` (a caller that serves many requests keeps one), a
-request's counts continue from the last request's in the same sampling regime: a reply of twenty tokens is over before
-its own rounds teach much, and a bare prior is wrong both ways (too hopeful on sampled stories, too shy of more drafts
-on greedy ones). Every choice is a pure function of the costs, the memory it started from and the request's acceptance
-so far: the same seed and history give the same settings. Whatever it picks, the output is the target's: the controller only
+the text becomes predictable again. Every choice is a pure function of the costs and the request's acceptance so far:
+the same seed and history give the same settings. Whatever it picks, the output is the target's: the controller only
 changes what is drafted, and the acceptance walk decides what is kept.
 """
 
 from __future__ import annotations
 
 import math
-import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .config import DecodeConfig
@@ -37,7 +33,6 @@ FIRST_PROBE, LAST_PROBE = 4, 64  # plain rounds before a probe: doubles after ea
 # estimates is optimistic (the largest of noisy numbers), and a near-even bet still costs: measured on held-out chats
 # at temperature 0.7, speculative rounds ran 1.0-1.15x their calibrated cost, plain steps 1.0x.
 SPECULATE_MARGIN = 1.05
-MAX_REGIMES = 16  # sampling regimes an AcceptanceMemory keeps (the most recently used)
 
 
 @dataclass(frozen=True)
@@ -95,53 +90,17 @@ class FixedControl:
         pass
 
 
-Counts = dict[tuple[int, int], list[float]]  # per (K, T), per block position
-
-
-class AcceptanceMemory:
-    """The acceptance counts ``auto`` ended with, per sampling regime (temperature, top-p, top-k), for the next request
-    on the same models to start from. Shared by the requests a caller serves, from any thread."""
-
-    def __init__(self):
-        self._counts: dict[Hashable, tuple[Counts, Counts]] = {}
-        self._lock = threading.Lock()
-
-    def recall(self, regime: Hashable) -> tuple[Counts, Counts] | None:
-        """Copies of the regime's (reached, accepted) counts, or None before its first drafting round."""
-        with self._lock:
-            kept = self._counts.get(regime)
-            return None if kept is None else tuple({p: list(c) for p, c in counts.items()} for counts in kept)
-
-    def keep(self, regime: Hashable, reached: Counts, accepted: Counts) -> None:
-        with self._lock:
-            self._counts.pop(regime, None)  # re-inserted last: the dict's order is the order of use
-            self._counts[regime] = ({p: list(c) for p, c in reached.items()}, {p: list(c) for p, c in accepted.items()})
-            while len(self._counts) > MAX_REGIMES:
-                del self._counts[next(iter(self._counts))]
-
-
 class AutoControl:
     """The controller ``auto``: the setting with the most expected tokens per second (module docstring)."""
 
-    def __init__(
-        self,
-        costs: CostModel,
-        max_block: int | None,
-        can_draft: bool = True,
-        memory: AcceptanceMemory | None = None,
-        regime: Hashable = None,
-    ):
+    def __init__(self, costs: CostModel, max_block: int | None, can_draft: bool = True):
         self.costs = costs
         top = min(AUTO_MAX_BLOCK, max_block or AUTO_MAX_BLOCK)
         self.pairs = [(k, t) for k in AUTO_DRAFTS for t in AUTO_STEPS if t <= top] if can_draft else []
         self.max_block = top
         # Per (K, T): decayed counts, per block position, of rounds that reached it and of those that accepted it.
-        self.reached: Counts = {pair: [0.0] * top for pair in self.pairs}
-        self.accepted: Counts = {pair: [0.0] * top for pair in self.pairs}
-        self.memory, self.regime = memory, regime
-        carried = memory.recall(regime) if memory else None
-        if carried and all(len(carried[0].get(pair, ())) == top for pair in self.pairs):
-            self.reached, self.accepted = carried
+        self.reached = {pair: [0.0] * top for pair in self.pairs}
+        self.accepted = {pair: [0.0] * top for pair in self.pairs}
         self.plain_run, self.probe_after = 0, FIRST_PROBE
         self.searched: tuple[int, tuple[float, RoundSetting]] | None = None  # (longest block, best) on these counts
 
@@ -221,8 +180,6 @@ class AutoControl:
         for k in AUTO_DRAFTS:
             if k < min(setting.drafts, len(draft_accepted) + 1) and (k, setting.steps) in self.reached:
                 self.count((k, setting.steps), setting.block, max(draft_accepted[:k]))
-        if self.memory:
-            self.memory.keep(self.regime, self.reached, self.accepted)
 
     def count(self, pair: tuple[int, int], block: int, accepted: int) -> None:
         """One round of a pair in its counts: positions 1..accepted accepted, the next one (if drafted) reached."""

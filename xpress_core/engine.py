@@ -18,7 +18,7 @@ import torch
 
 from . import cache as kv
 from .config import DecodeConfig
-from .controller import AcceptanceMemory, AutoControl, CostModel, FixedControl, RoundSetting
+from .controller import AutoControl, CostModel, FixedControl, RoundSetting
 from .drafters.base import Drafts, NoDrafter
 from .errors import XpressError
 from .models import Models, context_limit, eos_ids, tapped_forward
@@ -121,10 +121,7 @@ def control(models: Models, cfg: DecodeConfig, costs: CostModel | None) -> Fixed
     if not cfg.auto:
         return FixedControl(cfg)
     can_draft = not isinstance(models.drafter, NoDrafter)
-    regime = (cfg.temperature, cfg.top_p, cfg.top_k)  # acceptance depends on how the target samples
-    return AutoControl(
-        costs or models.costs or calibrate(models), models.drafter.max_block, can_draft, models.memory, regime
-    )
+    return AutoControl(costs or models.costs or calibrate(models), models.drafter.max_block, can_draft)
 
 
 def round_config(cfg: DecodeConfig, setting: RoundSetting) -> DecodeConfig:
@@ -249,8 +246,7 @@ def decode(
 
     ``watch``: the events carry the drafter's denoise steps (for the visualizer); without it drafting builds no
     per-step lists and the events carry none. ``costs``: the stage costs ``auto`` plans with (default: the models',
-    or measured now: a caller that serves many requests keeps ``calibrated(models)``, which also carries what
-    ``auto`` learns from one request to the next).
+    or measured now: a caller that serves many requests keeps ``calibrated(models)``).
     """
     cfg.validate()
     if not cfg.auto:
@@ -365,9 +361,8 @@ def result(models: Models, state: DecodeState, cfg: DecodeConfig, prefill_s: flo
 
 
 def calibrated(models: Models) -> Models:
-    """The models with their stage costs measured (``calibrate``) and an acceptance memory, for callers that run many
-    ``auto`` requests."""
-    return replace(models, costs=models.costs or calibrate(models), memory=models.memory or AcceptanceMemory())
+    """The models with their stage costs measured (``calibrate``), for callers that run many ``auto`` requests."""
+    return models if models.costs else replace(models, costs=calibrate(models))
 
 
 CALIBRATION_TEXT = "The quick brown fox jumps over the lazy dog while the cat sleeps in the warm afternoon sun. "

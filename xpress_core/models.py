@@ -14,7 +14,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_N
 
 from . import validation
 from .chat import encode_chat, encode_text
-from .controller import AcceptanceMemory, CostModel
+from .controller import CostModel
 from .drafters.autoregressive import AutoregressiveDrafter
 from .drafters.base import Drafter, NoDrafter
 from .drafters.dflash_format import DFLASH_KEY_MAPPING, dflash_drafter_config, is_dflash_config
@@ -38,13 +38,12 @@ DRAFTER_KINDS = ("auto", "xpress", "dflash", "diffusion-lm", "autoregressive")
 
 @dataclass(frozen=True)
 class Models:
-    """Read-only models shared by every request, and what the controller ``auto`` knows of them."""
+    """Read-only models shared by every request."""
 
     target: torch.nn.Module
     tokenizer: object
     drafter: Drafter
     costs: CostModel | None = None  # stage costs the controller auto plans with; None: measured for each request
-    memory: AcceptanceMemory | None = None  # auto's acceptance in earlier requests; None: each request starts afresh
 
     @property
     def device(self) -> torch.device:

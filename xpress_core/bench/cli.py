@@ -9,7 +9,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .. import validation
-from ..controller import AcceptanceMemory
 from ..data import DEFAULT_DATA, default_prompts, read_prompt_file, spread
 from ..engine import calibrate
 from ..errors import XpressError
@@ -184,8 +183,7 @@ def load_bench_models(args: argparse.Namespace, settings: Sequence[Setting]) -> 
             )
         # transformers stops the assistant where the target stops; give it the target's end tokens.
         assistant.generation_config.eos_token_id = sorted(eos_ids(target, tokenizer))
-    memory = AcceptanceMemory() if XPRESS_AUTO in methods else None
-    return BenchModels(target, tokenizer, drafter, assistant, costs=costs, memory=memory, targets=others)
+    return BenchModels(target, tokenizer, drafter, assistant, costs=costs, targets=others)
 
 
 def check_run_args(args: argparse.Namespace, temperatures: Sequence[float]) -> None:

@@ -99,7 +99,7 @@ def run_setting(
     if setting.method == XPRESS_NONE:
         return run_xpress(Models(models.target, models.tokenizer, NoDrafter()), ids, cfg)
     if setting.method in DRAFTING:
-        engine = Models(models.target, models.tokenizer, models.drafter_of(setting), models.costs, models.memory)
+        engine = Models(models.target, models.tokenizer, models.drafter_of(setting), models.costs)
         return run_xpress(
             engine,
             ids,

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..config import DecodeConfig
-from ..controller import AcceptanceMemory, CostModel
+from ..controller import CostModel
 from ..drafters.base import Drafter
 from ..errors import XpressError
 from .grid import GRID_KEYS
@@ -146,7 +146,6 @@ class BenchModels:
     assistant: torch.nn.Module | None = None  # hf-assisted: an AutoModelForCausalLM with the target's tokenizer
     drafters: dict[str, Drafter] = field(default_factory=dict)  # more, by name, to compare (``train eval``)
     costs: CostModel | None = None  # xpress-auto: the drafter's stage costs, measured once at load (engine.calibrate)
-    memory: AcceptanceMemory | None = None  # xpress-auto: its acceptance, carried from call to call as a server does
     targets: dict[str, torch.nn.Module] = field(default_factory=dict)  # the target in other dtypes, by name
 
     @property
