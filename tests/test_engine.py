@@ -242,7 +242,7 @@ def test_schedules_commit_ceil_l_s_over_t_positions(zoo):
                 assert all(tok >= 0 for tok in t.steps[0].tokens[0][:3])
 
 
-@pytest.mark.parametrize("k, t", [(3, 2), (1, 1), (1, 2)])  # one draft: its last step takes only the argmax
+@pytest.mark.parametrize("k, t", [(3, 2), (1, 1), (1, 2)])
 def test_unwatched_requests_draft_the_same_without_denoise_steps(zoo, k, t):
     """Without a watcher the drafters build no per-step lists; the drafts and the output do not change."""
     for drafter in (zoo["drafter_llama"], zoo["gauss_llama"], zoo["ar_drafter"]):

@@ -26,11 +26,6 @@ from .base import Drafter, Drafts, allowed_logits, banned_token_mask, refine_gro
 from .diffusion_model import ContextKV, XpressDrafter, add_noise, signal_share
 
 
-def row_slices(cfg: DecodeConfig) -> list[slice]:
-    """``refine_groups`` as slices of the draft rows: views of them, where a list of rows indexes a copy."""
-    return [slice(rows[0], rows[-1] + 1) for rows in refine_groups(cfg)]
-
-
 def stacked(parts: list[torch.Tensor]) -> torch.Tensor:
     """The groups' logits as one (K, L, V) tensor; one group (parallel refinement) is used as it is, not copied."""
     return parts[0] if len(parts) == 1 else torch.cat(parts)
@@ -56,12 +51,8 @@ class MaskedDiffusionDrafter(Drafter):
         for step in range(1, cfg.steps + 1):
             # .to(device): with a target spread over GPUs, the shared LM head may sit on another GPU than the drafter.
             logits = stacked(
-                [self.denoise(state, root, tokens[rows], committed[rows]).to(device) for rows in row_slices(cfg)]
+                [self.denoise(state, root, tokens[rows], committed[rows]).to(device) for rows in refine_groups(cfg)]
             )
-            if step == cfg.steps and k == 1 and not watch:
-                # The last step of one unwatched draft needs only the best tokens, not their probabilities.
-                tokens = torch.where(committed, tokens, allowed_logits(logits, self.banned).argmax(-1))
-                break
             candidates, candidate_conf, forced = self.choose_tokens(logits, cfg, step, generator)
             newly = self.commit_schedule(candidate_conf, committed, forced, math.ceil(length * step / cfg.steps), cfg)
             tokens = torch.where(newly, candidates, tokens)
@@ -244,7 +235,7 @@ class GaussianDiffusionDrafter(TargetConditionedDrafter):
         root_embed = self.model.token_embeddings(torch.tensor([[root]], device=device))  # (1, 1, H), clean
         steps = []
         for t, t_next in pairwise(levels):
-            logits = stacked([self.denoise(state, root_embed, x[rows], t) for rows in row_slices(cfg)])
+            logits = stacked([self.denoise(state, root_embed, x[rows], t) for rows in refine_groups(cfg)])
             probs = allowed_logits(logits, self.banned).softmax(-1)  # (K, L, V)
             conf, tokens = probs.max(-1)
             x = ddim_step(x, self.model.token_embeddings(tokens), t, t_next)
