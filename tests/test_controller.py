@@ -12,9 +12,17 @@ import pytest
 from tests.fakes import ScriptedDrafter
 from tests.oracles import PROMPTS, check_invariants, cli, hf_greedy, run
 from xpress_core.config import DecodeConfig
-from xpress_core.controller import LAST_PROBE, PLAIN_STEP, AutoControl, CostModel, RoundSetting
+from xpress_core.controller import (
+    LAST_PROBE,
+    PLAIN_STEP,
+    PRIOR_ACCEPT,
+    PRIOR_ACCEPT_SAMPLED,
+    AutoControl,
+    CostModel,
+    RoundSetting,
+)
 from xpress_core.drafters.base import NoDrafter
-from xpress_core.engine import Models, calibrate, calibrated, decode
+from xpress_core.engine import Models, calibrate, calibrated, control, decode
 from xpress_core.models import encode_prompt, load_models
 from xpress_core.trace import write_jsonl
 
@@ -59,6 +67,21 @@ def test_round_costs_and_acceptance_estimates_on_known_numbers():
     assert control.acceptance((2, 1)) == pytest.approx(two)
     four = 1 - (1 - q1) ** 2
     assert control.acceptance((4, 1)) == pytest.approx([four, 0.8 * four, 0.8 * four, 0.8 * four])
+
+
+def test_sampling_starts_from_its_own_lower_prior(llama):
+    """A sampled draft token is kept with the target's probability of it: a sampled request's controller starts from
+    the sampled prior, the engine says which regime a request is in, and the lower prior can turn the first round into
+    a plain step where the greedy one drafts."""
+    assert PRIOR_ACCEPT_SAMPLED < PRIOR_ACCEPT
+    models, _ = llama
+    greedy, sampled = (control(models, DecodeConfig(auto=True, temperature=t), COSTS) for t in (0.0, 0.7))
+    assert greedy.acceptance((1, 1)) == pytest.approx([PRIOR_ACCEPT] * greedy.max_block)
+    assert sampled.acceptance((1, 1)) == pytest.approx([PRIOR_ACCEPT_SAMPLED] * sampled.max_block)
+    # With costs like the embedded pair's: greedy opens with (4, 1, 3), expected 1.16x a plain step's rate; sampled,
+    # the best is 1.00x, below the margin.
+    assert AutoControl(COSTS, max_block=8).choose(remaining=100) == RoundSetting(4, 1, 3)
+    assert AutoControl(COSTS, max_block=8, sampled=True).choose(remaining=100) == PLAIN_STEP
 
 
 def test_more_drafts_are_tried_when_one_fails_and_left_when_one_is_enough():

@@ -121,7 +121,9 @@ def control(models: Models, cfg: DecodeConfig, costs: CostModel | None) -> Fixed
     if not cfg.auto:
         return FixedControl(cfg)
     can_draft = not isinstance(models.drafter, NoDrafter)
-    return AutoControl(costs or models.costs or calibrate(models), models.drafter.max_block, can_draft)
+    return AutoControl(
+        costs or models.costs or calibrate(models), models.drafter.max_block, can_draft, sampled=not cfg.greedy
+    )
 
 
 def round_config(cfg: DecodeConfig, setting: RoundSetting) -> DecodeConfig:
