@@ -24,7 +24,7 @@ from xpress_core.controller import (
 from xpress_core.drafters.base import NoDrafter
 from xpress_core.engine import Models, calibrate, calibrated, control, decode
 from xpress_core.models import encode_prompt, load_models
-from xpress_core.trace import write_jsonl
+from xpress_core.trace import RoundTrace, write_jsonl
 
 # Stage costs like the embedded pair's in bf16 (ms), fixed so that every choice below is reproducible.
 COSTS = CostModel(
@@ -97,7 +97,7 @@ def test_more_drafts_are_tried_when_one_fails_and_left_when_one_is_enough():
 
 
 def test_round_costs_count_the_forwards_the_drafter_declares(zoo):
-    left_to_right = CostModel(1.0, 0.1, 2.0, 0.5, 0.25, draft_work=lambda s: (s.block, s.drafts))
+    left_to_right = CostModel(1.0, 0.1, 2.0, 0.5, 0.25, draft_work=lambda s: (s.block, s.block * s.drafts))
     assert left_to_right.round_s(RoundSetting(2, 3, 4)) == pytest.approx(4 * (1.0 + 0.1 * 2) + 2.0 + 0.5 * 9 + 0.25)
     assert left_to_right.round_s(PLAIN_STEP) == pytest.approx(2.0 + 0.5 + 0.25)
     models = load_models(zoo["llama"], zoo["ar_drafter"], device="cpu", dtype="float32")
@@ -111,7 +111,28 @@ def test_round_costs_count_the_forwards_the_drafter_declares(zoo):
         declared = [models.drafter.draft_work(RoundSetting(*s))[0] for s in result.settings]
         assert len(forwards) == 1 + sum(declared) and declared[0] == setting[2]  # 1: the prompt's forward at start
     costs = calibrate(models)
-    assert costs.draft_work(RoundSetting(4, 2, 16)) == (16, 4) and costs.draft_forward_s > 0
+    assert costs.draft_work(RoundSetting(4, 2, 16)) == (16, 64) and costs.draft_forward_s > 0
+
+
+def test_a_masked_drafter_declares_the_forwards_and_positions_it_runs(llama):
+    """All K rows start as [root, MASK x L], so the first denoise step runs one row for all of them: a round's
+    drafter forwards and their positions (rows x (L + 1)), counted on the drafter's first layer, are what it declares
+    to the controller."""
+    models, prompts = llama
+    shapes = []
+    hook = models.drafter.model.layers[0].register_forward_hook(lambda _m, args, _out: shapes.append(args[0].shape))
+    try:
+        for k, t, block in ((4, 1, 6), (4, 2, 6), (2, 3, 4), (1, 2, 8)):
+            cfg = DecodeConfig(drafts=k, steps=t, block=block, max_new_tokens=16)
+            for event in decode(models, prompts[0], cfg):
+                if isinstance(event, RoundTrace) and event.index > 0:
+                    positions = sum(rows * span for rows, span, _ in shapes)
+                    assert (len(shapes), positions) == models.drafter.draft_work(RoundSetting(k, t, block))
+                    assert shapes[0][0] == 1 and all(s[0] == k for s in shapes[1:]), (k, t, shapes)
+                shapes.clear()
+    finally:
+        hook.remove()
+    assert models.drafter.draft_work(RoundSetting(4, 1, 8)) == models.drafter.draft_work(RoundSetting(1, 1, 8))
 
 
 def test_plain_steps_when_drafting_does_not_pay_with_probes_that_back_off():

@@ -59,8 +59,9 @@ PLAIN_STEP = RoundSetting(0, 0, 0)
 
 
 def denoise_work(setting: RoundSetting) -> tuple[int, int]:
-    """A diffusion drafter's work in a round: T forwards, each over K x (L + 1) positions (every draft row)."""
-    return setting.steps, setting.drafts * (setting.block + 1)
+    """A diffusion drafter's work in a round: T forwards, each over K x (L + 1) positions (every draft row), as
+    (forwards, positions over all of them)."""
+    return setting.steps, setting.steps * setting.drafts * (setting.block + 1)
 
 
 @dataclass(frozen=True)
@@ -68,11 +69,11 @@ class CostModel:
     """Seconds of a round's stages, linear in their work (fitted by ``engine.calibrate``)."""
 
     draft_forward_s: float  # one drafter forward, fixed part
-    draft_position_s: float  # one drafter forward, per block position of every draft row (K x (L + 1))
+    draft_position_s: float  # per block position a drafter forward computes (K x (L + 1) for K rows of L tokens)
     verify_forward_s: float  # one target forward, fixed part
     verify_token_s: float  # one target forward, per token (the root and every tree node)
     other_s: float  # acceptance, commit and stop checks
-    # The drafter's forwards a round runs and positions each computes (``Drafter.draft_work``).
+    # The drafter's forwards in a round and the positions they compute in all (``Drafter.draft_work``).
     draft_work: Callable[[RoundSetting], tuple[int, int]] = denoise_work
 
     def round_s(self, setting: RoundSetting) -> float:
@@ -80,7 +81,7 @@ class CostModel:
         tree = setting.drafts * setting.block
         verify = self.verify_forward_s + self.verify_token_s * (tree + 1)
         forwards, positions = self.draft_work(setting) if not setting.plain else (0, 0)
-        return forwards * (self.draft_forward_s + self.draft_position_s * positions) + verify + self.other_s
+        return forwards * self.draft_forward_s + positions * self.draft_position_s + verify + self.other_s
 
 
 class FixedControl:

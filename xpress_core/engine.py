@@ -425,19 +425,21 @@ def calibrate(models: Models, repeats: int = 5) -> CostModel:
         forward_s = position_s = 0.0
         if not isinstance(models.drafter, NoDrafter):
             block = min(CALIBRATION_BLOCK, models.drafter.max_block or CALIBRATION_BLOCK)
+            # Two drafts of different work (a masked drafter's first step serves all K rows with one: the wide one
+            # takes two steps); a draft's seconds are a x forwards + b x positions, as the drafter declares them.
+            small, wide = RoundSetting(1, 1, block), RoundSetting(4, 2, block)
             single, four = (
                 seconds(
-                    lambda k=k: draft(
-                        models, state, DecodeConfig(drafts=k, block=block), RoundSetting(k, 1, block), False
+                    lambda s=s: draft(
+                        models, state, DecodeConfig(drafts=s.drafts, steps=s.steps, block=block), s, False
                     ),
                     setup=accept_and_commit,
                 )
-                for k in (1, 4)
+                for s in (small, wide)
             )
-            # Per forward: a + b x positions, over the forwards and positions the drafter declares for each draft.
-            (f1, p1), (f4, p4) = (models.drafter.draft_work(RoundSetting(k, 1, block)) for k in (1, 4))
-            position_s = max(0.0, (four / f4 - single / f1) / (p4 - p1))
-            forward_s = max(0.0, single / f1 - position_s * p1)
+            (f1, p1), (f4, p4) = (models.drafter.draft_work(s) for s in (small, wide))
+            position_s = max(0.0, (four * f1 - single * f4) / (p4 * f1 - p1 * f4))
+            forward_s = max(0.0, (single - position_s * p1) / f1)
 
         other = statistics.median(accept_and_commit() for _ in range(repeats))
     return CostModel(forward_s, position_s, max(0.0, one - token_s), token_s, other, models.drafter.draft_work)

@@ -40,7 +40,7 @@ class AutoregressiveDrafter(Drafter):
 
     def draft_work(self, setting: RoundSetting) -> tuple[int, int]:
         """L forwards whatever T, each over one position of the K rows (parallel refinement)."""
-        return setting.block, setting.drafts
+        return setting.block, setting.block * setting.drafts
 
     def commit(self, state: AutoregressiveState, tokens, features):
         state.pending.extend(tokens)

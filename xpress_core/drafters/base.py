@@ -33,7 +33,8 @@ class Drafter(ABC):
     max_block_reason: str = "trained block size"
 
     def draft_work(self, setting: RoundSetting) -> tuple[int, int]:
-        """Forwards a draft at (K, T, L) runs and positions each computes: what ``auto`` prices (docs/DESIGN.md §2.6)."""
+        """Forwards a draft at (K, T, L) runs and the positions they compute in all: what ``auto`` prices
+        (docs/DESIGN.md §2.6)."""
         return denoise_work(setting)
 
     def check_block(self, cfg: DecodeConfig) -> None:

@@ -2,7 +2,8 @@
 
 ``MaskedDiffusionDrafter`` holds the masked refinement once: each step runs one drafter forward per refine group (all
 K rows at once = parallel refinement; one row at a time = serial), then picks tokens and commits ``ceil(L*s/T)``
-positions in total after step s, most confident first or left to right. Token choice happens on the (K, L, V) logits
+positions in total after step s, most confident first or left to right. The first step needs one row only: every row
+starts as ``[root, MASK x L]``, so K drafts at T = 1 cost one draft's forward (they part at the branch tokens). Token choice happens on the (K, L, V) logits
 of all rows together, so parallel and serial refinement make the same drafts. A masked family only says how one
 forward turns a block of committed/masked positions into logits (``denoise``): our target-conditioned drafter below,
 or a standalone diffusion LM that re-reads the context (``diffusion_lm.py``).
@@ -21,6 +22,7 @@ from itertools import pairwise
 import torch
 
 from ..config import DecodeConfig
+from ..controller import RoundSetting
 from ..trace import MASKED, DenoiseStep
 from .base import Drafter, Drafts, allowed_logits, banned_token_mask, refine_groups
 from .diffusion_model import ContextKV, XpressDrafter, add_noise, signal_share
@@ -37,6 +39,11 @@ class MaskedDiffusionDrafter(Drafter):
     banned: torch.Tensor  # (V,) bool over the vocabulary drafts may use; its length bounds the token ids
     device: torch.device
 
+    def draft_work(self, setting: RoundSetting) -> tuple[int, int]:
+        """T forwards: the first over one row (all K rows start the same), the others over K rows of L + 1."""
+        span = setting.block + 1
+        return setting.steps, span + (setting.steps - 1) * setting.drafts * span
+
     @abstractmethod
     def denoise(self, state, root: int, tokens: torch.Tensor, committed: torch.Tensor) -> torch.Tensor:
         """One drafter forward on the rows' blocks ``[root, tokens or MASK]`` -> (R, L, V') logits, V' >= V."""
@@ -50,9 +57,11 @@ class MaskedDiffusionDrafter(Drafter):
         steps = []
         for step in range(1, cfg.steps + 1):
             # .to(device): with a target spread over GPUs, the shared LM head may sit on another GPU than the drafter.
-            logits = stacked(
-                [self.denoise(state, root, tokens[rows], committed[rows]).to(device) for rows in refine_groups(cfg)]
-            )
+            if step == 1:  # every row is still [root, MASK x L]: one row's forward serves all K
+                logits = self.denoise(state, root, tokens[:1], committed[:1]).to(device).expand(k, -1, -1)
+            else:
+                groups = refine_groups(cfg)
+                logits = stacked([self.denoise(state, root, tokens[r], committed[r]).to(device) for r in groups])
             candidates, candidate_conf, forced = self.choose_tokens(logits, cfg, step, generator)
             newly = self.commit_schedule(candidate_conf, committed, forced, math.ceil(length * step / cfg.steps), cfg)
             tokens = torch.where(newly, candidates, tokens)
