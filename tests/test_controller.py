@@ -20,9 +20,11 @@ from xpress_core.controller import (
     AutoControl,
     CostModel,
     RoundSetting,
+    denoise_work,
 )
 from xpress_core.drafters.base import NoDrafter
-from xpress_core.engine import Models, calibrate, calibrated, control, decode
+from xpress_core.drafters.diffusion import MaskedDiffusionDrafter
+from xpress_core.engine import Models, calibrate, calibrated, calibration_drafts, control, decode, fit_draft_costs
 from xpress_core.models import encode_prompt, load_models
 from xpress_core.trace import RoundTrace, write_jsonl
 
@@ -133,6 +135,26 @@ def test_a_masked_drafter_declares_the_forwards_and_positions_it_runs(llama):
     finally:
         hook.remove()
     assert models.drafter.draft_work(RoundSetting(4, 1, 8)) == models.drafter.draft_work(RoundSetting(1, 1, 8))
+
+
+def test_draft_costs_are_fitted_from_drafts_of_different_work():
+    """The calibration drafts tell a forward's cost from a position's for every family's declared work: exact
+    seconds give back the costs they were made of; a fit below zero keeps the other cost alone."""
+    families = (
+        lambda s: MaskedDiffusionDrafter.draft_work(None, s),  # the first step on one row
+        denoise_work,  # every step on K rows (the gaussian drafter)
+        lambda s: (s.block, s.block * s.drafts),  # autoregressive: L forwards over K rows
+    )
+    for work in families:
+        for block in (8, 5, 2):
+            drafts = calibration_drafts(block)
+            seconds = {s: 2e-3 * work(s)[0] + 5e-5 * work(s)[1] for s in drafts}
+            assert fit_draft_costs(work, seconds) == pytest.approx((2e-3, 5e-5))
+    drafts = calibration_drafts(8)
+    work = families[0]
+    shrinking = {s: 3e-3 * work(s)[0] - 1e-5 * work(s)[1] for s in drafts}  # more positions, less time: noise
+    forward, position = fit_draft_costs(work, shrinking)
+    assert position == 0.0 and forward > 0
 
 
 def test_plain_steps_when_drafting_does_not_pay_with_probes_that_back_off():

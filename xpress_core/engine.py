@@ -374,8 +374,9 @@ CALIBRATION_BLOCK = 8  # block length of its drafts
 
 
 def calibrate(models: Models, repeats: int = 5) -> CostModel:
-    """The controller's stage costs on these models (``CostModel``): target forwards over 1 and 33 tokens, drafter
-    forwards of 1 and 4 rows, and a round's acceptance and commit, timed on a throwaway request (medians).
+    """The controller's stage costs on these models (``CostModel``): target forwards over 1 and 33 tokens, drafts of
+    different forwards and positions (``calibration_drafts``, fitted by ``fit_draft_costs``), and a round's acceptance
+    and commit, timed on a throwaway request (medians).
 
     Every draft is timed right after a commit, as in decoding: the drafter then first takes in the committed tokens
     (our drafter projects their features into its context), a cost that a draft on an unchanged context would miss."""
@@ -422,24 +423,45 @@ def calibrate(models: Models, repeats: int = 5) -> CostModel:
             )
             return clock.now() - start
 
-        forward_s = position_s = 0.0
+        draft_s = (0.0, 0.0)
         if not isinstance(models.drafter, NoDrafter):
             block = min(CALIBRATION_BLOCK, models.drafter.max_block or CALIBRATION_BLOCK)
-            # Two drafts of different work (a masked drafter's first step serves all K rows with one: the wide one
-            # takes two steps); a draft's seconds are a x forwards + b x positions, as the drafter declares them.
-            small, wide = RoundSetting(1, 1, block), RoundSetting(4, 2, block)
-            single, four = (
-                seconds(
-                    lambda s=s: draft(
-                        models, state, DecodeConfig(drafts=s.drafts, steps=s.steps, block=block), s, False
-                    ),
-                    setup=accept_and_commit,
-                )
-                for s in (small, wide)
+            draft_s = fit_draft_costs(
+                models.drafter.draft_work,
+                {
+                    s: seconds(
+                        lambda s=s: draft(
+                            models, state, DecodeConfig(drafts=s.drafts, steps=s.steps, block=s.block), s, False
+                        ),
+                        setup=accept_and_commit,
+                    )
+                    for s in calibration_drafts(block)
+                },
             )
-            (f1, p1), (f4, p4) = (models.drafter.draft_work(s) for s in (small, wide))
-            position_s = max(0.0, (four * f1 - single * f4) / (p4 * f1 - p1 * f4))
-            forward_s = max(0.0, (single - position_s * p1) / f1)
-
         other = statistics.median(accept_and_commit() for _ in range(repeats))
-    return CostModel(forward_s, position_s, max(0.0, one - token_s), token_s, other, models.drafter.draft_work)
+    return CostModel(*draft_s, max(0.0, one - token_s), token_s, other, models.drafter.draft_work)
+
+
+def calibration_drafts(block: int) -> tuple[RoundSetting, ...]:
+    """Drafts whose declared (forwards, positions) tell the two draft costs apart for every drafter family: a short
+    and a long block, two steps (a masked drafter's first step runs one row), four rows."""
+    half, steps = max(1, block // 2), min(2, block)  # T <= L
+    return (
+        RoundSetting(1, 1, half),
+        RoundSetting(1, 1, block),
+        RoundSetting(1, steps, block),
+        RoundSetting(4, steps, block),
+    )
+
+
+def fit_draft_costs(work: Callable[[RoundSetting], tuple[int, int]], seconds: dict[RoundSetting, float]):
+    """(per forward, per position) seconds: the least-squares fit of ``seconds`` to ``forwards x a + positions x b``
+    over the drafts' declared work; a cost the fit puts below zero is zero and the other fitted alone."""
+    work_rows = torch.tensor([work(s) for s in seconds], dtype=torch.float64)
+    times = torch.tensor(list(seconds.values()), dtype=torch.float64)[:, None]
+    a, b = torch.linalg.lstsq(work_rows, times).solution[:, 0].tolist()
+    if min(a, b) >= 0:
+        return a, b
+    column = 0 if a > b else 1  # the one kept
+    alone = max(0.0, torch.linalg.lstsq(work_rows[:, column : column + 1], times).solution.item())
+    return (alone, 0.0) if column == 0 else (0.0, alone)
