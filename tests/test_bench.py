@@ -32,7 +32,7 @@ from xpress_core.bench.report import SCHEMA
 from xpress_core.bench.summary import summarize
 from xpress_core.cli import main
 from xpress_core.config import DecodeConfig
-from xpress_core.data import SGD_DEV, default_prompts, read_prompt_file
+from xpress_core.data import SGD_DEV, default_prompts, prompt_class, read_prompt_file
 from xpress_core.errors import XpressError
 from xpress_core.models import load_models
 
@@ -167,6 +167,40 @@ def test_bench_outputs_are_complete_and_valid(bench_run):
     assert pair["refine"] == "parallel" and pair["ratio"] == pytest.approx(
         pair["draft_ms_k4"] / pair["draft_ms_k1"], rel=0.01
     )
+
+
+def test_auto_is_judged_per_prompt_class_from_the_final_calls(bench_run):
+    """Per class (a prompt's name without its trailing -N) and temperature: auto's tokens over seconds against plain
+    decoding's and the fastest fixed setting's, recomputed here from the final stage's rows."""
+    doc = json.loads(bench_run.read_text())
+    rows = [r for r in doc["measurements"] if r["stage"] == "final"]
+    assert prompt_class("sgd_dev-12") == "sgd_dev" and prompt_class("raw") == "raw"
+
+    def rate(group, temperature, method, setting=None):
+        calls = [
+            r
+            for r in rows
+            if prompt_class(r["prompt"]) == group
+            and r["temperature"] == temperature
+            and r["method"] == method
+            and (setting is None or r["setting"] == setting)
+        ]
+        return sum(r["new_tokens"] for r in calls) / sum(r["time_s"] for r in calls)
+
+    classes = doc["goals"]["auto_per_class"]
+    assert {(c["class"], c["temperature"]) for c in classes} == {
+        (g, t) for g in ("prompts", "raw") for t in TEMPERATURES
+    }
+    for c in classes:
+        group, temperature = c["class"], c["temperature"]
+        auto = rate(group, temperature, XPRESS_AUTO)
+        assert c["auto_over_plain"]["ratio"] == pytest.approx(auto / rate(group, temperature, XPRESS_NONE), rel=1e-3)
+        fixed = {r["setting"] for r in rows if r["method"] == XPRESS}
+        best = max(fixed, key=lambda setting: rate(group, temperature, XPRESS, setting))
+        over = c["auto_over_best_fixed"]
+        assert over["rival_setting"] == best
+        assert over["ratio"] == pytest.approx(auto / rate(group, temperature, XPRESS, best), rel=1e-3)
+        assert over["met"] == (over["ratio"] >= over["goal"])
 
 
 def same_setting(row: dict, summary: dict) -> bool:

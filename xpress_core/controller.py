@@ -122,8 +122,8 @@ class AutoControl:
         draft does in 0.68, and 0.69 and 0.78 against 0.58 at temperature 0.7; sqrt(K) gives 0.80, 0.90 and 0.70,
         0.82). Further on, the estimate one position earlier (a block accepted whole invites a longer one), times
         ``PRIOR_DECLINE`` at the first position no round reached and right after a branched first position (where K
-        drafts help no more: 0.77 then 0.48 at K = 4, against 0.54 then 0.55 for one draft, an earlier drafter). The pair's own counts replace these guesses as rounds
-        come in."""
+        drafts help no more: 0.77 then 0.48 at K = 4, against 0.54 then 0.55 for one draft, an earlier drafter). The
+        pair's own counts replace these guesses as rounds come in."""
         reached, accepted = self.reached[pair], self.accepted[pair]
         if pair == (1, 1):
             prior = self.prior_accept

@@ -111,6 +111,12 @@ def story_prompts(count: int = len(HELD_OUT_STORIES)) -> tuple[Prompt, ...]:
     return tuple(Prompt(f"story-{i}", (("user", text),), chat=True) for i, text in enumerate(HELD_OUT_STORIES[:count]))
 
 
+def prompt_class(name: str) -> str:
+    """The class the benchmark reports ``auto`` per: a prompt's name without a trailing ``-N`` (``sgd_dev-12`` ->
+    ``sgd_dev``, ``story-3`` -> ``story``), so that numbered prompts of one source are judged together."""
+    return re.sub(r"-\d+$", "", name)
+
+
 def read_prompt_file(path: Path) -> tuple[Prompt, ...]:
     """JSONL, one object a line: ``{"messages": [{"role", "content"}, ...]}`` or ``{"prompt": "raw text"}``."""
     if not path.exists():

@@ -13,10 +13,12 @@ from pathlib import Path
 import torch
 
 from ..config import REFINE_MODES
+from ..data import prompt_class
 from ..records import json_record
+from .measure import Measurement
 from .methods import HF_ASSISTED, HF_LOOKUP, REFERENCE, XPRESS, XPRESS_AUTO, XPRESS_NONE, BenchModels
 from .stages import Stage
-from .summary import Summary, best_per_method
+from .summary import Summary, best_per_method, throughput
 
 SCHEMA = "xpress-bench/1"
 
@@ -46,9 +48,10 @@ REFINEMENT_PAIR = (1, 4)  # the K values the drafting-time goal compares
 PARALLEL = REFINE_MODES[0]
 
 
-def goals(summaries: Sequence[Summary], grid: Sequence[Summary]) -> dict:
+def goals(summaries: Sequence[Summary], grid: Sequence[Summary], calls: Sequence[Measurement] = ()) -> dict:
     """The speed goals at greedy, with the measured numbers behind each verdict: speedups from the final
-    stage's ``summaries``, drafting time over K from the ``grid`` (every setting measured)."""
+    stage's ``summaries``, drafting time over K from the ``grid`` (every setting measured), and ``auto`` per prompt
+    class and temperature from the final stage's ``calls``."""
     best = best_per_method(summaries, 0.0)
     out: dict = {}
     xp = best.get(XPRESS)
@@ -115,7 +118,47 @@ def goals(summaries: Sequence[Summary], grid: Sequence[Summary]) -> dict:
                     "met": ratio >= goal,
                 }
     out["refinement"] = refinement_ratios(grid)
+    if calls:
+        out["auto_per_class"] = auto_per_class(calls)
     return out
+
+
+def auto_per_class(calls: Sequence[Measurement]) -> list[dict]:
+    """``auto`` against plain decoding and against the fastest fixed xPress setting, per prompt class
+    (``data.prompt_class``) and temperature: new tokens over seconds of that class's calls, all repeats together. A
+    class where speculation does not pay is where a controller must not lose."""
+    groups: dict[tuple[str, float], dict] = {}
+    for m in calls:
+        groups.setdefault((prompt_class(m.prompt), m.temperature), {}).setdefault(m.setting, []).append(m)
+    rows = []
+    for (group, temperature), by_setting in sorted(groups.items()):
+        rates = {setting: throughput(ms) for setting, ms in by_setting.items()}
+        auto = next((r for s, r in rates.items() if s.method == XPRESS_AUTO), None)
+        plain = next((r for s, r in rates.items() if s.method == XPRESS_NONE), None)
+        fixed = [(r, s) for s, r in rates.items() if s.method == XPRESS]
+        if auto is None:
+            continue
+        row: dict = {
+            "class": group,
+            "temperature": temperature,
+            "prompts": len({m.prompt for ms in by_setting.values() for m in ms}),
+        }
+        if plain:
+            row["auto_over_plain"] = {
+                "ratio": auto / plain,
+                "goal": GOAL_AUTO_OVER_PLAIN,
+                "met": auto / plain >= GOAL_AUTO_OVER_PLAIN,
+            }
+        if fixed:
+            rate, setting = max(fixed, key=lambda pair: pair[0])
+            row["auto_over_best_fixed"] = {
+                "rival_setting": setting.label,
+                "ratio": auto / rate,
+                "goal": GOAL_AUTO_OVER_BEST_FIXED,
+                "met": auto / rate >= GOAL_AUTO_OVER_BEST_FIXED,
+            }
+        rows.append(row)
+    return rows
 
 
 def refinement_ratios(summaries: Sequence[Summary]) -> list[dict]:
@@ -217,7 +260,7 @@ def write_outputs(stages: Sequence[Stage], args: argparse.Namespace, models: Ben
             str(t): {m: s.setting.label for m, s in best_per_method(final.run.summaries, t).items()}
             for t in final.plan.temperatures
         },
-        "goals": json_record(goals(final.run.summaries, grid.run.summaries)),
+        "goals": json_record(goals(final.run.summaries, grid.run.summaries, final.run.measurements)),
         "mismatches": [{"stage": st.name, **m.to_json()} for st in stages for m in st.run.mismatches],
         "skipped": [
             {"stage": st.name, "setting": name, "reason": why} for st in stages for name, why in st.run.skipped

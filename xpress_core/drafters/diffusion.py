@@ -3,10 +3,10 @@
 ``MaskedDiffusionDrafter`` holds the masked refinement once: each step runs one drafter forward per refine group (all
 K rows at once = parallel refinement; one row at a time = serial), then picks tokens and commits ``ceil(L*s/T)``
 positions in total after step s, most confident first or left to right. The first step needs one row only: every row
-starts as ``[root, MASK x L]``, so K drafts at T = 1 cost one draft's forward (they part at the branch tokens). Token choice happens on the (K, L, V) logits
-of all rows together, so parallel and serial refinement make the same drafts. A masked family only says how one
-forward turns a block of committed/masked positions into logits (``denoise``): our target-conditioned drafter below,
-or a standalone diffusion LM that re-reads the context (``diffusion_lm.py``).
+starts as ``[root, MASK x L]``, so K drafts at T = 1 cost one draft's forward (they part at the branch tokens). Token
+choice happens on the (K, L, V) logits of all rows together, so parallel and serial refinement make the same drafts. A
+masked family only says how one forward turns a block of committed/masked positions into logits (``denoise``): our
+target-conditioned drafter below, or a standalone diffusion LM that re-reads the context (``diffusion_lm.py``).
 
 Our drafter's two noise types share its context cache (``TargetConditionedDrafter``): masked (``DiffusionDrafter``)
 and Gaussian (``GaussianDiffusionDrafter``); ``diffusion_drafter`` picks the sampler from the model's config.
