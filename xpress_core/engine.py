@@ -426,18 +426,13 @@ def calibrate(models: Models, repeats: int = 5) -> CostModel:
         draft_s = (0.0, 0.0)
         if not isinstance(models.drafter, NoDrafter):
             block = min(CALIBRATION_BLOCK, models.drafter.max_block or CALIBRATION_BLOCK)
-            draft_s = fit_draft_costs(
-                models.drafter.draft_work,
-                {
-                    s: seconds(
-                        lambda s=s: draft(
-                            models, state, DecodeConfig(drafts=s.drafts, steps=s.steps, block=s.block), s, False
-                        ),
-                        setup=accept_and_commit,
-                    )
-                    for s in calibration_drafts(block)
-                },
-            )
+
+            def draft_seconds(setting: RoundSetting) -> float:
+                cfg = round_config(DecodeConfig(), setting)
+                return seconds(lambda: draft(models, state, cfg, setting, False), setup=accept_and_commit)
+
+            settings = calibration_drafts(block)
+            draft_s = fit_draft_costs(models.drafter.draft_work, {s: draft_seconds(s) for s in settings})
         other = statistics.median(accept_and_commit() for _ in range(repeats))
     return CostModel(*draft_s, max(0.0, one - token_s), token_s, other, models.drafter.draft_work)
 
@@ -454,7 +449,9 @@ def calibration_drafts(block: int) -> tuple[RoundSetting, ...]:
     )
 
 
-def fit_draft_costs(work: Callable[[RoundSetting], tuple[int, int]], seconds: dict[RoundSetting, float]):
+def fit_draft_costs(
+    work: Callable[[RoundSetting], tuple[int, int]], seconds: dict[RoundSetting, float]
+) -> tuple[float, float]:
     """(per forward, per position) seconds: the least-squares fit of ``seconds`` to ``forwards x a + positions x b``
     over the drafts' declared work; a cost the fit puts below zero is zero and the other fitted alone."""
     work_rows = torch.tensor([work(s) for s in seconds], dtype=torch.float64)

@@ -54,13 +54,12 @@ class MaskedDiffusionDrafter(Drafter):
         tokens = torch.full((k, length), MASKED, dtype=torch.long, device=device)
         committed = torch.zeros((k, length), dtype=torch.bool, device=device)
         confidence = torch.zeros((k, length), device=device)
-        steps = []
+        steps, groups = [], refine_groups(cfg)
         for step in range(1, cfg.steps + 1):
             # .to(device): with a target spread over GPUs, the shared LM head may sit on another GPU than the drafter.
             if step == 1:  # every row is still [root, MASK x L]: one row's forward serves all K
                 logits = self.denoise(state, root, tokens[:1], committed[:1]).to(device).expand(k, -1, -1)
             else:
-                groups = refine_groups(cfg)
                 logits = stacked([self.denoise(state, root, tokens[r], committed[r]).to(device) for r in groups])
             candidates, candidate_conf, forced = self.choose_tokens(logits, cfg, step, generator)
             newly = self.commit_schedule(candidate_conf, committed, forced, math.ceil(length * step / cfg.steps), cfg)
