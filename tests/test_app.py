@@ -513,9 +513,9 @@ class GradSpy(NoDrafter):
     def __init__(self):
         self.grad_enabled = []
 
-    def draft(self, state, root, cfg, generator, watch):
+    def draft(self, state, root, cfg, generator, upcoming, watch):
         self.grad_enabled.append(torch.is_grad_enabled())
-        return super().draft(state, root, cfg, generator, watch)
+        return super().draft(state, root, cfg, generator, upcoming, watch)
 
 
 def next_on_a_new_thread(chat):

@@ -17,7 +17,7 @@ from xpress_core.drafters.base import NoDrafter
 from xpress_core.drafters.diffusion import DiffusionState, grown
 from xpress_core.engine import Models, decode, stop_token_ids
 from xpress_core.models import encode_prompt, load_models, load_target, native_bf16, resolve_dtype
-from xpress_core.sampling import draw_token
+from xpress_core.sampling import TargetNoise, draw_token
 from xpress_core.tree import build_tree, tree_attention_mask, tree_position_ids
 
 DETECTED_NATIVE_BF16 = native_bf16()  # read at import, before the tests' fp32 default replaces it (conftest.py)
@@ -86,12 +86,12 @@ def test_eos_and_max_new_tokens_inside_an_accepted_path(zoo):
 
 def plain_sampling(models, prompt_ids, cfg, new) -> list[int]:
     """Reference autoregressive sampler: one HF forward per token, the same processing, the same seeded generator."""
-    rng = torch.Generator().manual_seed(cfg.seed)
+    noise = TargetNoise(torch.Generator().manual_seed(cfg.seed), models.target.config.vocab_size)
     ids, out = prompt_ids, []
     eos = stop_token_ids(models)
     with torch.no_grad():
         for _ in range(new):
-            token = draw_token(models.target(input_ids=ids).logits[0, -1], cfg, rng)
+            token = draw_token(models.target(input_ids=ids).logits[0, -1], cfg, noise)
             out.append(token)
             if token in eos:
                 break
@@ -121,6 +121,55 @@ def test_sampling_same_seed_same_tokens_as_plain_sampling(zoo, temperature, top_
         for verify in ("tree", "batch"):
             _, result = run(m, prompt_ids, DecodeConfig(**{**cfg.__dict__, "verify": verify}))
             assert list(result.token_ids) == ref
+
+
+def test_reading_the_noise_ahead_leaves_every_token_its_own():
+    """The j-th emitted token gets the j-th noise vector whether or not a drafter read it ahead."""
+    plain, ahead = (TargetNoise(torch.Generator().manual_seed(5), 50) for _ in range(2))
+    first = ahead.upcoming(3)
+    assert torch.equal(ahead.upcoming(2), first[:2])
+    drawn = [ahead.next() for _ in range(5)]
+    assert all(torch.equal(a, b) for a, b in zip(drawn, [plain.next() for _ in range(5)]))
+    assert all(torch.equal(a, b) for a, b in zip(drawn[:3], first))
+
+
+def test_sampled_masked_drafts_are_the_targets_draws_from_the_same_logits(zoo):
+    """When sampling, a masked drafter's token at each position is the Gumbel-max draw the target makes with the
+    noise of that position (the oracle: ``draw_token`` on the same logits); the other branches differ from it."""
+    drafter = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu").drafter
+    vocab = drafter.banned.shape[0]
+    cfg = DecodeConfig(temperature=0.8, top_p=0.9, drafts=3, block=4)
+    logits = (torch.randn(1, 4, vocab, generator=torch.Generator().manual_seed(1)) * 3).masked_fill(
+        drafter.banned, float("-inf")
+    )
+    for seed in range(5):
+        noise = TargetNoise(torch.Generator().manual_seed(seed), vocab)
+        candidates, _, forced = drafter.choose_tokens(
+            logits.expand(3, -1, -1), cfg, 1, torch.Generator().manual_seed(0), noise.upcoming(4)
+        )
+        assert candidates[0].tolist() == [draw_token(logits[0, i], cfg, noise) for i in range(4)]
+        assert len(set(candidates[:, 0].tolist())) == 3 and forced[:, 0].all()
+
+
+def test_sampled_drafts_of_the_target_itself_are_accepted(zoo, monkeypatch):
+    """A drafter that is the target (an autoregressive drafter loaded from the target's own files) drafts, when
+    sampling, the very tokens the target then draws: nearly every draft token is accepted, where drafting its most
+    likely tokens is accepted only as often as the target happens to draw them. Output: plain sampling's, both ways."""
+    models = load_models(zoo["llama"], zoo["llama"], device="cpu")
+    prompt_ids = encode_prompt(models.tokenizer, PROMPTS[1], chat=True)
+    cfg = DecodeConfig(temperature=0.7, drafts=1, block=4, max_new_tokens=NEW, seed=3)
+    ref = plain_sampling(models, prompt_ids, cfg, NEW)
+
+    def draft_acceptance() -> float:
+        rounds, result = run(models, prompt_ids, cfg)
+        assert list(result.token_ids) == ref
+        drafted = [r for r in rounds if r.index > 0 and r.drafts]
+        return sum(len(r.accepted) for r in drafted) / sum(len(r.drafts[0]) for r in drafted)
+
+    coupled = draft_acceptance()
+    monkeypatch.setattr(TargetNoise, "upcoming", lambda self, count: None)  # drafts: the drafter's argmax
+    most_likely = draft_acceptance()
+    assert coupled >= 0.95 and most_likely < 0.6, (coupled, most_likely)
 
 
 def hf_warped_probs(logits: torch.Tensor, cfg: DecodeConfig) -> torch.Tensor:

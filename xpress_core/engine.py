@@ -22,7 +22,7 @@ from .controller import AutoControl, CostModel, FixedControl, RoundSetting
 from .drafters.base import Drafts, NoDrafter
 from .errors import XpressError
 from .models import Models, context_limit, eos_ids, tapped_forward
-from .sampling import draw_token
+from .sampling import TargetNoise, draw_token
 from .trace import DecodeResult, RoundTrace, peak_memory_mb
 from .tree import Acceptance, DraftTree, accept, build_tree, tree_attention_mask, tree_position_ids
 
@@ -38,7 +38,7 @@ class DecodeState:
     draft_state: object
     root: int
     output: list[int]
-    target_rng: torch.Generator
+    noise: TargetNoise  # the target's draws (sampling.py)
     drafter_rng: torch.Generator
     prompt_len: int
     forwards: int = 1  # target forwards so far (the prefill is the first)
@@ -109,11 +109,11 @@ def prefill(models: Models, prompt_ids: torch.Tensor, cfg: DecodeConfig) -> tupl
     positions = torch.arange(prompt_ids.shape[1], device=device)[None]
     logits, features = target_forward(models, prompt_ids, positions, None, cache)
     kv.check_cache_supported(cache)
-    target_rng = torch.Generator(device=device).manual_seed(cfg.seed)
+    noise = TargetNoise(torch.Generator(device=device).manual_seed(cfg.seed), logits.shape[-1])
     drafter_rng = torch.Generator(device=device).manual_seed(cfg.seed + 1)
-    first = draw_token(logits[0, -1], cfg, target_rng)
+    first = draw_token(logits[0, -1], cfg, noise)
     draft_state = models.drafter.start(prompt_ids, None if features is None else features[0])
-    state = DecodeState(cache, draft_state, first, [], target_rng, drafter_rng, prompt_ids.shape[1])
+    state = DecodeState(cache, draft_state, first, [], noise, drafter_rng, prompt_ids.shape[1])
     return state, first
 
 
@@ -134,9 +134,13 @@ def round_config(cfg: DecodeConfig, setting: RoundSetting) -> DecodeConfig:
 
 
 def draft(models: Models, state: DecodeState, cfg: DecodeConfig, setting: RoundSetting, watch: bool) -> Drafts:
+    """The round's drafts; when sampling, the drafter sees the noise of the target's next L draws (sampling.py)."""
     if setting.plain:
         return Drafts(tokens=())
-    return models.drafter.draft(state.draft_state, state.root, round_config(cfg, setting), state.drafter_rng, watch)
+    upcoming = None if cfg.greedy else state.noise.upcoming(setting.block)
+    return models.drafter.draft(
+        state.draft_state, state.root, round_config(cfg, setting), state.drafter_rng, upcoming, watch
+    )
 
 
 class TreeVerifier:
@@ -273,7 +277,7 @@ def decode(
             tree = build_tree(state.root, cut_drafts(drafts.tokens, models, state))
             verified = verifier.verify(models, state, tree)
             t2 = clock.now()
-            acceptance = accept(tree, verified.node_logits, cfg, state.target_rng)
+            acceptance = accept(tree, verified.node_logits, cfg, state.noise)
             commit(models, state, tree, verified, acceptance, verifier)
             settings.observe(setting, len(acceptance.path), acceptance.draft_accept_lens)
             emitted = [tree.tokens[n] for n in acceptance.path] + [acceptance.bonus]
@@ -418,7 +422,7 @@ def calibrate(models: Models, repeats: int = 5) -> CostModel:
                 state,
                 tree,
                 verified,
-                accept(tree, verified.node_logits, DecodeConfig(), state.target_rng),
+                accept(tree, verified.node_logits, DecodeConfig(), state.noise),
                 verifier,
             )
             return clock.now() - start

@@ -14,7 +14,7 @@ from types import MappingProxyType
 import torch
 
 from .config import DecodeConfig
-from .sampling import draw_token
+from .sampling import TargetNoise, draw_token
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ class Acceptance:
     draft_accept_lens: tuple[int, ...]  # per draft: how many of its tokens lie on the accepted path
 
 
-def accept(tree: DraftTree, node_logits: torch.Tensor, cfg: DecodeConfig, generator: torch.Generator) -> Acceptance:
+def accept(tree: DraftTree, node_logits: torch.Tensor, cfg: DecodeConfig, noise: TargetNoise) -> Acceptance:
     """The exact acceptance walk (docs/DESIGN.md §2.4) over (N+1, V) logits, one target draw per emitted token.
 
     At node u draw y ~ p_u; if y is a child of u accept it and move there, else emit y and stop. Each emitted token is
@@ -109,7 +109,7 @@ def accept(tree: DraftTree, node_logits: torch.Tensor, cfg: DecodeConfig, genera
     """
     node, path = 0, []
     while True:
-        y = draw_token(node_logits[node], cfg, generator)
+        y = draw_token(node_logits[node], cfg, noise)
         child = tree.children(node).get(y)
         if child is None:
             break

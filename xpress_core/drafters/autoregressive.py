@@ -15,7 +15,7 @@ from .. import cache as kv
 from ..config import DecodeConfig
 from ..controller import RoundSetting
 from ..trace import MASKED, DenoiseStep
-from .base import Drafter, Drafts, allowed_logits, banned_token_mask, refine_groups
+from .base import Drafter, Drafts, allowed_logits, banned_token_mask, choice_scores, refine_groups, top_choices
 
 
 @dataclass
@@ -54,23 +54,34 @@ class AutoregressiveDrafter(Drafter):
 
     @torch.no_grad()
     def draft(
-        self, state: AutoregressiveState, root: int, cfg: DecodeConfig, generator: torch.Generator, watch: bool
+        self,
+        state: AutoregressiveState,
+        root: int,
+        cfg: DecodeConfig,
+        generator: torch.Generator,
+        upcoming: torch.Tensor | None,
+        watch: bool,
     ) -> Drafts:
-        first = self.next_logits([state.pending + [root]], state.cache).softmax(-1)[0]
+        def noise(position: int) -> torch.Tensor | None:
+            return None if upcoming is None else upcoming[position]
+
+        allowed = self.next_logits([state.pending + [root]], state.cache)[0]
         state.length += len(state.pending)
         state.pending = []
         with_root = state.length + 1
-        top = first.topk(cfg.drafts)
-        tokens = [[int(t)] for t in top.indices]
-        conf = [[float(p)] for p in top.values]
+        first = allowed.softmax(-1)
+        top = top_choices(choice_scores(allowed, first, cfg, noise(0)), first, cfg.drafts)
+        tokens = [[int(t)] for t in top]
+        conf = [[float(first[t])] for t in top]
         for rows in refine_groups(cfg):
             kv.repeat_rows(state.cache, len(rows))
-            for _ in range(cfg.block - 1):
-                probs = self.next_logits([[tokens[r][-1]] for r in rows], state.cache).softmax(-1)
-                best = probs.max(-1)
+            for position in range(1, cfg.block):
+                allowed = self.next_logits([[tokens[r][-1]] for r in rows], state.cache)
+                probs = allowed.softmax(-1)
+                best = choice_scores(allowed, probs, cfg, noise(position)).argmax(-1)
                 for i, r in enumerate(rows):
-                    tokens[r].append(int(best.indices[i]))
-                    conf[r].append(float(best.values[i]))
+                    tokens[r].append(int(best[i]))
+                    conf[r].append(float(probs[i, best[i]]))
             kv.select_row(state.cache, 0)
             kv.truncate(state.cache, with_root)
         kv.truncate(state.cache, state.length)  # the root comes back through commit with the accepted tokens

@@ -14,6 +14,7 @@ import torch
 from ..config import DecodeConfig
 from ..controller import RoundSetting, denoise_work
 from ..errors import XpressError
+from ..sampling import noisy_logits
 from ..trace import DenoiseStep
 
 
@@ -47,8 +48,17 @@ class Drafter(ABC):
         """Per-request state for a prompt (1, n) whose tokens are all in the target cache; features (n, F) or None."""
 
     @abstractmethod
-    def draft(self, state: object, root: int, cfg: DecodeConfig, generator: torch.Generator, watch: bool) -> Drafts:
-        """K drafts of L tokens continuing the committed tokens and ``root``; ``watch``: with the denoise steps."""
+    def draft(
+        self,
+        state: object,
+        root: int,
+        cfg: DecodeConfig,
+        generator: torch.Generator,
+        upcoming: torch.Tensor | None,
+        watch: bool,
+    ) -> Drafts:
+        """K drafts of L tokens continuing the committed tokens and ``root``; ``upcoming``: when sampling, the (L, V)
+        noise of the target's next L draws (``choice_scores``), else None; ``watch``: with the denoise steps."""
 
     @abstractmethod
     def commit(self, state: object, tokens: list[int], features: torch.Tensor | None) -> None:
@@ -67,7 +77,7 @@ class NoDrafter(Drafter):
     def start(self, prompt_ids, features):
         return {"length": prompt_ids.shape[1]}
 
-    def draft(self, state, root, cfg, generator, watch):
+    def draft(self, state, root, cfg, generator, upcoming, watch):
         return Drafts(tokens=())
 
     def commit(self, state, tokens, features):
@@ -80,6 +90,25 @@ class NoDrafter(Drafter):
 def allowed_logits(logits: torch.Tensor, banned: torch.Tensor) -> torch.Tensor:
     """fp32 logits over the drafter vocabulary (the first ``len(banned)`` ids) with the banned tokens at -inf."""
     return logits[..., : banned.shape[0]].float().masked_fill(banned, float("-inf"))
+
+
+def choice_scores(
+    allowed: torch.Tensor, probs: torch.Tensor, cfg: DecodeConfig, upcoming: torch.Tensor | None
+) -> torch.Tensor:
+    """Scores whose argmax is the draft token at each position (..., V): the drafter's probabilities when greedy; when
+    sampling, its processed logits plus the noise of the target's own draw there (``upcoming``, broadcast over the
+    leading axes), so the draft is the token the target will draw wherever the two distributions are close (Gumbel
+    coupling, sampling.py), not only where the target's draw happens to be the drafter's most likely token."""
+    return probs if upcoming is None else noisy_logits(allowed, cfg, upcoming)
+
+
+def top_choices(scores: torch.Tensor, probs: torch.Tensor, k: int) -> torch.Tensor:
+    """The k best tokens of one position's (V,) ``choice_scores``; tokens the sampler never draws (-inf after top-k or
+    top-p) come after all others, by the drafter's probability, and banned ones last."""
+    finite = scores.isfinite()
+    if not finite.all():
+        scores = torch.where(finite, scores, scores[finite].min() - 1.0 + probs.log())
+    return scores.topk(k).indices
 
 
 def refine_groups(cfg: DecodeConfig) -> list[list[int]]:

@@ -23,8 +23,9 @@ import torch
 
 from ..config import DecodeConfig
 from ..controller import RoundSetting
+from ..sampling import gumbel
 from ..trace import MASKED, DenoiseStep
-from .base import Drafter, Drafts, allowed_logits, banned_token_mask, refine_groups
+from .base import Drafter, Drafts, allowed_logits, banned_token_mask, choice_scores, refine_groups, top_choices
 from .diffusion_model import ContextKV, XpressDrafter, add_noise, signal_share
 
 
@@ -49,7 +50,9 @@ class MaskedDiffusionDrafter(Drafter):
         """One drafter forward on the rows' blocks ``[root, tokens or MASK]`` -> (R, L, V') logits, V' >= V."""
 
     @torch.no_grad()
-    def draft(self, state, root: int, cfg: DecodeConfig, generator: torch.Generator, watch: bool) -> Drafts:
+    def draft(
+        self, state, root: int, cfg: DecodeConfig, generator: torch.Generator, upcoming: torch.Tensor | None, watch: bool
+    ) -> Drafts:
         k, length, device = cfg.drafts, cfg.block, self.device
         tokens = torch.full((k, length), MASKED, dtype=torch.long, device=device)
         committed = torch.zeros((k, length), dtype=torch.bool, device=device)
@@ -61,7 +64,7 @@ class MaskedDiffusionDrafter(Drafter):
                 logits = self.denoise(state, root, tokens[:1], committed[:1]).to(device).expand(k, -1, -1)
             else:
                 logits = stacked([self.denoise(state, root, tokens[r], committed[r]).to(device) for r in groups])
-            candidates, candidate_conf, forced = self.choose_tokens(logits, cfg, step, generator)
+            candidates, candidate_conf, forced = self.choose_tokens(logits, cfg, step, generator, upcoming)
             newly = self.commit_schedule(candidate_conf, committed, forced, math.ceil(length * step / cfg.steps), cfg)
             tokens = torch.where(newly, candidates, tokens)
             confidence = torch.where(committed, confidence, candidate_conf)
@@ -70,24 +73,29 @@ class MaskedDiffusionDrafter(Drafter):
                 steps.append(DenoiseStep(tuple(map(tuple, tokens.tolist())), tuple(map(tuple, confidence.tolist()))))
         return Drafts(tokens=tuple(map(tuple, tokens.tolist())), steps=tuple(steps))
 
-    def choose_tokens(self, logits: torch.Tensor, cfg: DecodeConfig, step: int, generator: torch.Generator):
-        """Best token and its probability per (draft, position), with the diversity strategy applied.
+    def choose_tokens(
+        self, logits: torch.Tensor, cfg: DecodeConfig, step: int, generator: torch.Generator, upcoming: torch.Tensor | None
+    ):
+        """Best token and its probability per (draft, position), with the diversity strategy applied: the most likely
+        token when greedy, the target-coupled one when sampling (``choice_scores``).
 
         Returns candidates (K, L), their confidence (K, L) and the (K, L) positions forced to commit now (branches).
         """
-        probs = allowed_logits(logits, self.banned).softmax(-1)  # (K, L, V)
-        scores = probs  # the argmax of p is the argmax of log p: the log is only needed to add Gumbel noise
+        allowed = allowed_logits(logits, self.banned)
+        probs = allowed.softmax(-1)  # (K, L, V)
+        scores = choice_scores(allowed, probs, cfg, upcoming)
         if cfg.diversity == "gumbel" and cfg.drafts > 1:
             uniform = torch.rand(probs.shape, generator=generator, device=generator.device).to(probs.device)
-            scores = probs.log() - torch.log(-torch.log(uniform.clamp_min(1e-20)))
+            # greedy: the argmax of p is the argmax of log p, which the noise needs
+            scores = (probs.log() if upcoming is None else scores) + gumbel(uniform)
         candidates = scores.argmax(-1)
         conf = probs.gather(-1, candidates[..., None])[..., 0]
         forced = torch.zeros_like(candidates, dtype=torch.bool)
         if cfg.diversity.startswith("branch") and cfg.drafts > 1 and step == 1:
             # Step 1 sees identical rows ([root, MASK...]), so row 0 ranks the branch tokens for all drafts.
             pos = 0 if cfg.diversity == "branch-first" else int(conf[0].argmin())
-            top = probs[0, pos].topk(cfg.drafts)
-            candidates[:, pos], conf[:, pos], forced[:, pos] = top.indices, top.values, True
+            top = top_choices(scores[0, pos], probs[0, pos], cfg.drafts)
+            candidates[:, pos], conf[:, pos], forced[:, pos] = top, probs[0, pos, top], True
         return candidates, conf, forced
 
     @staticmethod
@@ -221,7 +229,8 @@ class GaussianDiffusionDrafter(TargetConditionedDrafter):
     embedding space, denoised by T DDIM steps (Song et al. 2021, eta = 0) from t = 1 to t = 0.
 
     Each step: one drafter forward (all K rows at once in parallel refinement) predicts the clean tokens' logits;
-    the nearest token at every position (the LM head's argmax) and its embedding are the clean estimate x0_hat, and
+    the nearest token at every position (the LM head's argmax; when sampling, the token coupled to the target's draw,
+    ``choice_scores``) and its embedding are the clean estimate x0_hat, and
     the block moves to the next noise level along the same noise direction. Snapping x0_hat to a token embedding
     (the "clamping trick" of Diffusion-LM, Li et al. 2022) keeps every step's input on the training distribution
     (noised embeddings of real tokens); a probability-weighted mean embedding would be a blur the drafter never saw.
@@ -234,7 +243,13 @@ class GaussianDiffusionDrafter(TargetConditionedDrafter):
 
     @torch.no_grad()
     def draft(
-        self, state: DiffusionState, root: int, cfg: DecodeConfig, generator: torch.Generator, watch: bool
+        self,
+        state: DiffusionState,
+        root: int,
+        cfg: DecodeConfig,
+        generator: torch.Generator,
+        upcoming: torch.Tensor | None,
+        watch: bool,
     ) -> Drafts:
         shape = (cfg.drafts, cfg.block, self.model.config.hidden_size)
         device = self.model.device
@@ -244,8 +259,10 @@ class GaussianDiffusionDrafter(TargetConditionedDrafter):
         steps = []
         for t, t_next in pairwise(levels):
             logits = stacked([self.denoise(state, root_embed, x[rows], t) for rows in refine_groups(cfg)])
-            probs = allowed_logits(logits, self.banned).softmax(-1)  # (K, L, V)
-            conf, tokens = probs.max(-1)
+            allowed = allowed_logits(logits, self.banned)
+            probs = allowed.softmax(-1)  # (K, L, V)
+            tokens = choice_scores(allowed, probs, cfg, upcoming).argmax(-1)
+            conf = probs.gather(-1, tokens[..., None])[..., 0]
             x = ddim_step(x, self.model.token_embeddings(tokens), t, t_next)
             if watch:
                 steps.append(DenoiseStep(tuple(map(tuple, tokens.tolist())), tuple(map(tuple, conf.tolist())), t))
