@@ -24,11 +24,13 @@ from .config import DecodeConfig
 AUTO_DRAFTS = (1, 2, 4)  # K the controller may pick
 AUTO_STEPS = (1, 2)  # T the controller may pick
 AUTO_MAX_BLOCK = 16  # the longest L it may pick (the drafter's own limit may be lower)
-# The (1, 1) rows' acceptance chance per position before any round is seen, greedy and sampled: a sampled draft token
-# is kept with the target's probability of it, so the same drafter is accepted less when sampling. Measured on our
-# drafter, first position, one draft, 50 held-out chats and 10 stories: 0.68 and 0.51 greedy, 0.58 and 0.31 at
-# temperature 0.7. Each prior sits between its two classes, nearer the harder one (a short reply pays for an
-# optimistic start; a prior at the stories' 0.31 kept sampled chats from drafting until the first probe).
+# The (1, 1) rows' acceptance chance per position before any round is seen, greedy and sampled: a sampled draft is
+# kept only when the target's own draw lands on it, so the same drafter is accepted less when sampling, even with
+# drafts coupled to that draw (sampling.py). Measured on our drafter, first position, one draft, 50 held-out chats and
+# 10 stories: 0.68 and 0.51 greedy, 0.59 and 0.40 at temperature 0.7 (coupled drafts). Each prior sits between its two
+# classes, nearer the harder one (a short reply pays for an optimistic start). Modelled over the same prompts at 0.7,
+# two seeds, one fixed cost model: 0.39 / 0.45 / 0.50 give chats 1.229 / 1.232 / 1.216x plain, stories 1.030 / 1.010 /
+# 0.998x.
 PRIOR_ACCEPT = 0.5
 PRIOR_ACCEPT_SAMPLED = 0.39
 PRIOR_WEIGHT = 2.0  # how many rounds the prior counts as
@@ -119,8 +121,8 @@ class AutoControl:
         (1, 1); for K drafts the chance that one of them is right, ``1 - (1 - q)^sqrt(K)`` with q the single draft's
         estimate (K drafts branch on the drafter's top K tokens, which are not independent guesses: measured on our
         drafter, 50 held-out chats, K = 2 and 4 accept the first position in 0.80 and 0.89 of greedy rounds where one
-        draft does in 0.68, and 0.69 and 0.78 against 0.58 at temperature 0.7; sqrt(K) gives 0.80, 0.90 and 0.70,
-        0.82). Further on, the estimate one position earlier (a block accepted whole invites a longer one), times
+        draft does in 0.68, and 0.71 and 0.79 against 0.59 at temperature 0.7; sqrt(K) gives 0.80, 0.90 and 0.72,
+        0.83). Further on, the estimate one position earlier (a block accepted whole invites a longer one), times
         ``PRIOR_DECLINE`` at the first position no round reached and right after a branched first position (where K
         drafts help no more: 0.77 then 0.48 at K = 4, against 0.54 then 0.55 for one draft, an earlier drafter). The
         pair's own counts replace these guesses as rounds come in."""
