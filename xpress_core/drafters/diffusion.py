@@ -51,7 +51,13 @@ class MaskedDiffusionDrafter(Drafter):
 
     @torch.no_grad()
     def draft(
-        self, state, root: int, cfg: DecodeConfig, generator: torch.Generator, upcoming: torch.Tensor | None, watch: bool
+        self,
+        state,
+        root: int,
+        cfg: DecodeConfig,
+        generator: torch.Generator,
+        upcoming: torch.Tensor | None,
+        watch: bool,
     ) -> Drafts:
         k, length, device = cfg.drafts, cfg.block, self.device
         tokens = torch.full((k, length), MASKED, dtype=torch.long, device=device)
@@ -74,7 +80,12 @@ class MaskedDiffusionDrafter(Drafter):
         return Drafts(tokens=tuple(map(tuple, tokens.tolist())), steps=tuple(steps))
 
     def choose_tokens(
-        self, logits: torch.Tensor, cfg: DecodeConfig, step: int, generator: torch.Generator, upcoming: torch.Tensor | None
+        self,
+        logits: torch.Tensor,
+        cfg: DecodeConfig,
+        step: int,
+        generator: torch.Generator,
+        upcoming: torch.Tensor | None,
     ):
         """Best token and its probability per (draft, position), with the diversity strategy applied: the most likely
         token when greedy, the target-coupled one when sampling (``choice_scores``).
