@@ -26,7 +26,7 @@ from ..controller import RoundSetting
 from ..sampling import gumbel
 from ..trace import MASKED, DenoiseStep
 from .base import Drafter, Drafts, allowed_logits, banned_token_mask, choice_scores, refine_groups, top_choices
-from .diffusion_model import ContextKV, XpressDrafter, add_noise, signal_share
+from .diffusion_model import ContextKV, KVSlots, XpressDrafter, add_noise, signal_share
 
 
 def stacked(parts: list[torch.Tensor]) -> torch.Tensor:
@@ -154,16 +154,22 @@ class DiffusionState:
         """Per drafter layer (1, kv_heads, S, head_dim) keys/values of the committed context (views)."""
         return [(k[:, :, : self.length], v[:, :, : self.length]) for k, v in self.buffers]
 
-    def append(self, new: ContextKV) -> None:
-        """Write new tokens' (1, kv_heads, m, head_dim) keys/values after the context, doubling the buffers if full."""
-        m = new[0][0].shape[2]
-        end = self.length + m
+    def reserve(self, count: int) -> None:
+        """Room for ``count`` slots after the context: the buffers double when full."""
+        end = self.length + count
         if end > self.buffers[0][0].shape[2]:
             self.buffers = [(grown(k, 2 * end), grown(v, 2 * end)) for k, v in self.buffers]
-        for (k, v), (nk, nv) in zip(self.buffers, new):
-            k[:, :, self.length : end] = nk
-            v[:, :, self.length : end] = nv
-        self.length = end
+
+    def slots(self) -> list[KVSlots]:
+        """Per layer, the buffers with the context in their first slots (the next slots free, ``reserve`` them)."""
+        return [KVSlots(k, v, self.length) for k, v in self.buffers]
+
+    def append(self, new: ContextKV) -> None:
+        """Write new tokens' (1, kv_heads, m, head_dim) keys/values after the context."""
+        self.reserve(new[0][0].shape[2])
+        for slots, (nk, nv) in zip(self.slots(), new):
+            slots.extend(nk, nv)
+        self.length += new[0][0].shape[2]
 
 
 def grown(buffer: torch.Tensor, capacity: int) -> torch.Tensor:
@@ -211,13 +217,26 @@ class TargetConditionedDrafter(Drafter):
             state.append(self.model.context_kv(features[None], positions))
 
     def block_logits(self, state: DiffusionState, block_embeds: torch.Tensor) -> torch.Tensor:
-        """One drafter forward on R blocks ``[root, L positions]`` (R, L+1, H) after the context -> (R, L, V)."""
-        self.project_pending(state)
+        """One drafter forward on R blocks ``[root, L positions]`` (R, L+1, H) after the context -> (R, L, V).
+
+        One block (every first denoise step) takes the pending tokens in through the same forward: their keys/values
+        are projected in the block's own matrix products and written, with the block's, into the context buffers
+        (``KVSlots``), so a draft runs no separate context forward and no concatenation. R different blocks attend to
+        the context as it is, after it took the pending tokens in."""
         rows, span, _ = block_embeds.shape
-        positions = torch.arange(state.length, state.length + span, device=block_embeds.device).expand(rows, -1)
-        context = [(ck.expand(rows, -1, -1, -1), cv.expand(rows, -1, -1, -1)) for ck, cv in state.context]
         block_embeds = self.model.with_previous(block_embeds, state.previous[None, None])
-        return self.model.draft_logits(block_embeds, positions, context)
+        if rows > 1:
+            self.project_pending(state)
+            positions = torch.arange(state.length, state.length + span, device=block_embeds.device).expand(rows, -1)
+            context = [(ck.expand(rows, -1, -1, -1), cv.expand(rows, -1, -1, -1)) for ck, cv in state.context]
+            return self.model.draft_logits(block_embeds, positions, context)
+        pending = self.model.fuse(torch.cat(state.pending))[None] if state.pending else None
+        taken = 0 if pending is None else pending.shape[1]
+        state.reserve(taken + span)
+        positions = torch.arange(state.length, state.length + taken + span, device=block_embeds.device)[None]
+        logits = self.model.draft_logits(block_embeds, positions, state.slots(), pending)
+        state.pending, state.length = [], state.length + taken
+        return logits
 
 
 class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
@@ -267,6 +286,9 @@ class GaussianDiffusionDrafter(TargetConditionedDrafter):
         x = torch.randn(shape, generator=generator, device=generator.device).to(device, self.model.dtype)  # x_1
         levels = noise_levels(cfg.steps)
         root_embed = self.model.token_embeddings(torch.tensor([[root]], device=device))  # (1, 1, H), clean
+        # The K rows differ from the first step, which serial refinement runs one row at a time: the pending tokens
+        # go in first, by themselves, so that both layouts compute them alike and make the same drafts.
+        self.project_pending(state)
         steps = []
         for t, t_next in pairwise(levels):
             logits = stacked([self.denoise(state, root_embed, x[rows], t) for rows in refine_groups(cfg)])

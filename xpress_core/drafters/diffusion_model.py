@@ -26,6 +26,7 @@ Two noise types (``config.noise``), one architecture:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -156,13 +157,40 @@ class DrafterAttention(nn.Module):
         v = self.v_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         return rotate(k, cos, sin), v
 
-    def forward(self, h, cos, sin, ctx_k, ctx_v, mask):
+    def forward(self, h, cos, sin, context, mask, pending=None):
+        """The block ``h`` (B, Q, H) attending to ``context`` (a layer's keys/values, or ``KVSlots``) and to itself.
+        ``pending`` (1, m, H): fused features of context tokens not yet in ``context``; their keys/values are projected
+        with the block's, in the same matrix products, and come first (cos/sin then span m + Q positions)."""
         b, q_len, _ = h.shape
-        q = rotate(self.q_norm(self.q_proj(h).view(b, q_len, self.heads, self.head_dim)).transpose(1, 2), cos, sin)
-        k, v = self.project_kv(h, cos, sin)
-        k, v = torch.cat([ctx_k, k], dim=2), torch.cat([ctx_v, v], dim=2)
+        q = self.q_norm(self.q_proj(h).view(b, q_len, self.heads, self.head_dim)).transpose(1, 2)
+        q = rotate(q, cos[..., -q_len:, :], sin[..., -q_len:, :])
+        k, v = self.project_kv(h if pending is None else torch.cat([pending, h], dim=1), cos, sin)
+        k, v = context.extend(k, v) if isinstance(context, KVSlots) else with_block(context, k, v)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.kv_heads != self.heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
+
+
+def with_block(context: tuple[torch.Tensor, torch.Tensor], k: torch.Tensor, v: torch.Tensor):
+    """A layer's context keys/values followed by the block's (training, and K different blocks at once)."""
+    ctx_k, ctx_v = context
+    return torch.cat([ctx_k, k], dim=2), torch.cat([ctx_v, v], dim=2)
+
+
+@dataclass
+class KVSlots:
+    """One layer's preallocated (1, kv_heads, capacity, head_dim) key/value buffers whose first ``start`` slots hold
+    the context: a single block writes its keys/values into the next slots and attends to the buffers' views, with
+    no concatenation (a later draft overwrites what was not committed)."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    start: int
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self.start + k.shape[2]
+        self.keys[:, :, self.start : end] = k
+        self.values[:, :, self.start : end] = v
+        return self.keys[:, :, :end], self.values[:, :, :end]
 
 
 class DrafterLayer(nn.Module):
@@ -175,8 +203,8 @@ class DrafterLayer(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, h, cos, sin, ctx_k, ctx_v, mask):
-        h = h + self.attn(self.input_norm(h), cos, sin, ctx_k, ctx_v, mask)
+    def forward(self, h, cos, sin, context, mask, pending=None):
+        h = h + self.attn(self.input_norm(h), cos, sin, context, mask, pending)
         x = self.post_norm(h)
         return h + self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
@@ -314,18 +342,20 @@ class XpressDrafter(PreTrainedModel):
         """Logits (B, Q, V) for every block position (no shift: position j predicts token j)."""
         return self.shared[1](self.hidden(block_embeds, positions, context, attention_mask))
 
-    def hidden(self, block_embeds, positions, context: ContextKV, attention_mask=None) -> torch.Tensor:
-        """The final normed hidden states (B, Q, H) of every block position, what the LM head reads."""
+    def hidden(self, block_embeds, positions, context, attention_mask=None, pending=None) -> torch.Tensor:
+        """The final normed hidden states (B, Q, H) of every block position, what the LM head reads. ``context``: per
+        layer, keys/values (``ContextKV``) or ``KVSlots``; ``pending`` (1, m, H) fused context features projected in
+        the same forward (``DrafterAttention``), ``positions`` then covering them first."""
         cos, sin = self.rotary(positions, block_embeds.dtype)
         h = block_embeds
-        for layer, (ctx_k, ctx_v) in zip(self.layers, context):
-            h = layer(h, cos, sin, ctx_k, ctx_v, attention_mask)
+        for layer, layer_context in zip(self.layers, context):
+            h = layer(h, cos, sin, layer_context, attention_mask, pending)
         return self.norm(h)
 
-    def draft_logits(self, block_embeds, positions, context: ContextKV) -> torch.Tensor:
+    def draft_logits(self, block_embeds, positions, context, pending=None) -> torch.Tensor:
         """Logits (B, L, V) of tokens 1..L of each block ``[root, L positions]``: the LM head, the drafter's largest
         matrix, runs only on the positions that predict them (``block_predictions``)."""
-        h = self.block_predictions(self.hidden(block_embeds, positions, context))
+        h = self.block_predictions(self.hidden(block_embeds, positions, context, pending=pending))
         # As rows of a matrix: a slice keeps its parent's batch stride, which sends CPU bf16 matmuls down a path
         # 8x slower than for the same rows laid out afresh (measured: 1.33 ms against 0.15 ms for 8 x 256 x 4096).
         return self.shared[1](h.reshape(-1, h.shape[-1])).view(*h.shape[:-1], -1)
