@@ -29,7 +29,10 @@ HELP = {
         "T denoise steps per round (1..L). T=1 fills the block in one drafter forward; "
         "T=L commits one position per step, like autoregressive drafting (which the AR drafter always does)."
     ),
-    "temperature": "0 = greedy. Above 0 the target samples, and the output distribution is still exactly its own.",
+    "temperature": (
+        "0 = greedy. Above 0 the target samples, and the output distribution is still exactly its own; the drafter "
+        "reads the noise of the target's coming draws, so it drafts the tokens the target is about to sample."
+    ),
     "top_p": "Nucleus cut-off, applied exactly as plain sampling applies it (only with temperature > 0).",
     "seed": "Same seed and settings give the same text, with or without the drafter.",
     "max_new_tokens": "Upper bound on the reply length, in tokens.",
