@@ -32,7 +32,7 @@ class ScriptedDrafter(Drafter):
         return len(state["ids"])
 
     @torch.no_grad()
-    def draft(self, state, root, cfg, generator, upcoming, watch):
+    def draft(self, state, root, cfg, randomness, watch):
         ids = torch.tensor([state["ids"] + [root]])
         out = self.target.generate(ids, max_new_tokens=cfg.block, do_sample=False)
         truth = out[0, ids.shape[1] :].tolist()

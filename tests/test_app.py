@@ -513,9 +513,9 @@ class GradSpy(NoDrafter):
     def __init__(self):
         self.grad_enabled = []
 
-    def draft(self, state, root, cfg, generator, upcoming, watch):
+    def draft(self, state, root, cfg, randomness, watch):
         self.grad_enabled.append(torch.is_grad_enabled())
-        return super().draft(state, root, cfg, generator, upcoming, watch)
+        return super().draft(state, root, cfg, randomness, watch)
 
 
 def next_on_a_new_thread(chat):

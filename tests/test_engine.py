@@ -13,7 +13,7 @@ from tests.fakes import ScriptedDrafter
 from tests.oracles import NEW, PROMPTS, check_invariants, cli, hf_greedy, run
 from xpress_core import cache as kv
 from xpress_core.config import DecodeConfig
-from xpress_core.drafters.base import NoDrafter
+from xpress_core.drafters.base import DraftRandomness, NoDrafter
 from xpress_core.drafters.diffusion import DiffusionState, grown
 from xpress_core.engine import Models, decode, stop_token_ids
 from xpress_core.models import encode_prompt, load_models, load_target, native_bf16, resolve_dtype
@@ -145,7 +145,7 @@ def test_sampled_masked_drafts_are_the_targets_draws_from_the_same_logits(zoo):
     for seed in range(5):
         noise = TargetNoise(torch.Generator().manual_seed(seed), vocab)
         candidates, _, forced = drafter.choose_tokens(
-            logits.expand(3, -1, -1), cfg, 1, torch.Generator().manual_seed(0), noise.upcoming(4)
+            logits.expand(3, -1, -1), cfg, 1, DraftRandomness(torch.Generator().manual_seed(0), noise.upcoming(4))
         )
         assert candidates[0].tolist() == [draw_token(logits[0, i], cfg, noise) for i in range(4)]
         assert len(set(candidates[:, 0].tolist())) == 3 and forced[:, 0].all()

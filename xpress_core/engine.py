@@ -19,7 +19,7 @@ import torch
 from . import cache as kv
 from .config import DecodeConfig
 from .controller import AutoControl, CostModel, FixedControl, RoundSetting
-from .drafters.base import Drafts, NoDrafter
+from .drafters.base import DraftRandomness, Drafts, NoDrafter
 from .errors import XpressError
 from .models import Models, context_limit, eos_ids, tapped_forward
 from .sampling import TargetNoise, draw_token
@@ -138,9 +138,8 @@ def draft(models: Models, state: DecodeState, cfg: DecodeConfig, setting: RoundS
     if setting.plain:
         return Drafts(tokens=())
     upcoming = None if cfg.greedy else state.noise.upcoming(setting.block)
-    return models.drafter.draft(
-        state.draft_state, state.root, round_config(cfg, setting), state.drafter_rng, upcoming, watch
-    )
+    randomness = DraftRandomness(state.drafter_rng, upcoming)
+    return models.drafter.draft(state.draft_state, state.root, round_config(cfg, setting), randomness, watch)
 
 
 class TreeVerifier:

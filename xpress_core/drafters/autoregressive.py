@@ -15,7 +15,16 @@ from .. import cache as kv
 from ..config import DecodeConfig
 from ..controller import RoundSetting
 from ..trace import MASKED, DenoiseStep
-from .base import Drafter, Drafts, allowed_logits, banned_token_mask, choice_scores, refine_groups, top_choices
+from .base import (
+    Drafter,
+    DraftRandomness,
+    Drafts,
+    allowed_logits,
+    banned_token_mask,
+    choice_scores,
+    refine_groups,
+    top_choices,
+)
 
 
 @dataclass
@@ -54,23 +63,17 @@ class AutoregressiveDrafter(Drafter):
 
     @torch.no_grad()
     def draft(
-        self,
-        state: AutoregressiveState,
-        root: int,
-        cfg: DecodeConfig,
-        generator: torch.Generator,
-        upcoming: torch.Tensor | None,
-        watch: bool,
+        self, state: AutoregressiveState, root: int, cfg: DecodeConfig, randomness: DraftRandomness, watch: bool
     ) -> Drafts:
-        def noise(position: int) -> torch.Tensor | None:
-            return None if upcoming is None else upcoming[position]
+        def upcoming(position: int) -> torch.Tensor | None:
+            return None if randomness.upcoming is None else randomness.upcoming[position]
 
         allowed = self.next_logits([state.pending + [root]], state.cache)[0]
         state.length += len(state.pending)
         state.pending = []
         with_root = state.length + 1
         first = allowed.softmax(-1)
-        top = top_choices(choice_scores(allowed, first, cfg, noise(0)), first, cfg.drafts)
+        top = top_choices(choice_scores(allowed, first, cfg, upcoming(0)), first, cfg.drafts)
         tokens = [[int(t)] for t in top]
         conf = [[float(first[t])] for t in top]
         for rows in refine_groups(cfg):
@@ -78,7 +81,7 @@ class AutoregressiveDrafter(Drafter):
             for position in range(1, cfg.block):
                 allowed = self.next_logits([[tokens[r][-1]] for r in rows], state.cache)
                 probs = allowed.softmax(-1)
-                best = choice_scores(allowed, probs, cfg, noise(position)).argmax(-1)
+                best = choice_scores(allowed, probs, cfg, upcoming(position)).argmax(-1)
                 for i, r in enumerate(rows):
                     tokens[r].append(int(best[i]))
                     conf[r].append(float(probs[i, best[i]]))

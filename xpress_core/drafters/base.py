@@ -19,6 +19,14 @@ from ..trace import DenoiseStep
 
 
 @dataclass(frozen=True)
+class DraftRandomness:
+    """The randomness a draft may use."""
+
+    generator: torch.Generator  # the drafter's own, seeded per request (Gumbel diversity, the gaussian's start)
+    upcoming: torch.Tensor | None = None  # sampling: the (L, V) noise of the target's next L draws (choice_scores)
+
+
+@dataclass(frozen=True)
 class Drafts:
     tokens: tuple[tuple[int, ...], ...]  # (K, L) final drafts; empty for the "none" drafter
     steps: tuple[DenoiseStep, ...] = ()  # per denoise step, for the visualizer: only when someone watches
@@ -48,17 +56,8 @@ class Drafter(ABC):
         """Per-request state for a prompt (1, n) whose tokens are all in the target cache; features (n, F) or None."""
 
     @abstractmethod
-    def draft(
-        self,
-        state: object,
-        root: int,
-        cfg: DecodeConfig,
-        generator: torch.Generator,
-        upcoming: torch.Tensor | None,
-        watch: bool,
-    ) -> Drafts:
-        """K drafts of L tokens continuing the committed tokens and ``root``; ``upcoming``: when sampling, the (L, V)
-        noise of the target's next L draws (``choice_scores``), else None; ``watch``: with the denoise steps."""
+    def draft(self, state: object, root: int, cfg: DecodeConfig, randomness: DraftRandomness, watch: bool) -> Drafts:
+        """K drafts of L tokens continuing the committed tokens and ``root``; ``watch``: with the denoise steps."""
 
     @abstractmethod
     def commit(self, state: object, tokens: list[int], features: torch.Tensor | None) -> None:
@@ -77,7 +76,7 @@ class NoDrafter(Drafter):
     def start(self, prompt_ids, features):
         return {"length": prompt_ids.shape[1]}
 
-    def draft(self, state, root, cfg, generator, upcoming, watch):
+    def draft(self, state, root, cfg, randomness, watch):
         return Drafts(tokens=())
 
     def commit(self, state, tokens, features):

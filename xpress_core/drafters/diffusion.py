@@ -25,7 +25,16 @@ from ..config import DecodeConfig
 from ..controller import RoundSetting
 from ..sampling import gumbel
 from ..trace import MASKED, DenoiseStep
-from .base import Drafter, Drafts, allowed_logits, banned_token_mask, choice_scores, refine_groups, top_choices
+from .base import (
+    Drafter,
+    DraftRandomness,
+    Drafts,
+    allowed_logits,
+    banned_token_mask,
+    choice_scores,
+    refine_groups,
+    top_choices,
+)
 from .diffusion_model import ContextKV, KVSlots, XpressDrafter, add_noise, signal_share
 
 
@@ -50,15 +59,7 @@ class MaskedDiffusionDrafter(Drafter):
         """One drafter forward on the rows' blocks ``[root, tokens or MASK]`` -> (R, L, V') logits, V' >= V."""
 
     @torch.no_grad()
-    def draft(
-        self,
-        state,
-        root: int,
-        cfg: DecodeConfig,
-        generator: torch.Generator,
-        upcoming: torch.Tensor | None,
-        watch: bool,
-    ) -> Drafts:
+    def draft(self, state, root: int, cfg: DecodeConfig, randomness: DraftRandomness, watch: bool) -> Drafts:
         k, length, device = cfg.drafts, cfg.block, self.device
         tokens = torch.full((k, length), MASKED, dtype=torch.long, device=device)
         committed = torch.zeros((k, length), dtype=torch.bool, device=device)
@@ -70,7 +71,7 @@ class MaskedDiffusionDrafter(Drafter):
                 logits = self.denoise(state, root, tokens[:1], committed[:1]).to(device).expand(k, -1, -1)
             else:
                 logits = stacked([self.denoise(state, root, tokens[r], committed[r]).to(device) for r in groups])
-            candidates, candidate_conf, forced = self.choose_tokens(logits, cfg, step, generator, upcoming)
+            candidates, candidate_conf, forced = self.choose_tokens(logits, cfg, step, randomness)
             newly = self.commit_schedule(candidate_conf, committed, forced, math.ceil(length * step / cfg.steps), cfg)
             tokens = torch.where(newly, candidates, tokens)
             confidence = torch.where(committed, confidence, candidate_conf)
@@ -79,14 +80,7 @@ class MaskedDiffusionDrafter(Drafter):
                 steps.append(DenoiseStep(tuple(map(tuple, tokens.tolist())), tuple(map(tuple, confidence.tolist()))))
         return Drafts(tokens=tuple(map(tuple, tokens.tolist())), steps=tuple(steps))
 
-    def choose_tokens(
-        self,
-        logits: torch.Tensor,
-        cfg: DecodeConfig,
-        step: int,
-        generator: torch.Generator,
-        upcoming: torch.Tensor | None,
-    ):
+    def choose_tokens(self, logits: torch.Tensor, cfg: DecodeConfig, step: int, randomness: DraftRandomness):
         """Best token and its probability per (draft, position), with the diversity strategy applied: the most likely
         token when greedy, the target-coupled one when sampling (``choice_scores``).
 
@@ -94,11 +88,12 @@ class MaskedDiffusionDrafter(Drafter):
         """
         allowed = allowed_logits(logits, self.banned)
         probs = allowed.softmax(-1)  # (K, L, V)
-        scores = choice_scores(allowed, probs, cfg, upcoming)
+        scores = choice_scores(allowed, probs, cfg, randomness.upcoming)
         if cfg.diversity == "gumbel" and cfg.drafts > 1:
-            uniform = torch.rand(probs.shape, generator=generator, device=generator.device).to(probs.device)
+            rng = randomness.generator
+            uniform = torch.rand(probs.shape, generator=rng, device=rng.device).to(probs.device)
             # greedy: the argmax of p is the argmax of log p, which the noise needs
-            scores = (probs.log() if upcoming is None else scores) + gumbel(uniform)
+            scores = (probs.log() if randomness.upcoming is None else scores) + gumbel(uniform)
         candidates = scores.argmax(-1)
         conf = probs.gather(-1, candidates[..., None])[..., 0]
         forced = torch.zeros_like(candidates, dtype=torch.bool)
@@ -273,17 +268,12 @@ class GaussianDiffusionDrafter(TargetConditionedDrafter):
 
     @torch.no_grad()
     def draft(
-        self,
-        state: DiffusionState,
-        root: int,
-        cfg: DecodeConfig,
-        generator: torch.Generator,
-        upcoming: torch.Tensor | None,
-        watch: bool,
+        self, state: DiffusionState, root: int, cfg: DecodeConfig, randomness: DraftRandomness, watch: bool
     ) -> Drafts:
         shape = (cfg.drafts, cfg.block, self.model.config.hidden_size)
         device = self.model.device
-        x = torch.randn(shape, generator=generator, device=generator.device).to(device, self.model.dtype)  # x_1
+        rng = randomness.generator
+        x = torch.randn(shape, generator=rng, device=rng.device).to(device, self.model.dtype)  # x_1
         levels = noise_levels(cfg.steps)
         root_embed = self.model.token_embeddings(torch.tensor([[root]], device=device))  # (1, 1, H), clean
         # The K rows differ from the first step, which serial refinement runs one row at a time: the pending tokens
@@ -294,7 +284,7 @@ class GaussianDiffusionDrafter(TargetConditionedDrafter):
             logits = stacked([self.denoise(state, root_embed, x[rows], t) for rows in refine_groups(cfg)])
             allowed = allowed_logits(logits, self.banned)
             probs = allowed.softmax(-1)  # (K, L, V)
-            tokens = choice_scores(allowed, probs, cfg, upcoming).argmax(-1)
+            tokens = choice_scores(allowed, probs, cfg, randomness.upcoming).argmax(-1)
             conf = probs.gather(-1, tokens[..., None])[..., 0]
             x = ddim_step(x, self.model.token_embeddings(tokens), t, t_next)
             if watch:
