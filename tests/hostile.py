@@ -55,6 +55,7 @@ CHOICE_OPTIONS = {
     "--verify": ("tree", "batch"),
     "--schedule": ("confidence", "left-to-right"),
     "--diversity": ("branch-first", "none"),
+    "--sampled-drafts": ("coupled", "most-likely"),
     "--dtype": ("auto", "float32"),
 }
 

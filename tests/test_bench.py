@@ -26,6 +26,7 @@ from xpress_core.bench.methods import (
     XPRESS_AUTO,
     XPRESS_NONE,
     BenchModels,
+    Setting,
     method_settings,
 )
 from xpress_core.bench.report import SCHEMA
@@ -285,6 +286,14 @@ def test_grid_parsing():
     ]
     assert parse_grid("T=4,L L=4") == (DecodeConfig(steps=4, block=4),)  # T=4 and T=L are one setting
     assert len(parse_grid(FULL_GRID)) == 4 * (3 + 4 + 4) * 2 * 2
+    mixed = parse_grid("K=2 T=1 L=4 diversity=branch-first,gumbel sampled=coupled,most-likely")
+    labels = [Setting(XPRESS, c).label for c in mixed]
+    assert labels == [
+        "K=2 T=1 L=4 parallel tree",
+        "K=2 T=1 L=4 parallel tree sampled=most-likely",
+        "K=2 T=1 L=4 parallel tree diversity=gumbel",
+        "K=2 T=1 L=4 parallel tree diversity=gumbel sampled=most-likely",
+    ]  # every setting of a grid named apart: the keys left at their defaults stay out of the label
     for bad, needle in [
         ("K=0", "positive integer"),
         ("X=1", "KEY=V1,V2"),

@@ -43,6 +43,7 @@ def test_slider_floats_become_ints_and_other_keys_are_ignored():
         ({"drafts": True}, "drafts must be a whole number, got True"),
         ({"seed": float("nan")}, "seed must be a whole number"),
         ({"max_new_tokens": "12"}, "max_new_tokens must be a whole number"),
+        ({"sampled_drafts": "random"}, "sampled drafts must be one of"),
         ({"temperature": "hot"}, "temperature must be a number, got 'hot'"),
         ({"steps": 9, "block": 8}, "denoise steps T must be in 1..L=8"),  # then validated
     ],
@@ -53,5 +54,13 @@ def test_bad_values_are_refused_with_the_field_named(values, message):
 
 
 def test_every_field_can_be_named():
-    config = DecodeConfig(drafts=2, steps=2, block=4, top_p=0.9, schedule="left-to-right", diversity="gumbel")
+    config = DecodeConfig(
+        drafts=2,
+        steps=2,
+        block=4,
+        top_p=0.9,
+        schedule="left-to-right",
+        diversity="gumbel",
+        sampled_drafts="most-likely",
+    )
     assert DecodeConfig.from_mapping(asdict(config)) == config

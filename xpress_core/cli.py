@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import validation
 from .bench.cli import add_bench_parser, run_bench
-from .config import DIVERSITY, NOISE_TYPES, REFINE_MODES, SCHEDULES, VERIFY_MODES, DecodeConfig
+from .config import DIVERSITY, NOISE_TYPES, REFINE_MODES, SAMPLED_DRAFTS, SCHEDULES, VERIFY_MODES, DecodeConfig
 from .errors import XpressError
 from .train.cli import add_train_parser, run_train
 
@@ -91,6 +91,12 @@ def add_decode_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verify", choices=VERIFY_MODES, default=d.verify)
     parser.add_argument("--schedule", choices=SCHEDULES, default=d.schedule)
     parser.add_argument("--diversity", choices=DIVERSITY, default=d.diversity)
+    parser.add_argument(
+        "--sampled-drafts",
+        choices=SAMPLED_DRAFTS,
+        default=d.sampled_drafts,
+        help="when sampling: draft the token coupled to the target's coming draw, or the drafter's most likely one",
+    )
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
 
@@ -105,6 +111,7 @@ DECODE_SETTINGS = (
     "verify",
     "schedule",
     "diversity",
+    "sampled_drafts",
     "stop",
 )
 

@@ -12,6 +12,9 @@ REFINE_MODES = ("parallel", "serial")
 VERIFY_MODES = ("tree", "batch")
 SCHEDULES = ("confidence", "left-to-right")
 DIVERSITY = ("branch-first", "branch-uncertain", "gumbel", "none")
+# When sampling, a draft token is the one coupled to the target's coming draw (sampling.py), or the drafter's most
+# likely token (what speculative decoding usually drafts; kept to measure the difference).
+SAMPLED_DRAFTS = ("coupled", "most-likely")
 NOISE_TYPES = ("mask", "gaussian")  # the diffusion drafter's noise (a property of a trained drafter, not of a request)
 
 MAX_DRAFTS = 16
@@ -36,6 +39,7 @@ class DecodeConfig:
     verify: str = "tree"
     schedule: str = "confidence"
     diversity: str = "branch-first"
+    sampled_drafts: str = "coupled"
     stop: tuple[str, ...] = field(default_factory=tuple)
 
     @classmethod
@@ -69,6 +73,10 @@ class DecodeConfig:
             (self.verify in VERIFY_MODES, f"verify must be one of {VERIFY_MODES}, got {self.verify!r}"),
             (self.schedule in SCHEDULES, f"schedule must be one of {SCHEDULES}, got {self.schedule!r}"),
             (self.diversity in DIVERSITY, f"diversity must be one of {DIVERSITY}, got {self.diversity!r}"),
+            (
+                self.sampled_drafts in SAMPLED_DRAFTS,
+                f"sampled drafts must be one of {SAMPLED_DRAFTS}, got {self.sampled_drafts!r}",
+            ),
             (all(self.stop), "stop strings must not be empty"),
         ]
         for ok, message in checks:

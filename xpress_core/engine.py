@@ -134,10 +134,12 @@ def round_config(cfg: DecodeConfig, setting: RoundSetting) -> DecodeConfig:
 
 
 def draft(models: Models, state: DecodeState, cfg: DecodeConfig, setting: RoundSetting, watch: bool) -> Drafts:
-    """The round's drafts; when sampling, the drafter sees the noise of the target's next L draws (sampling.py)."""
+    """The round's drafts; when sampling (coupled drafts), the drafter sees the noise of the target's next L draws
+    (sampling.py)."""
     if setting.plain:
         return Drafts(tokens=())
-    upcoming = None if cfg.greedy else state.noise.upcoming(setting.block)
+    coupled = not cfg.greedy and cfg.sampled_drafts == "coupled"
+    upcoming = state.noise.upcoming(setting.block) if coupled else None
     randomness = DraftRandomness(state.drafter_rng, upcoming)
     return models.drafter.draft(state.draft_state, state.root, round_config(cfg, setting), randomness, watch)
 

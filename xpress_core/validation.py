@@ -22,7 +22,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import DIVERSITY, MAX_BLOCK, MAX_DRAFTS, REFINE_MODES, SCHEDULES, VERIFY_MODES, DecodeConfig
+from .config import (
+    DIVERSITY,
+    MAX_BLOCK,
+    MAX_DRAFTS,
+    REFINE_MODES,
+    SAMPLED_DRAFTS,
+    SCHEDULES,
+    VERIFY_MODES,
+    DecodeConfig,
+)
 from .errors import XpressError
 
 MIN_TEMPERATURE = 0.01
@@ -133,6 +142,7 @@ def decode_config(settings: Mapping[str, object], limits: Limits = ENGINE_LIMITS
         "verify": lambda v: choice("verify", v, VERIFY_MODES),
         "schedule": lambda v: choice("schedule", v, SCHEDULES),
         "diversity": lambda v: choice("diversity", v, DIVERSITY),
+        "sampled_drafts": lambda v: choice("sampled drafts", v, SAMPLED_DRAFTS),
         "stop": stop_strings,
     }
     unknown = set(settings) - set(checks)

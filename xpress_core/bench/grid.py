@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from itertools import product
 
-from ..config import DIVERSITY, REFINE_MODES, SCHEDULES, VERIFY_MODES, DecodeConfig
+from ..config import DIVERSITY, REFINE_MODES, SAMPLED_DRAFTS, SCHEDULES, VERIFY_MODES, DecodeConfig
 from ..errors import XpressError
 
 # Grid keys as users write them -> DecodeConfig fields; "T=L" means as many denoise steps as block positions.
@@ -16,10 +16,17 @@ GRID_KEYS = {
     "verify": "verify",
     "schedule": "schedule",
     "diversity": "diversity",
+    "sampled": "sampled_drafts",
 }
 
 
-GRID_CHOICES = {"refine": REFINE_MODES, "verify": VERIFY_MODES, "schedule": SCHEDULES, "diversity": DIVERSITY}
+GRID_CHOICES = {
+    "refine": REFINE_MODES,
+    "verify": VERIFY_MODES,
+    "schedule": SCHEDULES,
+    "diversity": DIVERSITY,
+    "sampled": SAMPLED_DRAFTS,
+}
 
 
 STEPS_EQUAL_BLOCK = "L"

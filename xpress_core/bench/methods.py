@@ -55,6 +55,15 @@ LOOKUP_TOKENS = (3, 5, 10)
 LOOKUP_TOKENS_QUICK = (5,)
 
 
+# Grid keys a setting's label names only where they leave the default (K, T, L, refine and verify it always names),
+# so that every setting of a grid has a label of its own.
+NAMED_IF_CHANGED = ("schedule", "diversity", "sampled")
+
+
+def changed(decode: DecodeConfig, key: str) -> bool:
+    return getattr(decode, GRID_KEYS[key]) != getattr(DecodeConfig(), GRID_KEYS[key])
+
+
 @dataclass(frozen=True)
 class Setting:
     """One method with its parameters; what a row of the results names."""
@@ -75,7 +84,8 @@ class Setting:
         if self.method == XPRESS:
             d = self.decode
             named = f"{self.drafter} " if self.drafter else ""
-            return f"{named}K={d.drafts} T={d.steps} L={d.block} {d.refine} {d.verify}"
+            others = "".join(f" {key}={getattr(d, GRID_KEYS[key])}" for key in NAMED_IF_CHANGED if changed(d, key))
+            return f"{named}K={d.drafts} T={d.steps} L={d.block} {d.refine} {d.verify}{others}"
         if self.method in (HF_ASSISTED, HF_LOOKUP):
             return "default" if self.draft_tokens is None else f"n={self.draft_tokens}"
         if self.method == XPRESS_AUTO:
