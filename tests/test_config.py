@@ -15,6 +15,7 @@ def test_cli_arguments_give_the_config_they_name():
     args = build_parser().parse_args(
         ["generate", "--prompt", "hi", "-K", "4", "-T", "2", "-L", "6", "--temperature", "0.7", "--top-k", "5"]
         + ["--seed", "3", "--refine", "serial", "--verify", "batch", "--stop", "User:", "--stop", "\n\n"]
+        + ["--sampled-drafts", "most-likely"]
     )
     assert DecodeConfig.from_mapping(vars(args)) == DecodeConfig(
         drafts=4,
@@ -25,6 +26,7 @@ def test_cli_arguments_give_the_config_they_name():
         seed=3,
         refine="serial",
         verify="batch",
+        sampled_drafts="most-likely",
         stop=("User:", "\n\n"),
     )
 
