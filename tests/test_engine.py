@@ -18,7 +18,7 @@ from xpress_core.drafters.base import DraftRandomness, NoDrafter
 from xpress_core.drafters.diffusion import DiffusionState, grown
 from xpress_core.engine import Models, decode, stop_token_ids
 from xpress_core.models import encode_prompt, load_models, load_target, native_bf16, resolve_dtype
-from xpress_core.sampling import TargetNoise, draw_token
+from xpress_core.sampling import TargetNoise, draw_token, gumbel
 from xpress_core.tree import build_tree, tree_attention_mask, tree_position_ids
 
 DETECTED_NATIVE_BF16 = native_bf16()  # read at import, before the tests' fp32 default replaces it (conftest.py)
@@ -125,12 +125,15 @@ def test_sampling_same_seed_same_tokens_as_plain_sampling(zoo, temperature, top_
 
 
 def test_reading_the_noise_ahead_leaves_every_token_its_own():
-    """The j-th emitted token gets the j-th noise vector whether or not a drafter read it ahead."""
-    plain, ahead = (TargetNoise(torch.Generator().manual_seed(5), 50) for _ in range(2))
+    """The j-th emitted token gets the j-th noise vector whether or not a drafter read it ahead: the Gumbel transform
+    of the j-th vector of uniforms the seeded generator gives."""
+    rng = torch.Generator().manual_seed(5)
+    expected = [gumbel(torch.rand(50, generator=rng)) for _ in range(5)]
+    ahead = TargetNoise(torch.Generator().manual_seed(5), 50)
     first = ahead.upcoming(3)
     assert torch.equal(ahead.upcoming(2), first[:2])
     drawn = [ahead.next() for _ in range(5)]
-    assert all(torch.equal(a, b) for a, b in zip(drawn, [plain.next() for _ in range(5)]))
+    assert all(torch.equal(a, b) for a, b in zip(drawn, expected))
     assert all(torch.equal(a, b) for a, b in zip(drawn[:3], first))
 
 
@@ -187,13 +190,13 @@ def hf_warped_probs(logits: torch.Tensor, cfg: DecodeConfig) -> torch.Tensor:
 @pytest.mark.parametrize(
     "temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 20, 1.0), (1.3, 0, 0.9), (0.8, 10, 0.8), (3.0, 2, 1.0)]
 )
-def test_processed_probs_equal_transformers_warpers(temperature, top_k, top_p):
-    from xpress_core.sampling import processed_probs
+def test_processed_distribution_equals_transformers_warpers(temperature, top_k, top_p):
+    from xpress_core.sampling import processed_logits
 
     cfg = DecodeConfig(temperature=temperature, top_k=top_k, top_p=top_p)
     logits = torch.randn(100, 64, generator=torch.Generator().manual_seed(0)) * 3
     for row in logits:
-        torch.testing.assert_close(processed_probs(row, cfg), hf_warped_probs(row, cfg), atol=1e-6, rtol=0)
+        torch.testing.assert_close(processed_logits(row, cfg).softmax(-1), hf_warped_probs(row, cfg), atol=1e-6, rtol=0)
 
 
 def test_sampling_distribution_matches_target(zoo):

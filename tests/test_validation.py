@@ -20,7 +20,7 @@ from xpress_core.config import DecodeConfig
 from xpress_core.engine import decode
 from xpress_core.errors import XpressError
 from xpress_core.models import EMBEDDED_TARGET, encode_prompt, load_models
-from xpress_core.sampling import processed_probs
+from xpress_core.sampling import processed_logits
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,9 +57,9 @@ def test_smallest_allowed_temperature_gives_a_distribution():
     """Why the floor: at 1e-300, logits / T overflows and the distribution is NaN (the table's " pri pri pri"); at the
     floor, even logits of +-1e4 give a proper distribution."""
     logits = torch.tensor([1e4, -1e4, 3.0, 2.0])
-    probs = processed_probs(logits, validation.decode_config({"temperature": validation.MIN_TEMPERATURE}))
+    probs = processed_logits(logits, validation.decode_config({"temperature": validation.MIN_TEMPERATURE})).softmax(-1)
     assert torch.isfinite(probs).all() and probs.sum().item() == pytest.approx(1.0) and probs.argmax().item() == 0
-    assert torch.isnan(processed_probs(logits, DecodeConfig(temperature=1e-300))).any()
+    assert torch.isnan(processed_logits(logits, DecodeConfig(temperature=1e-300)).softmax(-1)).any()
 
 
 @pytest.mark.parametrize("value", [str(2**64 - 1), str(2**70), str(-(2**63) - 1), "-1", str(validation.MAX_SEED + 1)])

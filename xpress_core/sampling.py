@@ -41,11 +41,6 @@ def processed_logits(logits: torch.Tensor, cfg: DecodeConfig) -> torch.Tensor:
     return logits
 
 
-def processed_probs(logits: torch.Tensor, cfg: DecodeConfig) -> torch.Tensor:
-    """(..., V) logits -> (..., V) probabilities of the sampler that ``cfg`` describes (fp32)."""
-    return processed_logits(logits, cfg).softmax(dim=-1)
-
-
 def gumbel(uniform: torch.Tensor) -> torch.Tensor:
     """Standard Gumbel variables from uniforms in [0, 1)."""
     return -torch.log(-torch.log(uniform.clamp_min(TINY_UNIFORM)))

@@ -60,8 +60,11 @@ LOOKUP_TOKENS_QUICK = (5,)
 NAMED_IF_CHANGED = ("schedule", "diversity", "sampled")
 
 
+DEFAULT_DECODE = DecodeConfig()
+
+
 def changed(decode: DecodeConfig, key: str) -> bool:
-    return getattr(decode, GRID_KEYS[key]) != getattr(DecodeConfig(), GRID_KEYS[key])
+    return getattr(decode, GRID_KEYS[key]) != getattr(DEFAULT_DECODE, GRID_KEYS[key])
 
 
 @dataclass(frozen=True)
