@@ -23,6 +23,7 @@ from .drafters.diffusion_lm import FAMILIES, DiffusionLMDrafter, family_conventi
 from .drafters.diffusion_model import XpressDrafter, XpressDrafterConfig, default_tapped_layers
 from .errors import XpressError
 from .hub import is_local, read_config_json
+from .packing import pack_linears
 from .presets import Access, check_known, remote_code_allowed
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -329,9 +330,11 @@ def load_diffusion_lm(
 
 def freeze(model: torch.nn.Module) -> torch.nn.Module:
     """Inference only: no parameter needs a gradient, so no consumer builds autograd graphs, even one that resumes
-    the decode generator on another thread (grad mode is per thread; ``torch.no_grad`` does not follow it)."""
+    the decode generator on another thread (grad mode is per thread; ``torch.no_grad`` does not follow it). On a CPU
+    in bf16 its linear layers are packed for oneDNN (``packing.py``: the same outputs, sooner)."""
     for parameter in model.parameters():
         parameter.requires_grad_(False)
+    pack_linears(model)
     return model.eval()
 
 

@@ -1,0 +1,98 @@
+"""Packed bf16 linear layers (packing.py): the oracle is the same model unpacked, outputs and tokens bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AutoModelForCausalLM
+
+from tests.oracles import hf_greedy
+from xpress_core.config import DecodeConfig
+from xpress_core.engine import decode_to_end
+from xpress_core.models import EMBEDDED_DRAFTER, EMBEDDED_TARGET, encode_prompt, load_models
+from xpress_core.packing import PackedLinear, pack_linears, packed_linear, packing_available
+
+PROMPT = "I want to book a table for two at an Italian restaurant tonight."
+BF16_CPU = packing_available(torch.zeros(1, dtype=torch.bfloat16))
+needs_bf16_packing = pytest.mark.skipif(not BF16_CPU, reason="this CPU's oneDNN has no bf16 kernels to pack for")
+
+
+def packed_count(model: nn.Module) -> int:
+    return sum(isinstance(m, PackedLinear) for m in model.modules())
+
+
+def unpacked_models(monkeypatch, *args, **kwargs):
+    """``load_models`` with packing turned off: the oracle."""
+    with monkeypatch.context() as patch:
+        patch.setattr("xpress_core.models.pack_linears", lambda model: 0)
+        return load_models(*args, **kwargs)
+
+
+@needs_bf16_packing
+@pytest.mark.parametrize("pair", ["zoo", "embedded"])
+def test_packed_models_decode_the_same_tokens_as_unpacked(zoo, monkeypatch, pair):
+    """Every linear layer of target and drafter is packed, and nothing the models compute changes: the prompt's
+    logits, greedy ``generate`` and the engine's speculative and sampled tokens are those of the unpacked models."""
+    target, drafter = (zoo["llama"], zoo["drafter_llama"]) if pair == "zoo" else (EMBEDDED_TARGET, EMBEDDED_DRAFTER)
+    packed = load_models(target, drafter, device="cpu", dtype="bfloat16")
+    plain = unpacked_models(monkeypatch, target, drafter, device="cpu", dtype="bfloat16")
+    linears = sum(isinstance(m, nn.Linear) for m in plain.target.modules())
+    assert packed_count(packed.target) == linears and packed_count(plain.target) == 0
+    assert packed_count(packed.drafter.model) == sum(isinstance(m, nn.Linear) for m in plain.drafter.model.modules())
+    prompt_ids = encode_prompt(packed.tokenizer, PROMPT, chat=True)
+    with torch.no_grad():
+        assert torch.equal(packed.target(prompt_ids).logits, plain.target(prompt_ids).logits)
+    assert hf_greedy(packed, prompt_ids) == hf_greedy(plain, prompt_ids)
+    for cfg in (
+        DecodeConfig(drafts=2, steps=2, block=4, max_new_tokens=24),
+        DecodeConfig(drafts=1, steps=1, block=8, max_new_tokens=24, temperature=0.8, seed=3),
+    ):
+        assert decode_to_end(packed, prompt_ids, cfg).token_ids == decode_to_end(plain, prompt_ids, cfg).token_ids
+
+
+def test_only_bf16_on_a_cpu_is_packed(zoo):
+    """fp32 multiplies faster through MKL on the plain layout: an fp32 model keeps its layers."""
+    models = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu", dtype="float32")
+    assert packed_count(models.target) == 0 and packed_count(models.drafter.model) == 0
+    assert pack_linears(nn.Sequential(nn.Linear(8, 4))) == 0
+
+
+@needs_bf16_packing
+def test_packed_linear_keeps_the_parameters_and_trains_through_them():
+    """The original parameters stay (tied weights, readers of ``.weight``); with autograd on, the product falls back
+    to ``F.linear`` (the packed one has no backward), giving the same gradients."""
+    torch.manual_seed(0)
+    linear = nn.Linear(16, 8).to(torch.bfloat16)
+    packed = packed_linear(linear)
+    assert packed is not None and packed.weight is linear.weight and packed.bias is linear.bias
+    x = torch.randn(5, 16, dtype=torch.bfloat16, requires_grad=True)
+    packed(x).sum().backward()
+    grad = x.grad.clone()
+    x.grad = None
+    F.linear(x, linear.weight, linear.bias).sum().backward()
+    assert torch.equal(grad, x.grad)
+
+
+@needs_bf16_packing
+def test_a_layer_whose_packed_product_differs_stays_unpacked(monkeypatch):
+    """The check at packing time: were oneDNN's packed product ever to differ from ``F.linear``'s, the layer keeps
+    its plain product (here the packed weight is made wrong on purpose)."""
+    linear = nn.Linear(16, 8, bias=False).to(torch.bfloat16)
+    reorder = torch.ops.mkldnn._reorder_linear_weight
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", lambda w, tokens: reorder(w * 2, tokens))
+    assert packed_linear(linear) is None
+    model = nn.Sequential(linear)
+    assert pack_linears(model) == 0 and type(model[0]) is nn.Linear
+
+
+def test_generate_through_hf_on_a_packed_model_matches_the_saved_model(zoo):
+    """A packed target is still an ordinary transformers model to ``generate``: bf16 tokens equal those of the
+    checkpoint loaded by transformers alone (packed or not, depending on the CPU)."""
+    models = load_models(zoo["llama"], "none", device="cpu", dtype="bfloat16")
+    raw = AutoModelForCausalLM.from_pretrained(zoo["llama"], dtype=torch.bfloat16).eval()
+    prompt_ids = encode_prompt(models.tokenizer, PROMPT, chat=True)
+    with torch.no_grad():
+        want = raw.generate(prompt_ids, max_new_tokens=16, do_sample=False)[0, prompt_ids.shape[1] :].tolist()
+    assert hf_greedy(models, prompt_ids, new=16) == want
