@@ -1,11 +1,13 @@
 """Per-round stage costs of the engine on the embedded pair: draft / verify / other ms per round against one plain step.
 
-    OMP_NUM_THREADS=1 python scripts/profile_round.py --dtype float32 [-K 1 -T 1 -L 8] [--profile]
+    OMP_NUM_THREADS=1 python -m scripts.profile_round --dtype float32 [-K 1 -T 1 -L 8] [--profile] [--unpacked]
 
 Runs a few chat requests at a fixed (K, T, L) and the same requests plainly (the "none" drafter through the same
 engine), and prints the mean stage times of the drafting rounds (the prefill excluded). The engine's clock reads
 this thread's CPU time here instead of the wall clock, so that other jobs on a shared machine do not inflate the
 stages (``--wall`` for the wall clock). ``--profile`` adds the cProfile table (cumulative time) of the speculative runs.
+``--unpacked`` loads the models without packing their bf16 linear layers (``xpress_core/packing.py``), for a before
+and after of that step.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 import torch
 
 from xpress_core import engine
+from xpress_core import models as model_loading
 from xpress_core.config import DecodeConfig
 from xpress_core.drafters.base import NoDrafter
 from xpress_core.engine import Models, decode
@@ -69,10 +72,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--wall", action="store_true", help="time the stages by the wall clock, not CPU time")
     parser.add_argument("--profile", action="store_true", help="print the cProfile table of the speculative runs")
+    parser.add_argument("--unpacked", action="store_true", help="bf16 linear layers as transformers loads them")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if not args.wall:
         engine.Clock.raw = lambda self: time.thread_time()
+    if args.unpacked:
+        model_loading.pack_linears = lambda model: 0  # what loading did before it packed
     models = load_models(device="cpu", dtype=args.dtype)
     plain = Models(models.target, models.tokenizer, NoDrafter())
     prompts = [encode_prompt(models.tokenizer, p, chat=True) for p in PROMPTS]
