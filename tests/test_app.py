@@ -319,7 +319,9 @@ def test_presets_this_hardware_cannot_run_are_shown_but_refused_before_any_downl
     monkeypatch.setattr(app_models, "load_target", no_download)
     presets = default_presets()
     trusted = Access(trust_remote_code=True)  # so that the hardware is what refuses
-    cpu_space = ModelCache(AppConfig(presets, access=trusted, hardware=Hardware(cuda=False, memory_gb=8.0, fp32=True)))
+    cpu_space = ModelCache(
+        AppConfig(presets, access=trusted, hardware=Hardware(cuda=False, memory_gb=8.0, doubled=True))
+    )
     for preset in presets:
         if preset.needs_cuda:
             assert "needs a CUDA GPU" in cpu_space.describe(preset.name)

@@ -9,6 +9,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM
 
 from tests.oracles import hf_greedy
+from xpress_app.config import Hardware
 from xpress_core.config import DecodeConfig
 from xpress_core.engine import decode_to_end
 from xpress_core.models import EMBEDDED_DRAFTER, EMBEDDED_TARGET, encode_prompt, load_models
@@ -96,3 +97,10 @@ def test_generate_through_hf_on_a_packed_model_matches_the_saved_model(zoo):
     with torch.no_grad():
         want = raw.generate(prompt_ids, max_new_tokens=16, do_sample=False)[0, prompt_ids.shape[1] :].tolist()
     assert hf_greedy(models, prompt_ids, new=16) == want
+
+
+def test_the_apps_memory_budget_counts_packed_weights_twice():
+    """A CPU server in bf16 holds each linear layer twice (the parameter and its packed copy), as fp32 holds twice
+    the bytes: the app's preset check counts both so."""
+    assert Hardware.detect("cpu", "float32", memory_gb=8.0).doubled
+    assert Hardware.detect("cpu", "bfloat16", memory_gb=8.0).doubled == BF16_CPU

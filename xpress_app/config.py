@@ -18,6 +18,7 @@ from xpress_core.models import (
     resolve_device,
     resolve_dtype,
 )
+from xpress_core.packing import packing_available
 from xpress_core.presets import ALLOW_UNKNOWN_ENV, TRUST_REMOTE_CODE_ENV, Access, ModelPreset, hub_presets
 
 ENV = {
@@ -52,7 +53,9 @@ class Hardware:
 
     cuda: bool
     memory_gb: float  # the budget for one preset's weights
-    fp32: bool = False  # weights load in fp32: twice the bf16 size the presets state
+    # The weights take twice the bf16 size the presets state: loaded in fp32, or in bf16 on a CPU, where loading keeps
+    # a packed copy of every linear layer (xpress_core/packing.py).
+    doubled: bool = False
 
     @classmethod
     def detect(cls, device: str, dtype: str = "auto", memory_gb: float | None = None) -> Hardware:
@@ -64,7 +67,9 @@ class Hardware:
                 memory_gb = torch.cuda.get_device_properties(0).total_memory / 2**30
             else:
                 memory_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 / 2
-        return cls(cuda, memory_gb, resolve_dtype(dtype, resolved) == torch.float32)
+        weights = resolve_dtype(dtype, resolved)
+        packed = not cuda and packing_available(torch.empty(0, dtype=weights))
+        return cls(cuda, memory_gb, weights == torch.float32 or packed)
 
 
 @dataclass(frozen=True)

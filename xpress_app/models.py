@@ -46,7 +46,7 @@ def preset_problem(preset: ModelPreset, access: Access, hardware: Hardware) -> s
         return "its drafter runs model code from its repository; start the app with --trust-remote-code if you trust it"
     if preset.needs_cuda and not hardware.cuda:
         return "it needs a CUDA GPU and this server runs on CPU"
-    needed = preset.memory_gb * (2 if hardware.fp32 else 1)
+    needed = preset.memory_gb * (2 if hardware.doubled else 1)
     if needed > hardware.memory_gb:
         return (
             f"its models need about {needed:.1f} GB and this server allows {hardware.memory_gb:.1f} GB "
