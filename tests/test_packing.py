@@ -61,6 +61,15 @@ def test_only_bf16_on_a_cpu_is_packed(zoo):
 
 
 @needs_bf16_packing
+def test_layers_that_accelerate_dispatches_keep_their_forward():
+    """A layer with an accelerate hook (offloaded weights come and go through it) is left as it is."""
+    hooked, plain = nn.Linear(8, 4).to(torch.bfloat16), nn.Linear(8, 4).to(torch.bfloat16)
+    hooked._hf_hook = object()
+    model = nn.Sequential(hooked, plain)
+    assert pack_linears(model) == 1 and model[0] is hooked and isinstance(model[1], PackedLinear)
+
+
+@needs_bf16_packing
 def test_packed_linear_keeps_the_parameters_and_trains_through_them():
     """The original parameters stay (tied weights, readers of ``.weight``); with autograd on, the product falls back
     to ``F.linear`` (the packed one has no backward), giving the same gradients."""

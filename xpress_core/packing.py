@@ -75,7 +75,11 @@ def pack_linears(model: nn.Module) -> int:
     count = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear and (packed := packed_linear(child)) is not None:
+            # A layer accelerate dispatches (its ``_hf_hook`` moves weights in and out) keeps its own forward.
+            if type(child) is not nn.Linear or hasattr(child, "_hf_hook"):
+                continue
+            packed = packed_linear(child)
+            if packed is not None:
                 setattr(parent, name, packed)
                 count += 1
     return count
