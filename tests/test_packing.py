@@ -70,7 +70,7 @@ def test_layers_that_accelerate_dispatches_keep_their_forward():
 
 
 @needs_bf16_packing
-def test_packed_linear_keeps_the_parameters_and_trains_through_them():
+def test_packed_linear_keeps_the_parameters_and_falls_back_under_autograd():
     """The original parameters stay (tied weights, readers of ``.weight``); with autograd on, the product falls back
     to ``F.linear`` (the packed one has no backward), giving the same gradients."""
     torch.manual_seed(0)
@@ -78,10 +78,11 @@ def test_packed_linear_keeps_the_parameters_and_trains_through_them():
     packed = packed_linear(linear)
     assert packed is not None and packed.weight is linear.weight and packed.bias is linear.bias
     x = torch.randn(5, 16, dtype=torch.bfloat16, requires_grad=True)
-    packed(x).sum().backward()
-    grad = x.grad.clone()
-    x.grad = None
-    F.linear(x, linear.weight, linear.bias).sum().backward()
+    with torch.enable_grad():  # whatever an earlier test's suspended no_grad generator left
+        packed(x).sum().backward()
+        grad = x.grad.clone()
+        x.grad = None
+        F.linear(x, linear.weight, linear.bias).sum().backward()
     assert torch.equal(grad, x.grad)
 
 
