@@ -66,6 +66,36 @@ def test_greedy_equals_generate_scripted_drafters(family, mode, k, length, verif
             assert result.rounds <= -(-(NEW - 1) // (length + 1)) + 1
 
 
+class GradProbe(NoDrafter):
+    """Records whether autograd was on when the engine asked for drafts."""
+
+    def __init__(self):
+        self.grad_enabled = []
+
+    def draft(self, state, root, cfg, randomness, watch):
+        self.grad_enabled.append(torch.is_grad_enabled())
+        return super().draft(state, root, cfg, randomness, watch)
+
+
+def test_rounds_run_without_autograd_and_the_consumer_keeps_its_own(zoo):
+    """Between events the consumer's autograd mode is its own (a suspended round leaves nothing switched off), while
+    every round runs with autograd off, and a consumer that abandons the stream leaves the mode as it was."""
+    models = load_models(zoo["llama"], "none", device="cpu")
+    probe = Models(models.target, models.tokenizer, GradProbe())
+    prompt_ids = encode_prompt(models.tokenizer, PROMPTS[0], chat=True)
+    with torch.enable_grad():
+        events = decode(probe, prompt_ids, DecodeConfig(max_new_tokens=6))
+        modes = [torch.is_grad_enabled() for _ in events]
+        assert torch.is_grad_enabled()
+    assert len(modes) == 7 and all(modes)
+    assert len(probe.drafter.grad_enabled) == 5 and not any(probe.drafter.grad_enabled)
+    with torch.enable_grad():
+        abandoned = decode(probe, prompt_ids, DecodeConfig(max_new_tokens=6))
+        next(abandoned)
+        del abandoned
+        assert torch.is_grad_enabled()
+
+
 def test_eos_and_max_new_tokens_inside_an_accepted_path(zoo):
     target, tokenizer = load_target(zoo["llama"], torch.device("cpu"), torch.float32)
     prompt_ids = encode_prompt(tokenizer, PROMPTS[0], chat=True)

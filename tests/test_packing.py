@@ -78,7 +78,7 @@ def test_packed_linear_keeps_the_parameters_and_falls_back_under_autograd():
     packed = packed_linear(linear)
     assert packed is not None and packed.weight is linear.weight and packed.bias is linear.bias
     x = torch.randn(5, 16, dtype=torch.bfloat16, requires_grad=True)
-    with torch.enable_grad():  # whatever an earlier test's suspended no_grad generator left
+    with torch.enable_grad():  # the premise, whatever mode an earlier test left
         packed(x).sum().backward()
         grad = x.grad.clone()
         x.grad = None

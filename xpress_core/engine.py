@@ -263,14 +263,17 @@ def decode(
     settings = control(models, cfg, costs)
     if models.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(models.device)
+    # Autograd is off for each stretch of work and back on at each yield: the consumer keeps its own mode between
+    # events, and whichever thread resumes the generator (the app's do) runs the round without autograd.
     with torch.no_grad():
         start = clock.now()
         state, first = prefill(models, prompt_ids.to(models.device), cfg)
         kept, reason = finish(models, state, [first], cfg, eos)
         prefill_s = clock.now() - start
-        with clock.paused():
-            yield record(models, state, kept, Timings(0.0, prefill_s, 0.0, clock.now() - start))
-        while reason is None:
+    with clock.paused():
+        yield record(models, state, kept, Timings(0.0, prefill_s, 0.0, clock.now() - start))
+    while reason is None:
+        with torch.no_grad():
             t0 = clock.now()
             setting = settings.choose(output_limit(models, state, cfg) - len(state.output))
             drafts = draft(models, state, cfg, setting, watch)
@@ -285,9 +288,9 @@ def decode(
             kept, reason = finish(models, state, emitted, cfg, eos)
             t3 = clock.now()
             timings = Timings(t1 - t0, t2 - t1, t3 - t2, t3 - start)
-            with clock.paused():
-                yield record(models, state, kept, timings, drafts, tree, acceptance, setting)
-        yield result(models, state, cfg, prefill_s, reason, clock.now() - start)
+        with clock.paused():
+            yield record(models, state, kept, timings, drafts, tree, acceptance, setting)
+    yield result(models, state, cfg, prefill_s, reason, clock.now() - start)
 
 
 def decode_to_end(models: Models, prompt_ids: torch.Tensor, cfg: DecodeConfig) -> DecodeResult:
