@@ -329,9 +329,8 @@ def load_diffusion_lm(
 
 
 def freeze(model: torch.nn.Module) -> torch.nn.Module:
-    """Inference only: no parameter needs a gradient, so no consumer builds autograd graphs, even one that resumes
-    the decode generator on another thread (grad mode is per thread; ``torch.no_grad`` does not follow it). On a CPU
-    in bf16 its linear layers are packed for oneDNN (``packing.py``: the same outputs, sooner)."""
+    """Inference only: no parameter needs a gradient, so no caller builds autograd graphs through it, whatever its
+    grad mode. On a CPU in bf16 its linear layers are packed for oneDNN (``packing.py``: the same outputs, sooner)."""
     for parameter in model.parameters():
         parameter.requires_grad_(False)
     pack_linears(model)

@@ -9,16 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import torch
-
 from .trace import DecodeResult, RoundTrace
-
-
-def advance(run: Iterator):
-    """Next engine event with autograd off in *this* thread: a server may resume a generator on any worker thread, and
-    grad mode is thread-local, so the engine's own ``no_grad`` would not carry over."""
-    with torch.no_grad():
-        return next(run)
 
 
 def race(runs: dict[str, Iterator]) -> Iterator[tuple[str, RoundTrace | DecodeResult]]:
@@ -28,7 +19,7 @@ def race(runs: dict[str, Iterator]) -> Iterator[tuple[str, RoundTrace | DecodeRe
     try:
         while spent:
             name = min(spent, key=spent.get)
-            event = advance(runs[name])
+            event = next(runs[name])  # each run turns autograd off for its own work, on whichever thread
             if isinstance(event, DecodeResult):
                 del spent[name]
             else:
