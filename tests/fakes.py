@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from xpress_core.drafters.base import Drafter, Drafts
+from xpress_core.drafters.base import Drafter, Drafts, NoDrafter
 from xpress_core.trace import RoundTrace
 
 
@@ -83,3 +83,14 @@ def round_trace(
         draft_context_len=0,
         setting=setting,
     )
+
+
+class GradSpy(NoDrafter):
+    """Records whether autograd was on when the engine asked for drafts."""
+
+    def __init__(self):
+        self.grad_enabled = []
+
+    def draft(self, state, root, cfg, randomness, watch):
+        self.grad_enabled.append(torch.is_grad_enabled())
+        return super().draft(state, root, cfg, randomness, watch)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.fakes import GradSpy
 from xpress_app import chat as app_chat
 from xpress_app import models as app_models
 from xpress_app.chat import Throttle, View, log_file, run_chat, scrub_figure
@@ -507,17 +508,6 @@ def every_round(monkeypatch):
     """Render the panels after every round (no throttling)."""
     monkeypatch.setattr(app_chat, "PANELS_INTERVAL_S", 0.0)
     monkeypatch.setattr(app_chat, "UI_TIME_SHARE", 1.0)
-
-
-class GradSpy(NoDrafter):
-    """Records whether autograd was on when the engine asked for drafts."""
-
-    def __init__(self):
-        self.grad_enabled = []
-
-    def draft(self, state, root, cfg, randomness, watch):
-        self.grad_enabled.append(torch.is_grad_enabled())
-        return super().draft(state, root, cfg, randomness, watch)
 
 
 def next_on_a_new_thread(chat):

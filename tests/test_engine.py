@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from tests.fakes import ScriptedDrafter
+from tests.fakes import GradSpy, ScriptedDrafter
 from tests.oracles import NEW, PROMPTS, check_invariants, cli, hf_greedy, run
 from xpress_core import cache as kv
 from xpress_core.config import DecodeConfig
@@ -66,22 +66,11 @@ def test_greedy_equals_generate_scripted_drafters(family, mode, k, length, verif
             assert result.rounds <= -(-(NEW - 1) // (length + 1)) + 1
 
 
-class GradProbe(NoDrafter):
-    """Records whether autograd was on when the engine asked for drafts."""
-
-    def __init__(self):
-        self.grad_enabled = []
-
-    def draft(self, state, root, cfg, randomness, watch):
-        self.grad_enabled.append(torch.is_grad_enabled())
-        return super().draft(state, root, cfg, randomness, watch)
-
-
 def test_rounds_run_without_autograd_and_the_consumer_keeps_its_own(zoo):
     """Between events the consumer's autograd mode is its own (a suspended round leaves nothing switched off), while
     every round runs with autograd off, and a consumer that abandons the stream leaves the mode as it was."""
     models = load_models(zoo["llama"], "none", device="cpu")
-    probe = Models(models.target, models.tokenizer, GradProbe())
+    probe = Models(models.target, models.tokenizer, GradSpy())
     prompt_ids = encode_prompt(models.tokenizer, PROMPTS[0], chat=True)
     with torch.enable_grad():
         events = decode(probe, prompt_ids, DecodeConfig(max_new_tokens=6))
