@@ -81,6 +81,7 @@ def test_rounds_run_without_autograd_and_the_consumer_keeps_its_own(zoo):
     with torch.enable_grad():
         abandoned = decode(probe, prompt_ids, DecodeConfig(max_new_tokens=6))
         next(abandoned)
+        assert torch.is_grad_enabled()  # while the consumer still holds the stream it no longer reads
         del abandoned
         assert torch.is_grad_enabled()
 

@@ -16,7 +16,7 @@ from xpress_core.models import EMBEDDED_DRAFTER, EMBEDDED_TARGET, encode_prompt,
 from xpress_core.packing import PackedLinear, pack_linears, packed_linear, packing_available
 
 PROMPT = "I want to book a table for two at an Italian restaurant tonight."
-BF16_CPU = packing_available(torch.zeros(1, dtype=torch.bfloat16))
+BF16_CPU = packing_available(torch.bfloat16, torch.device("cpu"))
 needs_bf16_packing = pytest.mark.skipif(not BF16_CPU, reason="this CPU's oneDNN has no bf16 kernels to pack for")
 
 

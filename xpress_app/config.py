@@ -68,8 +68,7 @@ class Hardware:
             else:
                 memory_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 / 2
         weights = resolve_dtype(dtype, resolved)
-        packed = not cuda and packing_available(torch.empty(0, dtype=weights))
-        return cls(cuda, memory_gb, weights == torch.float32 or packed)
+        return cls(cuda, memory_gb, weights == torch.float32 or packing_available(weights, resolved))
 
 
 @dataclass(frozen=True)

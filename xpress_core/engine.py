@@ -263,8 +263,8 @@ def decode(
     settings = control(models, cfg, costs)
     if models.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(models.device)
-    # Autograd is off for each stretch of work and back on at each yield: the consumer keeps its own mode between
-    # events, and whichever thread resumes the generator (the app's do) runs the round without autograd.
+    # Autograd is off for each stretch of work, not across the yields: the consumer keeps its own mode between events,
+    # and whichever thread resumes the generator (the app resumes it on Gradio's worker threads) runs without it.
     with torch.no_grad():
         start = clock.now()
         state, first = prefill(models, prompt_ids.to(models.device), cfg)

@@ -25,11 +25,11 @@ CHECK_TOKENS = (1, 7, 64)
 LAYOUT_TOKENS = 8
 
 
-def packing_available(weight: torch.Tensor) -> bool:
+def packing_available(dtype: torch.dtype, device: torch.device) -> bool:
     """bf16 on a CPU whose oneDNN computes in bf16, with the packing operators present in this torch."""
     return (
-        weight.device.type == "cpu"
-        and weight.dtype == torch.bfloat16
+        device.type == "cpu"
+        and dtype == torch.bfloat16
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
         and torch.ops.mkldnn._is_mkldnn_bf16_supported()
@@ -57,7 +57,7 @@ class PackedLinear(nn.Module):
 
 def packed_linear(linear: nn.Linear) -> PackedLinear | None:
     """``linear`` packed, or None where packing is unavailable or would change any output."""
-    if not packing_available(linear.weight):
+    if not packing_available(linear.weight.dtype, linear.weight.device):
         return None
     packed = PackedLinear(linear, torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), LAYOUT_TOKENS))
     probe = torch.Generator().manual_seed(0)
