@@ -163,9 +163,7 @@ def test_sampled_masked_drafts_are_the_targets_draws_from_the_same_logits(zoo):
     drafter = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu").drafter
     vocab = drafter.banned.shape[0]
     cfg = DecodeConfig(temperature=0.8, top_p=0.9, drafts=3, block=4)
-    logits = (torch.randn(1, 4, vocab, generator=torch.Generator().manual_seed(1)) * 3).masked_fill(
-        drafter.banned, float("-inf")
-    )
+    logits = torch.randn(1, 4, vocab, generator=torch.Generator().manual_seed(1)) * 3 + drafter.banned
     for seed in range(5):
         noise = TargetNoise(torch.Generator().manual_seed(seed), vocab)
         candidates, _, forced = drafter.choose_tokens(
@@ -173,6 +171,22 @@ def test_sampled_masked_drafts_are_the_targets_draws_from_the_same_logits(zoo):
         )
         assert candidates[0].tolist() == [draw_token(logits[0, i], cfg, noise) for i in range(4)]
         assert len(set(candidates[:, 0].tolist())) == 3 and forced[:, 0].all()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_choice_nobody_ranks_skips_the_softmax_and_picks_the_same_tokens(zoo, temperature):
+    """Where no confidence is read (the last denoise step, unwatched) a masked drafter picks the logits' maximum with
+    no softmax: the tokens of the softmax path (the oracle), greedy and sampled, on bf16 logits (ties included)."""
+    drafter = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu").drafter
+    vocab = drafter.banned.shape[0]
+    cfg = DecodeConfig(temperature=temperature, top_p=0.9 if temperature else 1.0, drafts=1, block=6)
+    for seed in range(8):
+        logits = (torch.randn(1, 6, vocab, generator=torch.Generator().manual_seed(seed)) * 3).bfloat16()
+        upcoming = TargetNoise(torch.Generator().manual_seed(seed), vocab).upcoming(6) if temperature else None
+        randomness = DraftRandomness(torch.Generator().manual_seed(0), upcoming)
+        ranked, conf, _ = drafter.choose_tokens(logits, cfg, 1, randomness, ranked=True)
+        unranked, no_conf, _ = drafter.choose_tokens(logits, cfg, 1, randomness, ranked=False)
+        assert torch.equal(unranked, ranked) and conf is not None and no_conf is None
 
 
 def test_sampled_drafts_of_the_target_itself_are_accepted(zoo):

@@ -20,7 +20,7 @@ from .base import (
     DraftRandomness,
     Drafts,
     allowed_logits,
-    banned_token_mask,
+    banned_token_bias,
     choice_scores,
     refine_groups,
     top_choices,
@@ -39,7 +39,7 @@ class AutoregressiveDrafter(Drafter):
 
     def __init__(self, model, banned_ids: list[int]):
         self.model = model
-        self.banned = banned_token_mask(model.config.vocab_size, banned_ids, model.device)
+        self.banned = banned_token_bias(model.config.vocab_size, banned_ids, model.device)
 
     @torch.no_grad()
     def start(self, prompt_ids, features):

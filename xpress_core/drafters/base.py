@@ -87,8 +87,9 @@ class NoDrafter(Drafter):
 
 
 def allowed_logits(logits: torch.Tensor, banned: torch.Tensor) -> torch.Tensor:
-    """fp32 logits over the drafter vocabulary (the first ``len(banned)`` ids) with the banned tokens at -inf."""
-    return logits[..., : banned.shape[0]].float().masked_fill(banned, float("-inf"))
+    """fp32 logits over the drafter vocabulary (the first ``len(banned)`` ids) with the banned tokens at -inf.
+    ``banned`` is additive (``banned_token_bias``): one addition casts and masks, a fifth of a cast and a fill."""
+    return logits[..., : banned.shape[0]] + banned
 
 
 def choice_scores(
@@ -116,10 +117,11 @@ def refine_groups(cfg: DecodeConfig) -> list[list[int]]:
     return [rows] if cfg.refine == "parallel" else [[k] for k in rows]
 
 
-def banned_token_mask(vocab_size: int, banned_ids: list[int], device) -> torch.Tensor:
-    """(V,) bool: tokens a draft may never contain (mask, pad, bos, ... but not the end-of-turn tokens)."""
-    mask = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+def banned_token_bias(vocab_size: int, banned_ids: list[int], device) -> torch.Tensor:
+    """(V,) fp32, -inf at tokens a draft may never contain (mask, pad, bos, ... but not the end-of-turn tokens), 0
+    elsewhere: added to a drafter's logits (``allowed_logits``)."""
+    bias = torch.zeros(vocab_size, dtype=torch.float32, device=device)
     ids = [i for i in banned_ids if 0 <= i < vocab_size]
     if ids:
-        mask[ids] = True
-    return mask
+        bias[ids] = float("-inf")
+    return bias

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..errors import XpressError
-from .base import banned_token_mask
+from .base import banned_token_bias
 from .diffusion import MaskedDiffusionDrafter
 
 
@@ -87,7 +87,7 @@ class DiffusionLMDrafter(MaskedDiffusionDrafter):
         """``vocab_size``: token ids drafts may use (those the target can verify); the mask is always banned (SUBS)."""
         self.model, self.convention, self.mask_token_id = model, convention, mask_token_id
         self.device = model.device
-        self.banned = banned_token_mask(vocab_size, [*banned_ids, mask_token_id], model.device)
+        self.banned = banned_token_bias(vocab_size, [*banned_ids, mask_token_id], model.device)
         self.limit = position_limit(model.config)
         # The block and its root must fit the drafter's positions next to at least one context token.
         self.max_block = None if self.limit is None else self.limit - 2
