@@ -15,9 +15,10 @@ from tests.oracles import NEW, PROMPTS, check_invariants, cli, hf_greedy, run
 from xpress_core import cache as kv
 from xpress_core.config import DecodeConfig
 from xpress_core.drafters.base import DraftRandomness, NoDrafter
-from xpress_core.drafters.diffusion import DiffusionState, grown
+from xpress_core.drafters.diffusion import DiffusionState, diffusion_drafter, grown
+from xpress_core.drafters.diffusion_model import XpressDrafter
 from xpress_core.engine import Models, decode, stop_token_ids
-from xpress_core.models import encode_prompt, load_models, load_target, native_bf16, resolve_dtype
+from xpress_core.models import encode_prompt, load_models, load_target, native_bf16, resolve_dtype, target_banned_ids
 from xpress_core.sampling import TargetNoise, draw_token, gumbel
 from xpress_core.tree import build_tree, tree_attention_mask, tree_position_ids
 
@@ -340,6 +341,33 @@ def test_unwatched_requests_draft_the_same_without_denoise_steps(zoo, k, t):
         assert plain_result.token_ids == result.token_ids
         assert [t.drafts for t in unwatched] == [t.drafts for t in watched]
         assert all(t.steps for t in watched[1:]) and not any(t.steps for t in unwatched)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_projections_draft_what_the_checkpoints_layers_draft(zoo, dtype):
+    """Loading fuses each drafter layer's q/k/v products into one and gate/up into another (``fuse_projections``):
+    whole requests draft the same tokens, round by round, as the checkpoint's separate layers (the oracle, loaded as
+    training loads it), greedy and sampled, with the drafter's context taking committed tokens in along the way."""
+    models = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu", dtype=str(dtype).removeprefix("torch."))
+    assert all(
+        layer.attn.qkv_proj is not None and layer.gate_up_proj is not None for layer in models.drafter.model.layers
+    )
+    assert not any(
+        hasattr(layer, "gate_proj") or hasattr(layer.attn, "q_proj") for layer in models.drafter.model.layers
+    )
+    separate = XpressDrafter.from_pretrained(zoo["drafter_llama"], dtype=dtype).bind(models.target).eval()
+    oracle = Models(
+        models.target, models.tokenizer, diffusion_drafter(separate, target_banned_ids(models.target, models.tokenizer))
+    )
+    prompt_ids = encode_prompt(models.tokenizer, PROMPTS[1], chat=True)
+    for cfg in (
+        DecodeConfig(drafts=2, steps=2, block=4, max_new_tokens=NEW),
+        DecodeConfig(drafts=1, block=6, temperature=0.8, seed=4, max_new_tokens=NEW),
+    ):
+        fused, result = run(models, prompt_ids, cfg)
+        unfused, oracle_result = run(oracle, prompt_ids, cfg)
+        assert [t.drafts for t in fused] == [t.drafts for t in unfused] and len(fused) > 3
+        assert result.token_ids == oracle_result.token_ids
 
 
 def test_drafter_context_buffers_hold_what_concatenation_would():

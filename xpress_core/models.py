@@ -273,7 +273,7 @@ def load_conditioned_drafter(
     check_tokenizer_match("drafter", spec, tokenizer)
     extra = {} if dflash is None else {"config": dflash_drafter_config(dflash, spec), "key_mapping": DFLASH_KEY_MAPPING}
     try:
-        model = freeze(XpressDrafter.from_pretrained(spec, dtype=dtype, **extra).to(device))
+        model = freeze(XpressDrafter.from_pretrained(spec, dtype=dtype, **extra).fuse_projections().to(device))
     except (OSError, ValueError) as error:
         raise _describe_missing("drafter", spec, error) from error
     cfg = model.config

@@ -150,11 +150,28 @@ class DrafterAttention(nn.Module):
         # Per-head norms before the rotation (Qwen3 / DFlash); identity for our own drafters.
         self.q_norm = nn.RMSNorm(self.head_dim, eps=cfg.rms_norm_eps) if cfg.qk_norm else nn.Identity()
         self.k_norm = nn.RMSNorm(self.head_dim, eps=cfg.rms_norm_eps) if cfg.qk_norm else nn.Identity()
+        self.qkv_proj: nn.Linear | None = None  # the three in one product, once fused for inference (``fuse``)
+
+    def fuse(self) -> None:
+        """Inference: q, k and v in one matrix product (``XpressDrafter.fuse_projections``)."""
+        self.qkv_proj = fused_linear(self.q_proj, self.k_proj, self.v_proj)
+        del self.q_proj, self.k_proj, self.v_proj
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(B, S, H) -> queries (B, heads, S, D), keys and values (B, kv_heads, S, D), normed, not rotated."""
+        b, s, _ = x.shape
+        if self.qkv_proj is None:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        else:
+            q, k, v = self.qkv_proj(x).split([self.heads * self.head_dim, *[self.kv_heads * self.head_dim] * 2], -1)
+        q = self.q_norm(q.view(b, s, self.heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(k.view(b, s, self.kv_heads, self.head_dim)).transpose(1, 2)
+        return q, k, v.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
 
     def project_kv(self, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
-        b, s, _ = x.shape
-        k = self.k_norm(self.k_proj(x).view(b, s, self.kv_heads, self.head_dim)).transpose(1, 2)
-        v = self.v_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        """Context keys (rotated) and values of fused target features (B, S, H). Fused for inference, the product
+        computes queries too, thrown away: once per prompt, the rounds' context tokens go through ``forward``."""
+        _, k, v = self.project(x)
         return rotate(k, cos, sin), v
 
     def forward(self, h, cos, sin, context, mask, pending=None):
@@ -162,12 +179,29 @@ class DrafterAttention(nn.Module):
         ``pending`` (1, m, H): fused features of context tokens not yet in ``context``; their keys/values are projected
         with the block's, in the same matrix products, and come first (cos/sin then span m + Q positions)."""
         b, q_len, _ = h.shape
-        q = self.q_norm(self.q_proj(h).view(b, q_len, self.heads, self.head_dim)).transpose(1, 2)
-        q = rotate(q, cos[..., -q_len:, :], sin[..., -q_len:, :])
-        k, v = self.project_kv(h if pending is None else torch.cat([pending, h], dim=1), cos, sin)
+        q, k, v = self.project(h if pending is None else torch.cat([pending, h], dim=1))
+        q = rotate(q[:, :, -q_len:], cos[..., -q_len:, :], sin[..., -q_len:, :])
+        k = rotate(k, cos, sin)
         k, v = context.extend(k, v) if isinstance(context, KVSlots) else with_block(context, k, v)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.kv_heads != self.heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
+
+
+def fused_linear(*parts: nn.Linear) -> nn.Linear:
+    """One linear layer computing ``parts``' outputs side by side (their weights, and biases, stacked)."""
+    first = parts[0]
+    fused = nn.Linear(
+        first.in_features,
+        sum(p.out_features for p in parts),
+        bias=first.bias is not None,
+        device=first.weight.device,
+        dtype=first.weight.dtype,
+    )
+    with torch.no_grad():
+        fused.weight.copy_(torch.cat([p.weight for p in parts]))
+        if first.bias is not None:
+            fused.bias.copy_(torch.cat([p.bias for p in parts]))
+    return fused
 
 
 def with_block(context: tuple[torch.Tensor, torch.Tensor], k: torch.Tensor, v: torch.Tensor):
@@ -202,11 +236,21 @@ class DrafterLayer(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_proj: nn.Linear | None = None  # gate and up in one product, once fused for inference
+
+    def fuse(self) -> None:
+        self.attn.fuse()
+        self.gate_up_proj = fused_linear(self.gate_proj, self.up_proj)
+        del self.gate_proj, self.up_proj
 
     def forward(self, h, cos, sin, context, mask, pending=None):
         h = h + self.attn(self.input_norm(h), cos, sin, context, mask, pending)
         x = self.post_norm(h)
-        return h + self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is None:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        else:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return h + self.down_proj(F.silu(gate) * up)
 
 
 def signal_share(t: torch.Tensor) -> torch.Tensor:
@@ -279,6 +323,16 @@ class XpressDrafter(PreTrainedModel):
             # Not in the checkpoint (non-persistent): from_pretrained builds on the meta device, so without this the
             # buffer is uninitialised memory and drafts come out of garbage positions (NaN at random).
             init.copy_(module.inv_freq, rotary_inv_freq(self.config.head_dim, self.config.rope_theta))
+
+    def fuse_projections(self) -> XpressDrafter:
+        """For inference: every layer computes q, k and v in one matrix product and gate and up in another, the
+        separate layers dropped (their weights now live in the fused ones). The products and the drafts are the same
+        up to rounding (measured on the embedded drafter in bf16: the same drafts, each 9 % sooner on a CPU, where a
+        small product's fixed cost is a large part of it). A fused model is not for training or saving: its state dict
+        no longer has the checkpoint's layout."""
+        for layer in self.layers:
+            layer.fuse()
+        return self
 
     def bind(self, target: PreTrainedModel) -> XpressDrafter:
         """Attach the target's (frozen) embedding and LM head; a plain tuple keeps them out of the state dict."""
