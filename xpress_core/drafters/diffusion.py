@@ -67,8 +67,8 @@ class MaskedDiffusionDrafter(Drafter):
         steps, groups = [], refine_groups(cfg)
         for step in range(1, cfg.steps + 1):
             # .to(device): with a target spread over GPUs, the shared LM head may sit on another GPU than the drafter.
-            if step == 1:  # every row is still [root, MASK x L]: one row's forward serves all K
-                logits = self.denoise(state, root, tokens[:1], committed[:1]).to(device).expand(k, -1, -1)
+            if step == 1:  # every row is still [root, MASK x L]: one row's forward and token choice serve all K
+                logits = self.denoise(state, root, tokens[:1], committed[:1]).to(device)
             else:
                 logits = stacked([self.denoise(state, root, tokens[r], committed[r]).to(device) for r in groups])
             # The last step commits every position left whatever their confidence: only the visualizer asks for it.
@@ -89,27 +89,31 @@ class MaskedDiffusionDrafter(Drafter):
         """Best token and its probability per (draft, position), with the diversity strategy applied: the most likely
         token when greedy, the target-coupled one when sampling (``choice_scores``).
 
+        ``logits`` (K, L, V), or (1, L, V) for K identical rows (the first step): the choice runs once and its rows are
+        copied, so K drafts at T = 1 cost one draft's token choice too (the work ``draft_work`` declares).
         Returns candidates (K, L), their confidence (K, L) and the (K, L) positions forced to commit now (branches).
         Without ``ranked`` (nobody reads the confidence) and with no branches or Gumbel rows to rank, the choice is
         the maximum of the logits themselves, where the softmax's is (the drafter's most likely token): no softmax
         over the vocabulary, and confidence and forced come back as None.
         """
+        k = cfg.drafts
         allowed = allowed_logits(logits, self.banned)
-        branching = cfg.diversity.startswith("branch") and cfg.drafts > 1 and step == 1
-        gumbel_rows = cfg.diversity == "gumbel" and cfg.drafts > 1
+        branching = cfg.diversity.startswith("branch") and k > 1 and step == 1
+        gumbel_rows = cfg.diversity == "gumbel" and k > 1
         if not (ranked or branching or gumbel_rows):
             # The logits stand in for the probabilities (the same argmax); max's indices: a third faster than argmax's
             # on a CPU (the first maximum either way).
-            return choice_scores(allowed, allowed, cfg, randomness.upcoming).max(-1).indices, None, None
-        probs = allowed.softmax(-1)  # (K, L, V)
+            return choice_scores(allowed, allowed, cfg, randomness.upcoming).max(-1).indices.expand(k, -1), None, None
+        probs = allowed.softmax(-1)  # (K or 1, L, V)
         scores = choice_scores(allowed, probs, cfg, randomness.upcoming)
         if gumbel_rows:
             rng = randomness.generator
-            uniform = torch.rand(probs.shape, generator=rng, device=rng.device).to(probs.device)
+            uniform = torch.rand((k, *probs.shape[1:]), generator=rng, device=rng.device).to(probs.device)
             # greedy: the argmax of p is the argmax of log p, which the noise needs
             scores = (probs.log() if randomness.upcoming is None else scores) + gumbel(uniform)
-        candidates = scores.argmax(-1)
-        conf = probs.gather(-1, candidates[..., None])[..., 0]
+            probs = probs.expand(k, -1, -1)
+        candidates = scores.argmax(-1).expand(k, -1).clone()  # rows of their own: branches write into them
+        conf = probs.gather(-1, candidates[: probs.shape[0], :, None])[..., 0].expand(k, -1).clone()
         forced = torch.zeros_like(candidates, dtype=torch.bool)
         if branching:
             # Step 1 sees identical rows ([root, MASK...]), so row 0 ranks the branch tokens for all drafts.
