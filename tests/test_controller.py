@@ -24,7 +24,16 @@ from xpress_core.controller import (
 )
 from xpress_core.drafters.base import NoDrafter
 from xpress_core.drafters.diffusion import MaskedDiffusionDrafter
-from xpress_core.engine import Models, calibrate, calibrated, calibration_drafts, control, decode, fit_draft_costs
+from xpress_core.engine import (
+    Models,
+    calibrate,
+    calibrated,
+    calibration_drafts,
+    control,
+    decode,
+    fit_draft_costs,
+    timed_in_turns,
+)
 from xpress_core.models import encode_prompt, load_models
 from xpress_core.trace import RoundTrace, write_jsonl
 
@@ -45,6 +54,9 @@ def test_round_costs_and_acceptance_estimates_on_known_numbers():
     costs = CostModel(1.0, 0.1, 2.0, 0.5, 0.25)
     assert costs.round_s(RoundSetting(2, 3, 4)) == pytest.approx(3 * (1.0 + 0.1 * 2 * 5) + 2.0 + 0.5 * 9 + 0.25)
     assert costs.round_s(PLAIN_STEP) == pytest.approx(2.0 + 0.5 + 0.25)
+    stepped = CostModel(1.0, 0.1, 2.0, 0.5, 0.25, verify_draft_s=0.75)  # a forward over drafts costs a step more
+    assert stepped.round_s(RoundSetting(2, 3, 4)) == pytest.approx(costs.round_s(RoundSetting(2, 3, 4)) + 0.75)
+    assert stepped.round_s(PLAIN_STEP) == costs.round_s(PLAIN_STEP)
     control = AutoControl(costs, max_block=4)
     assert control.acceptance((1, 1)) == [0.5] * 4  # the prior
     control.observe(RoundSetting(1, 1, 4), 2)  # positions 1 and 2 accepted, 3 rejected, 4 not reached
@@ -55,7 +67,7 @@ def test_round_costs_and_acceptance_estimates_on_known_numbers():
     # More drafts: at the first position 1 - (1 - q_1)^sqrt(K); right after it 0.8 times that, then the same.
     two, four = 1 - (1 / 3) ** math.sqrt(2), 1 - (1 / 3) ** 2
     assert control.acceptance((2, 1)) == pytest.approx([two, 0.8 * two, 0.8 * two, 0.8 * two])
-    assert control.acceptance((4, 2)) == pytest.approx([four, 0.8 * four, 0.8 * four, 0.8 * four])
+    assert control.acceptance((4, 1)) == pytest.approx([four, 0.8 * four, 0.8 * four, 0.8 * four])
     # Earlier counts decay by MEMORY = 0.9; draft 0 accepted all 4, so (1, 1) counts the round too, (4, 1) does not.
     control.observe(RoundSetting(2, 1, 4), 4, (4, 1))
     q1 = 2.9 / 3.9
@@ -114,6 +126,28 @@ def test_round_costs_count_the_forwards_the_drafter_declares(zoo):
         assert len(forwards) == 1 + sum(declared) and declared[0] == setting[2]  # 1: the prompt's forward at start
     costs = calibrate(models)
     assert costs.draft_work(RoundSetting(4, 2, 16)) == (16, 64) and costs.draft_forward_s > 0
+
+
+def test_calibration_times_its_stages_in_turns_after_their_setups():
+    """Every turn runs each stage once, right after its setup; the first turn is a warm-up; medians per stage. Timed
+    in turns, a machine slowing down midway shifts every stage alike (the clock here: each run's cost, doubled from
+    the third turn on)."""
+    log, now = [], [0.0]
+
+    class Clock:
+        def now(self):
+            return now[0]
+
+    def stage(name, cost):
+        def run():
+            log.append(name)
+            now[0] += cost * (2 if log.count(name) > 2 else 1)
+
+        return run
+
+    stages = {"a": (stage("a", 1.0), lambda: log.append("setup")), "b": (stage("b", 3.0), None)}
+    assert timed_in_turns(Clock(), stages, repeats=4) == {"a": 2.0, "b": 6.0}
+    assert log == ["setup", "a", "b"] * 5
 
 
 def test_a_masked_drafter_declares_the_forwards_and_positions_it_runs(llama):

@@ -22,7 +22,12 @@ from dataclasses import dataclass
 from .config import DecodeConfig
 
 AUTO_DRAFTS = (1, 2, 4)  # K the controller may pick
-AUTO_STEPS = (1, 2)  # T the controller may pick
+# T the controller may pick. One: a second denoise step never paid on our CPU (the benchmark's search: T = 1 fastest
+# at every K), and trying it cost auto more than it ever won back. Held-out prompts interleaved, bf16, auto over plain
+# decoding with T = 1, 2 / T = 1 only: greedy chats 1.43x / 1.62x, stories 1.38x / 1.46x; at 0.7 1.25x / 1.26x and
+# 0.99x / 0.99x. An untried (K, 2) starts from (1, 1)'s first-position estimate at every position, so it looks
+# better than the (K, 1) it would replace until a few rounds have shown otherwise, and a chat reply lasts few rounds.
+AUTO_STEPS = (1,)
 AUTO_MAX_BLOCK = 16  # the longest L it may pick (the drafter's own limit may be lower)
 # The (1, 1) rows' acceptance chance per position before any round is seen, greedy and sampled: a sampled draft is
 # kept only when the target's own draw lands on it, so the same drafter is accepted less when sampling, even with
@@ -75,6 +80,10 @@ class CostModel:
     verify_forward_s: float  # one target forward, fixed part
     verify_token_s: float  # one target forward, per token (the root and every tree node)
     other_s: float  # acceptance, commit and stop checks
+    # A forward over drafts costs this much more than the tokens' share says: on a CPU the kernels for several tokens
+    # cost a step more than the one-token ones (bf16, embedded target: 5 tokens 1.16x a one-token forward, 33 tokens
+    # 1.33x), which a line through 1 and 33 tokens puts at 1.04x. Plain steps do not pay it.
+    verify_draft_s: float = 0.0
     # The drafter's forwards in a round and the positions they compute in all (``Drafter.draft_work``).
     draft_work: Callable[[RoundSetting], tuple[int, int]] = denoise_work
 
@@ -82,6 +91,8 @@ class CostModel:
         """Seconds of a round; a tree of K drafts of L tokens has at most K x L nodes (branching keeps them apart)."""
         tree = setting.drafts * setting.block
         verify = self.verify_forward_s + self.verify_token_s * (tree + 1)
+        if not setting.plain:
+            verify += self.verify_draft_s
         forwards, positions = self.draft_work(setting) if not setting.plain else (0, 0)
         return forwards * self.draft_forward_s + positions * self.draft_position_s + verify + self.other_s
 

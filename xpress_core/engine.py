@@ -382,39 +382,33 @@ CALIBRATION_BLOCK = 8  # block length of its drafts
 
 
 def calibrate(models: Models, repeats: int = 5) -> CostModel:
-    """The controller's stage costs on these models (``CostModel``): target forwards over 1 and 33 tokens, drafts of
+    """The controller's stage costs on these models (``CostModel``): target forwards over 1, 5 and 33 tokens, drafts of
     different forwards and positions (``calibration_drafts``, fitted by ``fit_draft_costs``), and a round's acceptance
     and commit, timed on a throwaway request (medians).
 
     Every draft is timed right after a commit, as in decoding: the drafter then first takes in the committed tokens
-    (our drafter projects their features into its context), a cost that a draft on an unchanged context would miss."""
+    (our drafter projects their features into its context), a cost that a draft on an unchanged context would miss.
+    The stages are timed in turns (``timed_in_turns``): what the controller weighs is one stage against another, and
+    on a shared machine whose speed drifts, stages timed one after the other can be off against each other by more
+    than the choices they decide (measured: a plain step priced 1.3x its cost against the drafting rounds)."""
     clock = Clock(models.device)
-
-    def seconds(stage: Callable[[], object], setup: Callable[[], object] = lambda: None) -> float:
-        times = []
-        for _ in range(repeats + 1):  # the first call warms up
-            setup()
-            start = clock.now()
-            stage()
-            times.append(clock.now() - start)
-        return statistics.median(times[1:])
-
     limit = context_limit(models.target) or 2 * CALIBRATION_CONTEXT
     wide = max(1, min(CALIBRATION_TOKENS, limit // 4))
+    short = min(CALIBRATION_BLOCK // 2, wide)
     ids = models.tokenizer(CALIBRATION_TEXT * 64, return_tensors="pt")["input_ids"][
         :, : min(CALIBRATION_CONTEXT, limit // 2)
     ]
     with torch.no_grad():
         state, _ = prefill(models, ids.to(models.device), DecodeConfig())
-        past, verifier = kv.cache_length(state.cache), VERIFIERS["tree"]
+        verifier = VERIFIERS["tree"]
 
-        def verify(tree: DraftTree) -> None:
-            verifier.verify(models, state, tree)
-            kv.truncate(state.cache, past)
+        def verify(drafted: int) -> Callable[[], None]:
+            def stage() -> None:
+                past = kv.cache_length(state.cache)
+                verifier.verify(models, state, build_tree(state.root, [[state.root] * drafted] if drafted else []))
+                kv.truncate(state.cache, past)
 
-        one = seconds(lambda: verify(build_tree(state.root, [])))
-        many = seconds(lambda: verify(build_tree(state.root, [[state.root] * wide])))
-        token_s = max(0.0, (many - one) / wide)
+            return stage
 
         def accept_and_commit() -> float:
             """A plain round on the throwaway request; returns the seconds of its acceptance and commit."""
@@ -431,18 +425,40 @@ def calibrate(models: Models, repeats: int = 5) -> CostModel:
             )
             return clock.now() - start
 
-        draft_s = (0.0, 0.0)
-        if not isinstance(models.drafter, NoDrafter):
-            block = min(CALIBRATION_BLOCK, models.drafter.max_block or CALIBRATION_BLOCK)
+        def drafting(setting: RoundSetting) -> Callable[[], object]:
+            cfg = round_config(DecodeConfig(), setting)
+            return lambda: draft(models, state, cfg, setting, False)
 
-            def draft_seconds(setting: RoundSetting) -> float:
-                cfg = round_config(DecodeConfig(), setting)
-                return seconds(lambda: draft(models, state, cfg, setting, False), setup=accept_and_commit)
-
-            settings = calibration_drafts(block)
-            draft_s = fit_draft_costs(models.drafter.draft_work, {s: draft_seconds(s) for s in settings})
+        stages = {"one": (verify(0), None), "few": (verify(short), None), "many": (verify(wide), None)}
+        drafts = (
+            ()
+            if isinstance(models.drafter, NoDrafter)
+            else calibration_drafts(min(CALIBRATION_BLOCK, models.drafter.max_block or CALIBRATION_BLOCK))
+        )
+        stages |= {setting: (drafting(setting), accept_and_commit) for setting in drafts}
+        seconds = timed_in_turns(clock, stages, repeats)
         other = statistics.median(accept_and_commit() for _ in range(repeats))
-    return CostModel(*draft_s, max(0.0, one - token_s), token_s, other, models.drafter.draft_work)
+    one, few, many = seconds["one"], seconds["few"], seconds["many"]
+    # The tokens' share from the short and the wide tree of drafts, and the step from one token up to them.
+    token_s = max(0.0, (many - few) / (wide - short)) if wide > short else max(0.0, (few - one) / short)
+    step_s = max(0.0, few - one - token_s * short)
+    draft_s = fit_draft_costs(models.drafter.draft_work, {s: seconds[s] for s in drafts}) if drafts else (0.0, 0.0)
+    return CostModel(*draft_s, max(0.0, one - token_s), token_s, other, step_s, models.drafter.draft_work)
+
+
+def timed_in_turns(clock: Clock, stages: dict, repeats: int) -> dict:
+    """Median seconds of each stage ``(run, setup or None)``: every turn runs each stage once, right after its setup,
+    so that a drift of the machine's speed shifts every stage alike; the first turn warms up and is not counted."""
+    times: dict = {name: [] for name in stages}
+    for turn in range(repeats + 1):
+        for name, (run, setup) in stages.items():
+            if setup:
+                setup()
+            start = clock.now()
+            run()
+            if turn:
+                times[name].append(clock.now() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def calibration_drafts(block: int) -> tuple[RoundSetting, ...]:
