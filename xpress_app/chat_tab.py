@@ -145,7 +145,7 @@ def settings_column(preset_names: list[str]) -> tuple[dict, gr.Markdown]:
     )
     preset_note = gr.Markdown(elem_id="preset-note")
     gr.Markdown(DEFAULTS_NOTE, elem_id="defaults-note")
-    auto = gr.Checkbox(d.auto, label="Auto: the controller picks K, T, L", info=HELP["auto"], elem_id="auto")
+    auto = gr.Checkbox(d.auto, label="Auto: the controller picks K and L", info=HELP["auto"], elem_id="auto")
     drafts = int_slider(1, UI_MAX_DRAFTS, d.drafts, "Drafts K", "drafts", info=HELP["drafts"])
     block = int_slider(1, UI_MAX_BLOCK, d.block, "Block L", "block", info=HELP["block"])
     steps = int_slider(1, d.block, d.steps, "Denoise steps T", "steps", info=HELP["steps"])

@@ -49,7 +49,7 @@ HELP = {
         "each one's timings count only its own work."
     ),
     "auto": (
-        "Before every round the controller picks drafts K, steps T and block L (or a plain step) for the most "
+        "Before every round the controller picks drafts K and block L with one denoise step (or a plain step) for the most "
         "expected tokens per second, from this reply's acceptance so far and the stage costs measured when the "
         "models loaded. Untick to pin K, T, L below."
     ),
