@@ -395,8 +395,9 @@ def calibrate(models: Models, repeats: int = 5) -> CostModel:
     limit = context_limit(models.target) or 2 * CALIBRATION_CONTEXT
     wide = max(1, min(CALIBRATION_TOKENS, limit // 4))
     short = min(CALIBRATION_BLOCK // 2, wide)
+    # A quarter of a short context each for the prompt and the widest tree: the turns' commits add a few dozen tokens.
     ids = models.tokenizer(CALIBRATION_TEXT * 64, return_tensors="pt")["input_ids"][
-        :, : min(CALIBRATION_CONTEXT, limit // 2)
+        :, : min(CALIBRATION_CONTEXT, limit // 4)
     ]
     with torch.no_grad():
         state, _ = prefill(models, ids.to(models.device), DecodeConfig())
