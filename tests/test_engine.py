@@ -177,7 +177,7 @@ def test_sampled_masked_drafts_are_the_targets_draws_from_the_same_logits(zoo):
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_a_choice_nobody_ranks_skips_the_softmax_and_picks_the_same_tokens(zoo, temperature):
     """Where no confidence is read (the last denoise step, unwatched) a masked drafter picks the logits' maximum with
-    no softmax: the tokens of the softmax path (the oracle), greedy and sampled, on bf16 logits (ties included)."""
+    no softmax: the tokens of the softmax path (the oracle), greedy and sampled, on bf16 logits (where ties are likelier)."""
     drafter = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu").drafter
     vocab = drafter.banned.shape[0]
     cfg = DecodeConfig(temperature=temperature, top_p=0.9 if temperature else 1.0, drafts=1, block=6)
