@@ -32,6 +32,7 @@ from xpress_core.engine import (
     control,
     decode,
     fit_draft_costs,
+    fit_verify_costs,
     timed_in_turns,
 )
 from xpress_core.models import encode_prompt, load_models
@@ -126,6 +127,18 @@ def test_round_costs_count_the_forwards_the_drafter_declares(zoo):
         assert len(forwards) == 1 + sum(declared) and declared[0] == setting[2]  # 1: the prompt's forward at start
     costs = calibrate(models)
     assert costs.draft_work(RoundSetting(4, 2, 16)) == (16, 64) and costs.draft_forward_s > 0
+
+
+def test_verify_costs_are_fitted_with_the_step_to_a_forward_over_drafts():
+    """Forwards timed over a root alone and over 4 and 32 drafted tokens, made from known costs (fixed 5, per token
+    0.1, a step of 0.6 for any forward over drafts): the fit gives them back, and the cost model then prices a plain
+    step and a round of drafts as timed."""
+    fixed, token, step = 5.0, 0.1, 0.6
+    timed = {0: fixed + token, 4: fixed + 5 * token + step, 32: fixed + 33 * token + step}
+    assert fit_verify_costs(timed) == pytest.approx((fixed, token, step))
+    costs = CostModel(0.0, 0.0, *fit_verify_costs(timed)[:2], 0.0, verify_draft_s=fit_verify_costs(timed)[2])
+    assert costs.round_s(PLAIN_STEP) == pytest.approx(timed[0])
+    assert costs.round_s(RoundSetting(4, 1, 8)) == pytest.approx(timed[32])
 
 
 def test_calibration_times_its_stages_in_turns_after_their_setups():

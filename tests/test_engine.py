@@ -188,6 +188,14 @@ def test_a_choice_nobody_ranks_skips_the_softmax_and_picks_the_same_tokens(zoo, 
         ranked, conf, _ = drafter.choose_tokens(logits, cfg, 1, randomness, ranked=True)
         unranked, no_conf, _ = drafter.choose_tokens(logits, cfg, 1, randomness, ranked=False)
         assert torch.equal(unranked, ranked) and conf is not None and no_conf is None
+        # and both are what the drafter means to draft, computed apart: its most likely allowed token, or the target's
+        # own draw with that position's noise
+        if temperature:
+            noise = TargetNoise(torch.Generator().manual_seed(seed), vocab)
+            want = [draw_token(logits[0, i].float() + drafter.banned, cfg, noise) for i in range(6)]
+        else:
+            want = logits[0].float().masked_fill(drafter.banned.isinf(), float("-inf")).softmax(-1).argmax(-1).tolist()
+        assert unranked[0].tolist() == want
 
 
 def test_sampled_drafts_of_the_target_itself_are_accepted(zoo):

@@ -439,12 +439,19 @@ def calibrate(models: Models, repeats: int = 5) -> CostModel:
         stages |= {setting: (drafting(setting), accept_and_commit) for setting in drafts}
         seconds = timed_in_turns(clock, stages, repeats)
         other = statistics.median(accept_and_commit() for _ in range(repeats))
-    one, few, many = seconds["one"], seconds["few"], seconds["many"]
-    # The tokens' share from the short and the wide tree of drafts, and the step from one token up to them.
-    token_s = max(0.0, (many - few) / (wide - short)) if wide > short else max(0.0, (few - one) / short)
-    step_s = max(0.0, few - one - token_s * short)
+    forward_s, token_s, step_s = fit_verify_costs({0: seconds["one"], short: seconds["few"], wide: seconds["many"]})
     draft_s = fit_draft_costs(models.drafter.draft_work, {s: seconds[s] for s in drafts}) if drafts else (0.0, 0.0)
-    return CostModel(*draft_s, max(0.0, one - token_s), token_s, other, step_s, models.drafter.draft_work)
+    return CostModel(*draft_s, forward_s, token_s, other, step_s, models.drafter.draft_work)
+
+
+def fit_verify_costs(seconds: dict[int, float]) -> tuple[float, float, float]:
+    """(fixed, per token, step) seconds of a verify forward from its seconds over a root alone and over a short and a
+    wide chain of drafted tokens (keys: tokens drafted, 0 and two more): the tokens' share from the two chains, the
+    step from one token up to a forward over drafts from the short one (``CostModel.verify_draft_s``). A root alone
+    costs fixed + one token's share, so a plain step is priced exactly as timed."""
+    (_, one), (short, few), (wide, many) = sorted(seconds.items())
+    token_s = max(0.0, (many - few) / (wide - short)) if wide > short else max(0.0, (few - one) / short)
+    return max(0.0, one - token_s), token_s, max(0.0, few - one - token_s * short)
 
 
 def timed_in_turns(clock: Clock, stages: dict, repeats: int) -> dict:
