@@ -289,8 +289,8 @@ def test_grid_parsing():
     mixed = parse_grid("K=2 T=1 L=4 diversity=branch-first,gumbel sampled=coupled,most-likely")
     labels = [Setting(XPRESS, c).label for c in mixed]
     assert labels == [
-        "K=2 T=1 L=4 parallel tree",
-        "K=2 T=1 L=4 parallel tree sampled=most-likely",
+        "K=2 T=1 L=4 parallel tree diversity=branch-first",
+        "K=2 T=1 L=4 parallel tree diversity=branch-first sampled=most-likely",
         "K=2 T=1 L=4 parallel tree diversity=gumbel",
         "K=2 T=1 L=4 parallel tree diversity=gumbel sampled=most-likely",
     ]  # every setting of a grid named apart: the keys left at their defaults stay out of the label

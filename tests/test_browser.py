@@ -61,11 +61,23 @@ def models(zoo):
     return load_models(zoo["llama"], zoo["drafter_llama"], device="cpu")
 
 
-def engine_result(models, message: str | list[dict], **changes):
-    """The engine's result for a message (or a whole conversation) with the app's default settings and ``changes``."""
+def engine_events(models, message: str | list[dict], **changes):
+    """The engine's rounds and result for a message (or a whole conversation) with the app's default settings and
+    ``changes``."""
     # Pinned (K, T, L): greedy, auto's reply has the same tokens, in rounds that depend on measured costs.
     cfg = DecodeConfig.from_mapping({**asdict(DEFAULTS), "auto": False, **changes})
-    return list(decode(models, encode_prompt(models.tokenizer, message, chat=True), cfg))[-1]
+    events = list(decode(models, encode_prompt(models.tokenizer, message, chat=True), cfg))
+    return events[:-1], events[-1]
+
+
+def engine_result(models, message: str | list[dict], **changes):
+    return engine_events(models, message, **changes)[1]
+
+
+def shows_rows_of(evolution: str, trace) -> bool:
+    """The draft panel holds one row per draft of the round (a tree's drafts are its paths), and no more."""
+    rows = len(trace.drafts)
+    return f"draft {rows}" in evolution and f"draft {rows + 1}" not in evolution
 
 
 def screenshot(page, name: str) -> None:
@@ -87,7 +99,7 @@ def test_a_reply_streams_in_and_the_four_panels_draw_it(page, models):
     }""")
     send(page, "I want to book a table")
     done = wait_done(page)
-    expected = engine_result(models, "I want to book a table", max_new_tokens=12)
+    traces, expected = engine_events(models, "I want to book a table", max_new_tokens=12)
     assert done and (int(done[1]), int(done[2]), done[3]) == (
         expected.new_tokens,
         expected.rounds,
@@ -102,7 +114,7 @@ def test_a_reply_streams_in_and_the_four_panels_draw_it(page, models):
         assert page.locator(f"#{plot} .js-plotly-plot .main-svg").count() >= 1, f"{plot} was not drawn"
     evolution = svg_text(page, "plot-evolution")
     assert f"round {expected.rounds} · denoise step {DEFAULTS.steps}/{DEFAULTS.steps}" in evolution
-    assert f"draft {DEFAULTS.drafts}" in evolution and f"draft {DEFAULTS.drafts + 1}" not in evolution
+    assert shows_rows_of(evolution, traces[-1])
     assert f"τ = {expected.tau:.2f}" in svg_text(page, "plot-accept")
     assert "tokens came from accepted drafts" in svg_text(page, "plot-provenance")
     with page.expect_download() as download:
@@ -175,13 +187,13 @@ def test_more_drafts_and_a_race_then_scrubbing_the_rounds(page, models):
     page.wait_for_selector("#plain-reply", state="visible")
     send(page, "Please find me a flight")
     done = wait_done(page)
-    expected = engine_result(models, "Please find me a flight", drafts=6, steps=2, max_new_tokens=40)
+    traces, expected = engine_events(models, "Please find me a flight", drafts=6, steps=2, max_new_tokens=40)
     assert (int(done[1]), int(done[2])) == (expected.new_tokens, expected.rounds)
     page.wait_for_function("document.querySelector('#status').innerText.includes('same tokens ✓')")
     assert "Race · plain decoding" in status(page)
     assert page.input_value("#plain-reply textarea").strip()
     evolution = svg_text(page, "plot-evolution")
-    assert "draft 6" in evolution and "draft 7" not in evolution
+    assert shows_rows_of(evolution, traces[-1]) and len(traces[-1].drafts) > 1
     assert "plain tokens/s" in svg_text(page, "plot-latency")
     screenshot(page, "browser-2-race-6-drafts.png")
 

@@ -69,8 +69,9 @@ def test_round_costs_and_acceptance_estimates_on_known_numbers():
     two, four = 1 - (1 / 3) ** math.sqrt(2), 1 - (1 / 3) ** 2
     assert control.acceptance((2, 1)) == pytest.approx([two, 0.8 * two, 0.8 * two, 0.8 * two])
     assert control.acceptance((4, 1)) == pytest.approx([four, 0.8 * four, 0.8 * four, 0.8 * four])
-    # Earlier counts decay by MEMORY = 0.9; draft 0 accepted all 4, so (1, 1) counts the round too, (4, 1) does not.
-    control.observe(RoundSetting(2, 1, 4), 4, (4, 1))
+    # Earlier counts decay by MEMORY = 0.9; one draft would have accepted all 4, so (1, 1) counts the round too, (4, 1)
+    # does not.
+    control.observe(RoundSetting(2, 1, 4), 4, (4, 4))
     q1 = 2.9 / 3.9
     q2 = (1.9 + 2 * q1) / 3.9
     q3 = (1.0 + 2 * q2) / 3.9
@@ -105,7 +106,7 @@ def test_more_drafts_are_tried_when_one_fails_and_left_when_one_is_enough():
         for _ in range(30):
             setting = control.choose(remaining=1000)
             lens = tuple(setting.block if k == right_draft else 0 for k in range(setting.drafts))
-            control.observe(setting, max(lens, default=0), lens)
+            control.observe(setting, max(lens, default=0), tuple(max(lens[:k]) for k in range(1, len(lens) + 1)))
             picks.append(setting)
         assert {s.drafts for s in picks[-10:]} == {want_drafts}, picks
         assert all(s.block == 16 for s in picks[-10:]), picks
@@ -166,19 +167,24 @@ def test_calibration_times_its_stages_in_turns_after_their_setups():
 def test_a_masked_drafter_declares_the_forwards_and_positions_it_runs(llama):
     """All K rows start as [root, MASK x L], so the first denoise step runs one row for all of them: a round's
     drafter forwards and their positions (rows x (L + 1)), counted on the drafter's first layer, are what it declares
-    to the controller."""
+    to the controller. A tree refines one row at every step: at T = 1, the only T auto picks, the same work."""
     models, prompts = llama
     shapes = []
     hook = models.drafter.model.layers[0].register_forward_hook(lambda _m, args, _out: shapes.append(args[0].shape))
     try:
         for k, t, block in ((4, 1, 6), (4, 2, 6), (2, 3, 4), (1, 2, 8)):
-            cfg = DecodeConfig(drafts=k, steps=t, block=block, max_new_tokens=16)
-            for event in decode(models, prompts[0], cfg):
-                if isinstance(event, RoundTrace) and event.index > 0:
-                    positions = sum(rows * span for rows, span, _ in shapes)
-                    assert (len(shapes), positions) == models.drafter.draft_work(RoundSetting(k, t, block))
-                    assert shapes[0][0] == 1 and all(s[0] == k for s in shapes[1:]), (k, t, shapes)
-                shapes.clear()
+            for diversity in ("branch-first", "tree"):
+                cfg = DecodeConfig(drafts=k, steps=t, block=block, diversity=diversity, max_new_tokens=16)
+                for event in decode(models, prompts[0], cfg):
+                    if isinstance(event, RoundTrace) and event.index > 0:
+                        positions = sum(rows * span for rows, span, _ in shapes)
+                        work = (len(shapes), positions)
+                        if diversity == "tree":
+                            assert all(s[0] == 1 for s in shapes) and work == (t, t * (block + 1)), (k, t, shapes)
+                        if diversity == "branch-first" or t == 1:
+                            assert work == models.drafter.draft_work(RoundSetting(k, t, block))
+                        assert shapes[0][0] == 1 and all(s[0] == cfg.drafts for s in shapes[1:] if diversity != "tree")
+                    shapes.clear()
     finally:
         hook.remove()
     assert models.drafter.draft_work(RoundSetting(4, 1, 8)) == models.drafter.draft_work(RoundSetting(1, 1, 8))

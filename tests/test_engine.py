@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import random
 from dataclasses import replace
 
@@ -13,14 +14,16 @@ import torch
 from tests.fakes import GradSpy, ScriptedDrafter
 from tests.oracles import NEW, PROMPTS, check_invariants, cli, hf_greedy, run
 from xpress_core import cache as kv
+from xpress_core import engine as engine_module
 from xpress_core.config import DecodeConfig
+from xpress_core.controller import FixedControl
 from xpress_core.drafters.base import DraftRandomness, NoDrafter
 from xpress_core.drafters.diffusion import DiffusionState, diffusion_drafter, grown
 from xpress_core.drafters.diffusion_model import XpressDrafter
 from xpress_core.engine import Models, decode, stop_token_ids
 from xpress_core.models import encode_prompt, load_models, load_target, native_bf16, resolve_dtype, target_banned_ids
 from xpress_core.sampling import TargetNoise, draw_token, gumbel
-from xpress_core.tree import build_tree, tree_attention_mask, tree_position_ids
+from xpress_core.tree import best_first_paths, build_tree, tree_attention_mask, tree_position_ids
 
 DETECTED_NATIVE_BF16 = native_bf16()  # read at import, before the tests' fp32 default replaces it (conftest.py)
 
@@ -163,7 +166,7 @@ def test_sampled_masked_drafts_are_the_targets_draws_from_the_same_logits(zoo):
     noise of that position (the oracle: ``draw_token`` on the same logits); the other branches differ from it."""
     drafter = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu").drafter
     vocab = drafter.banned.shape[0]
-    cfg = DecodeConfig(temperature=0.8, top_p=0.9, drafts=3, block=4)
+    cfg = DecodeConfig(temperature=0.8, top_p=0.9, drafts=3, block=4, diversity="branch-first")
     logits = torch.randn(1, 4, vocab, generator=torch.Generator().manual_seed(1)) * 3 + drafter.banned
     for seed in range(5):
         noise = TargetNoise(torch.Generator().manual_seed(seed), vocab)
@@ -326,7 +329,9 @@ def test_schedules_commit_ceil_l_s_over_t_positions(zoo):
     prompt_ids = encode_prompt(models.tokenizer, PROMPTS[0], chat=True)
     for schedule in ("confidence", "left-to-right"):
         traces, _ = run(
-            models, prompt_ids, DecodeConfig(drafts=2, steps=3, block=8, schedule=schedule, max_new_tokens=6)
+            models,
+            prompt_ids,
+            DecodeConfig(drafts=2, steps=3, block=8, schedule=schedule, diversity="branch-first", max_new_tokens=6),
         )
         assert len(traces) > 1
         for t in traces[1:]:
@@ -486,3 +491,113 @@ def test_tree_mask_and_children_equal_a_direct_construction_on_random_tries(seed
         assert dict(tree.children(node)) == kids
     assert tree.is_chain == causal
     assert build_tree(root, drafts[:1]).is_chain and build_tree(root, []).is_chain
+
+
+def tree_value(nodes, probs) -> float:
+    """Expected accepted length of a tree of independent block positions: each node's path chances multiplied,
+    summed over the nodes (a node is a tuple of candidate ranks, one per position down to it)."""
+    return sum(math.prod(probs[j][r] for j, r in enumerate(node)) for node in nodes)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_best_first_tree_is_the_best_tree_of_its_size(seed):
+    """Against every tree of the same size (all ancestor-closed sets of nodes, enumerated): none expects more
+    accepted tokens than ``best_first_paths``'s, which is a tree of distinct root-to-leaf paths of that size."""
+    rng = random.Random(seed)
+    length, width = 3, 2
+    probs = []
+    for _ in range(length):
+        p = sorted((rng.random() for _ in range(width)), reverse=True)
+        total = sum(p) + rng.random()
+        probs.append([x / total for x in p])  # best first, summing to at most 1
+    tokens = [[10 * j + r for r in range(width)] for j in range(length)]
+    every_node = [n for d in range(1, length + 1) for n in itertools.product(range(width), repeat=d)]
+    for budget in range(1, 7):
+        tree = best_first_paths(probs, tokens, budget)
+        paths = tree.tokens
+        nodes = {p[:i] for p in paths for i in range(1, len(p) + 1)}
+        assert len(nodes) == budget
+        assert not any(a != b and b[: len(a)] == a for a in paths for b in paths)  # leaves only
+        ranks = {tuple(tokens[j].index(t) for j, t in enumerate(n)) for n in nodes}
+        assert tree.chances == tuple(tuple(probs[j][tokens[j].index(t)] for j, t in enumerate(p)) for p in paths)
+        # The order is nested: the first b nodes of this tree are the tree of budget b.
+        ordered = {p[: i + 1]: o for p, orders in zip(paths, tree.order) for i, o in enumerate(orders)}
+        assert sorted(ordered.values()) == list(range(budget))
+        for smaller in range(1, budget):
+            first = {n for n, o in ordered.items() if o < smaller}
+            assert first == {
+                p[:i] for p in best_first_paths(probs, tokens, smaller).tokens for i in range(1, len(p) + 1)
+            }
+        trees = [s for s in itertools.combinations(every_node, budget) if all(n[:-1] in s or len(n) == 1 for n in s)]
+        best = max(tree_value(t, probs) for t in trees)
+        assert tree_value(ranks, probs) == pytest.approx(best, rel=1e-12)
+    # A sure block is a chain; chance 0 candidates are never nodes.
+    sure = best_first_paths([[1.0, 0.0]] * 3, [[1, 2]] * 3, 5)
+    assert (sure.tokens, sure.chances, sure.order) == (((1, 1, 1),), ((1.0, 1.0, 1.0),), ((0, 1, 2),))
+
+
+@pytest.mark.parametrize("k,t,length", [(1, 1, 4), (3, 1, 8), (2, 2, 6)])
+def test_tree_drafts_hold_k_times_l_nodes_and_equal_generate(family, k, t, length):
+    """Diversity "tree": one row refined over T steps, then a tree of K x L draft tokens from the last step's
+    distributions; the output is the target's (greedy, both verifiers)."""
+    models, prompts, refs = family
+    banned = set(models.tokenizer.all_special_ids) - stop_token_ids(models)
+    for verify in ("tree", "batch"):
+        cfg = DecodeConfig(drafts=k, steps=t, block=length, diversity="tree", verify=verify, max_new_tokens=NEW)
+        for prompt_ids, ref in zip(prompts, refs):
+            traces, result = run(models, prompt_ids, cfg)
+            assert list(result.token_ids) == ref
+            check_invariants(traces, prompt_ids.shape[1], result)
+            for trace in traces[1:]:
+                nodes = {d[:i] for d in trace.drafts for i in range(1, len(d) + 1)}
+                assert len(nodes) == k * length  # the vocabulary holds enough candidates for every budget here
+                assert max(len(d) for d in trace.drafts) <= length
+                assert not banned & {tok for d in trace.drafts for tok in d}
+                assert len(trace.steps) == t and trace.steps[-1].tokens == trace.drafts
+                assert all(len(step.tokens) == 1 for step in trace.steps[:-1])  # earlier steps refine one row
+                if t > 1:  # a position committed before the last step holds its token in every path
+                    held = {j: tok for j, tok in enumerate(trace.steps[-2].tokens[0]) if tok >= 0}
+                    assert held and all(d[j] == tok for d in trace.drafts for j, tok in held.items() if j < len(d))
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 20, 0.9)])
+def test_tree_drafts_sample_the_targets_tokens_with_the_same_seed(zoo, temperature, top_k, top_p):
+    models = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu")
+    prompt_ids = encode_prompt(models.tokenizer, PROMPTS[1], chat=True)
+    for seed in (0, 1):
+        cfg = DecodeConfig(
+            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, max_new_tokens=NEW, drafts=3, block=4
+        )
+        ref = plain_sampling(models, prompt_ids, cfg, NEW)
+        for verify, steps in (("tree", 1), ("batch", 2)):
+            _, result = run(models, prompt_ids, replace(cfg, diversity="tree", verify=verify, steps=steps))
+            assert list(result.token_ids) == ref
+
+
+@pytest.mark.parametrize("diversity,steps", [("tree", 1), ("tree", 2), ("branch-first", 1), ("branch-first", 2)])
+def test_a_round_tells_what_fewer_drafts_would_have_accepted(monkeypatch, diversity, steps):
+    """What the controller learns fewer drafts from (``accepted_with_fewer``) against the oracle: the same first
+    round drafted with k drafts (the drafter's state is the same, so is each smaller tree or set of drafts).
+    The embedded pair: its trained drafter gets tokens accepted, so the counts are not all zero."""
+    seen = []
+
+    class Recording(FixedControl):
+        def observe(self, setting, accepted, with_fewer=()):
+            seen.append((accepted, with_fewer))
+
+    monkeypatch.setattr(engine_module, "FixedControl", Recording)
+    models = load_models(device="cpu")
+    counts = []
+    for text in ("I need a hotel in the centre for two nights.", "Write a short story about a lost cat."):
+        prompt_ids = encode_prompt(models.tokenizer, text, chat=True)
+        first = []
+        for k in (4, 1, 2, 3):
+            seen.clear()
+            cfg = DecodeConfig(drafts=k, steps=steps, block=6, diversity=diversity, max_new_tokens=8)
+            run(models, prompt_ids, cfg)
+            first.append(seen[0])
+        (accepted, fewer), others = first[0], first[1:]
+        assert len(fewer) == 4 and fewer[-1] == accepted
+        assert list(fewer[:3]) == [accepted_k for accepted_k, _ in others]
+        counts += fewer
+    assert any(counts)

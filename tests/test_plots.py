@@ -69,6 +69,30 @@ def test_draft_evolution_last_step_marks_accepted_path_and_first_rejection():
     assert "the target chose 't11'" in drafts.customdata[0][2]
 
 
+def test_draft_evolution_of_a_tree_shows_its_paths_with_empty_cells_past_their_ends():
+    """A tree's drafts are its root-to-leaf paths, of different lengths: one row each, the cells past a path's end
+    empty (neither a token nor masked), and a path accepted to its end has no rejected cell."""
+    one_row = DenoiseStep(tokens=((5, MASKED, 9),), confidence=((0.9, 0.0, 0.6),))
+    paths = DenoiseStep(tokens=((5, 7, 9), (5, 8), (6,)), confidence=((0.9, 0.5, 0.6), (0.9, 0.3), (0.1,)))
+    trace = round_trace(
+        steps=(one_row, paths),
+        drafts=paths.tokens,
+        draft_accept_lens=(1, 2, 0),
+        accepted=(5, 8),
+        emitted=(5, 8, 4),
+        new_tokens_total=4,
+    )
+    first = plots.draft_evolution_figure(trace, token_text, step=0)
+    assert [list(row) for row in heatmaps(first)[1].text] == [["t5", "", "t9"]]
+    fig = plots.draft_evolution_figure(trace, token_text)
+    masked, drafts = heatmaps(fig)
+    assert [list(row) for row in drafts.text] == [["t5", "t7", "t9"], ["t5", "t8", None], ["t6", None, None]]
+    assert drafts.z[1][2] is None and masked.z[1][2] is None and drafts.z[2][0] == pytest.approx(0.1)
+    assert framed_cells(fig, plots.ACCEPTED_COLOUR) == {(0, 0), (1, 0), (1, 1)}
+    assert framed_cells(fig, plots.REJECTED_COLOUR) == {(0, 1), (2, 0)}  # path 2 was accepted whole
+    assert "★ draft 2" in drafts.y[1] and len(drafts.y) == 3
+
+
 def test_draft_evolution_step_is_clamped_and_special_rounds_explain_themselves():
     assert (
         plots.draft_evolution_figure(ROUND, token_text, step=99).layout.title.text

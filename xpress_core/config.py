@@ -11,7 +11,7 @@ from .errors import XpressError
 REFINE_MODES = ("parallel", "serial")
 VERIFY_MODES = ("tree", "batch")
 SCHEDULES = ("confidence", "left-to-right")
-DIVERSITY = ("branch-first", "branch-uncertain", "gumbel", "none")
+DIVERSITY = ("tree", "branch-first", "branch-uncertain", "gumbel", "none")
 # When sampling, a draft token is the one coupled to the target's coming draw (sampling.py), or the drafter's most
 # likely token (what speculative decoding usually drafts; kept to measure the difference).
 SAMPLED_DRAFTS = ("coupled", "most-likely")
@@ -38,7 +38,7 @@ class DecodeConfig:
     refine: str = "parallel"
     verify: str = "tree"
     schedule: str = "confidence"
-    diversity: str = "branch-first"
+    diversity: str = "tree"
     sampled_drafts: str = "coupled"
     stop: tuple[str, ...] = field(default_factory=tuple)
 

@@ -110,7 +110,7 @@ class FixedControl:
     def choose(self, remaining: int) -> RoundSetting:
         return self.setting
 
-    def observe(self, setting: RoundSetting, accepted: int, draft_accepted: tuple[int, ...] = ()) -> None:
+    def observe(self, setting: RoundSetting, accepted: int, with_fewer: tuple[int, ...] = ()) -> None:
         pass
 
 
@@ -191,10 +191,10 @@ class AutoControl:
             return setting
         return PLAIN_STEP
 
-    def observe(self, setting: RoundSetting, accepted: int, draft_accepted: tuple[int, ...] = ()) -> None:
+    def observe(self, setting: RoundSetting, accepted: int, with_fewer: tuple[int, ...] = ()) -> None:
         """Count a round: positions 1..accepted were accepted, position accepted + 1 (if drafted) was not.
-        ``draft_accepted`` (per draft, its tokens on the accepted path) counts the round for fewer drafts at the same
-        T too: the first k drafts would have accepted the longest of theirs, so a round at K = 4 teaches K = 1 and 2."""
+        ``with_fewer`` (per k = 1..K, what the round would have accepted with k drafts, ``engine.accepted_with_fewer``)
+        counts the round for fewer drafts at the same T too: a round at K = 4 teaches K = 1 and 2."""
         if setting.plain:
             self.plain_run += 1
             return
@@ -204,8 +204,8 @@ class AutoControl:
             self.accepted[pair] = [MEMORY * a for a in self.accepted[pair]]
         self.count((setting.drafts, setting.steps), setting.block, accepted)
         for k in AUTO_DRAFTS:
-            if k < min(setting.drafts, len(draft_accepted) + 1) and (k, setting.steps) in self.reached:
-                self.count((k, setting.steps), setting.block, max(draft_accepted[:k]))
+            if k < setting.drafts and k <= len(with_fewer) and (k, setting.steps) in self.reached:
+                self.count((k, setting.steps), setting.block, with_fewer[k - 1])
 
     def count(self, pair: tuple[int, int], block: int, accepted: int) -> None:
         """One round of a pair in its counts: positions 1..accepted accepted, the next one (if drafted) reached."""

@@ -172,7 +172,11 @@ class BatchVerifier:
     def verify(self, models: Models, state: DecodeState, tree: DraftTree) -> BatchVerified:
         paths = tree.draft_paths or ((),)  # an empty tree is one row holding the root
         past, device = kv.cache_length(state.cache), models.device
-        ids = torch.tensor([[tree.tokens[0]] + [tree.tokens[n] for n in p] for p in paths], device=device)
+        # Paths of a tree may differ in length: shorter rows are padded with their root, after their nodes, where
+        # causal attention keeps the padding out of every node's logits and the cache is cut after the kept path.
+        width = max(len(p) for p in paths)
+        rows = [[tree.tokens[0]] + [tree.tokens[n] for n in p] + [tree.tokens[0]] * (width - len(p)) for p in paths]
+        ids = torch.tensor(rows, device=device)
         positions = torch.arange(past, past + ids.shape[1], device=device).expand(len(paths), -1)
         kv.repeat_rows(state.cache, len(paths))
         logits, features = target_forward(models, ids, positions, None, state.cache)
@@ -230,6 +234,17 @@ def stop_string_hit(tokenizer, output: list[int], stops: tuple[str, ...]) -> boo
     return any(s in tail for s in stops)
 
 
+def accepted_with_fewer(drafts: Drafts, tree: DraftTree, acceptance: Acceptance, setting: RoundSetting):
+    """Per k = 1..K, the tokens this round would have accepted with k drafts (``auto`` learns fewer drafts from it):
+    the longest of the first k drafts' accepted lengths; for a tree's drafts, its accepted nodes among the first
+    k x L the drafter chose, which are the tree of k x L nodes (``best_first_paths``)."""
+    if not drafts.order:
+        lens = acceptance.draft_accept_lens
+        return tuple(max(lens[:k]) for k in range(1, len(lens) + 1))
+    order = {node: o for path, orders in zip(tree.draft_paths, drafts.order) for node, o in zip(path, orders)}
+    return tuple(sum(order[n] < k * setting.block for n in acceptance.path) for k in range(1, setting.drafts + 1))
+
+
 def cut_drafts(drafts: tuple[tuple[int, ...], ...], models: Models, state: DecodeState) -> list[list[int]]:
     """Near the end of the target's context, shorten drafts so no position exceeds it."""
     limit = context_limit(models.target)
@@ -283,7 +298,7 @@ def decode(
             t2 = clock.now()
             acceptance = accept(tree, verified.node_logits, cfg, state.noise)
             commit(models, state, tree, verified, acceptance, verifier)
-            settings.observe(setting, len(acceptance.path), acceptance.draft_accept_lens)
+            settings.observe(setting, len(acceptance.path), accepted_with_fewer(drafts, tree, acceptance, setting))
             emitted = [tree.tokens[n] for n in acceptance.path] + [acceptance.bonus]
             kept, reason = finish(models, state, emitted, cfg, eos)
             t3 = clock.now()
@@ -427,7 +442,9 @@ def calibrate(models: Models, repeats: int = 5) -> CostModel:
             return clock.now() - start
 
         def drafting(setting: RoundSetting) -> Callable[[], object]:
-            cfg = round_config(DecodeConfig(), setting)
+            # K separate rows: the work the drafter declares (``draft_work``); a tree drafts one row a step, the same
+            # work at T = 1, the only T auto picks.
+            cfg = round_config(DecodeConfig(diversity="branch-first"), setting)
             return lambda: draft(models, state, cfg, setting, False)
 
         stages = {"one": (verify(0), None), "few": (verify(short), None), "many": (verify(wide), None)}

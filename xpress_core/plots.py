@@ -122,7 +122,8 @@ def draft_evolution_figure(trace: RoundTrace, token_text: TokenText, step: int |
     tokens, confidence, noise_level = states[shown].tokens, states[shown].confidence, states[shown].noise_level
     token_kind = "token" if noise_level is None else f"nearest token at noise t={noise_level:.2f}:"
     verified = shown == last
-    k_drafts, length = len(tokens), len(tokens[0])
+    # A tree's paths (diversity "tree") differ in length: a shorter row's cells past its end stay empty.
+    k_drafts, length = len(tokens), max(len(row) for row in tokens)
     bonus = trace.emitted[len(trace.accepted)] if len(trace.emitted) > len(trace.accepted) else None
     accept_lens = trace.draft_accept_lens or (0,) * k_drafts
     chosen = accept_lens.index(max(accept_lens))
@@ -134,8 +135,12 @@ def draft_evolution_figure(trace: RoundTrace, token_text: TokenText, step: int |
     for k in range(k_drafts):
         z_row, masked_row, text_row, masked_text_row, hover_row = [], [], [], [], []
         for j in range(length):
-            token = tokens[k][j]
             where = f"draft {k + 1} · position {j + 1}"
+            if j >= len(tokens[k]):
+                for row in (z_row, masked_row, text_row, masked_text_row, hover_row):
+                    row.append(None)
+                continue
+            token = tokens[k][j]
             if token == MASKED:
                 z_row.append(None)
                 masked_row.append(1)
@@ -205,7 +210,7 @@ def draft_evolution_figure(trace: RoundTrace, token_text: TokenText, step: int |
         for k in range(k_drafts):
             width = 3 if k == chosen else 2
             frames += [cell_frame(j, k, ACCEPTED_COLOUR, width) for j in range(min(accept_lens[k], length))]
-            if accept_lens[k] < length:
+            if accept_lens[k] < len(tokens[k]):
                 frames.append(cell_frame(accept_lens[k], k, REJECTED_COLOUR, width))
     details = [setting_label(trace)]  # a second, smaller title line: the panel sits in half the page's width
     if noise_level is not None:
@@ -217,7 +222,8 @@ def draft_evolution_figure(trace: RoundTrace, token_text: TokenText, step: int |
     fig.update_layout(
         title=title,
         shapes=frames,
-        height=max(220, 90 + 42 * k_drafts),
+        # A tree can have dozens of paths: past a dozen rows they share the height a dozen would take (18 px at least).
+        height=max(220, 90 + (42 * k_drafts if k_drafts <= 12 else max(18 * k_drafts, 504))),
         margin={"l": 20, "r": 20, "t": 64, "b": 40},
         xaxis={"title": "position in block", "type": "category", "side": "bottom"},
         yaxis={"type": "category", "autorange": "reversed"},

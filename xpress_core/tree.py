@@ -1,4 +1,5 @@
-"""Stage 2 and 4 of a round: merge the K drafts into a trie, and walk it with the target's draws (exact acceptance).
+"""Stage 2 and 4 of a round: merge the K drafts into a trie, and walk it with the target's draws (exact acceptance);
+and the shape of a tree drawn from a block's per-position distributions (``best_first_paths``, diversity "tree").
 
 Node 0 is the root (the last committed token, not yet in the target cache); nodes 1..N are draft tokens, parents
 before children, so ``[root] + nodes`` is a valid input order for one target forward.
@@ -6,6 +7,7 @@ before children, so ``[root] + nodes`` is a valid input order for one target for
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -66,6 +68,59 @@ def build_tree(root: int, drafts: list[list[int]]) -> DraftTree:
             path.append(node)
         paths.append(tuple(path))
     return DraftTree(tuple(tokens), tuple(parents), tuple(depths), tuple(paths))
+
+
+@dataclass(frozen=True)
+class TreePaths:
+    """A draft tree as its root-to-leaf paths, depth first (best branch first)."""
+
+    tokens: tuple[tuple[int, ...], ...]  # per path, its tokens
+    chances: tuple[tuple[float, ...], ...]  # per path, each node's own chance at its position
+    order: tuple[tuple[int, ...], ...]  # per path, each node's place in the best-first order (0 = the first chosen)
+
+
+def best_first_paths(probs: list[list[float]], tokens: list[list[int]], budget: int) -> TreePaths:
+    """The draft tree of at most ``budget`` nodes that accepts the most tokens on average when each block position
+    is an independent guess: position j holds ``tokens[j]`` with chances ``probs[j]`` (each list best first).
+
+    A node's chance of being reached and accepted is the product of its path's chances, and the tree's expected
+    accepted length is the sum of these over its nodes. Every node's product is at most its parent's, so the
+    ``budget`` largest products form a tree (ancestors come first) and no other tree of that size sums to more:
+    best-first expansion finds them, a heap of frontier nodes (each expanded node offers its first child and its next
+    sibling). Where one position is unsure, the tree spends nodes on its alternatives; where the block is sure, on
+    depth (a chain). Nodes with chance 0 are never added. The order is nested: the tree of a smaller budget is the
+    first nodes of this one's, so one round tells what any smaller tree would have accepted.
+    """
+    if not probs or budget < 1:
+        return TreePaths((), (), ())
+    parents: list[int] = []  # per node: parent node (-1 = the root)
+    ranks: list[int] = []  # per node: its candidate's rank at its position
+    frontier = [(-probs[0][0], 0, -1, 0)]  # (-path chance, position, parent node, rank)
+    while frontier and len(parents) < budget:
+        negative, position, parent, rank = heapq.heappop(frontier)
+        if negative == 0.0:
+            break  # every node left has chance 0
+        node = len(parents)
+        parents.append(parent)
+        ranks.append(rank)
+        if rank + 1 < len(probs[position]):  # the next sibling: the parent's chance times the next candidate's
+            sibling = negative / probs[position][rank] * probs[position][rank + 1]
+            heapq.heappush(frontier, (sibling, position, parent, rank + 1))
+        if position + 1 < len(probs):
+            heapq.heappush(frontier, (negative * probs[position + 1][0], position + 1, node, 0))
+    has_child = set(parents)
+    paths = []
+    for leaf in (n for n in range(len(parents)) if n not in has_child):
+        path = [leaf]
+        while parents[path[-1]] >= 0:
+            path.append(parents[path[-1]])
+        paths.append(path[::-1])
+    paths.sort(key=lambda path: [ranks[n] for n in path])  # depth first, each node's better candidates first
+    return TreePaths(
+        tuple(tuple(tokens[j][ranks[n]] for j, n in enumerate(path)) for path in paths),
+        tuple(tuple(probs[j][ranks[n]] for j, n in enumerate(path)) for path in paths),
+        tuple(map(tuple, paths)),
+    )
 
 
 def tree_attention_mask(tree: DraftTree, past: int, dtype: torch.dtype, device) -> torch.Tensor:

@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import math
 from abc import abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import pairwise
 
 import torch
+import torch.nn.functional as F
 
 from ..config import DecodeConfig
 from ..controller import RoundSetting
 from ..sampling import gumbel
 from ..trace import MASKED, DenoiseStep
+from ..tree import best_first_paths
 from .base import (
     Drafter,
     DraftRandomness,
@@ -60,21 +62,26 @@ class MaskedDiffusionDrafter(Drafter):
 
     @torch.no_grad()
     def draft(self, state, root: int, cfg: DecodeConfig, randomness: DraftRandomness, watch: bool) -> Drafts:
-        k, length, device = cfg.drafts, cfg.block, self.device
+        # A tree refines one row; its last step's distributions shape the tree (``tree_drafts``).
+        tree = cfg.diversity == "tree"
+        rows = replace(cfg, drafts=1) if tree else cfg
+        k, length, device = rows.drafts, cfg.block, self.device
         tokens = torch.full((k, length), MASKED, dtype=torch.long, device=device)
         committed = torch.zeros((k, length), dtype=torch.bool, device=device)
         confidence = torch.zeros((k, length), device=device) if watch else None
-        steps, groups = [], refine_groups(cfg)
+        steps, groups = [], refine_groups(rows)
         for step in range(1, cfg.steps + 1):
             # .to(device): with a target spread over GPUs, the shared LM head may sit on another GPU than the drafter.
             if step == 1:  # every row is still [root, MASK x L]: one row's forward and token choice serve all K
                 logits = self.denoise(state, root, tokens[:1], committed[:1]).to(device)
             else:
                 logits = stacked([self.denoise(state, root, tokens[r], committed[r]).to(device) for r in groups])
+            if tree and step == cfg.steps:
+                return self.tree_drafts(logits[0], tokens[0], committed[0], cfg, randomness, steps, watch)
             # The last step commits every position left whatever their confidence: only the visualizer asks for it.
             ranked = watch or step < cfg.steps
-            candidates, candidate_conf, forced = self.choose_tokens(logits, cfg, step, randomness, ranked)
-            newly = self.commit_schedule(candidate_conf, committed, forced, math.ceil(length * step / cfg.steps), cfg)
+            candidates, candidate_conf, forced = self.choose_tokens(logits, rows, step, randomness, ranked)
+            newly = self.commit_schedule(candidate_conf, committed, forced, math.ceil(length * step / cfg.steps), rows)
             tokens = torch.where(newly, candidates, tokens)
             if watch:
                 confidence = torch.where(committed, confidence, candidate_conf)
@@ -82,6 +89,24 @@ class MaskedDiffusionDrafter(Drafter):
             if watch:
                 steps.append(DenoiseStep(tuple(map(tuple, tokens.tolist())), tuple(map(tuple, confidence.tolist()))))
         return Drafts(tokens=tuple(map(tuple, tokens.tolist())), steps=tuple(steps))
+
+    def tree_drafts(self, logits, tokens, committed, cfg: DecodeConfig, randomness: DraftRandomness, steps, watch):
+        """Diversity "tree": the paths of the tree of K x L nodes that the last step's (L, V) logits expect to accept
+        the most tokens (``best_first_paths``), each position's chances those of its draft token: the drafter's
+        probabilities when greedy; when sampling, the softmax of the scores coupled to the target's coming draws
+        (``choice_scores``), whose best is the coupled draft. Positions committed at earlier steps hold their token.
+        The drafts are the tree's paths (up to K x L of them, up to L long); the last denoise step shows them."""
+        allowed = allowed_logits(logits, self.banned)
+        chances = allowed.softmax(-1)
+        if randomness.upcoming is not None:
+            chances = choice_scores(allowed, chances, cfg, randomness.upcoming).softmax(-1)
+        chances = torch.where(committed[:, None], F.one_hot(tokens.clamp(min=0), chances.shape[-1]).float(), chances)
+        budget = cfg.drafts * cfg.block
+        top = chances.topk(min(budget, chances.shape[-1]), dim=-1)
+        tree = best_first_paths(top.values.tolist(), top.indices.tolist(), budget)
+        if watch:
+            steps = [*steps, DenoiseStep(tree.tokens, tree.chances)]
+        return Drafts(tree.tokens, tuple(steps), tree.order)
 
     def choose_tokens(
         self, logits: torch.Tensor, cfg: DecodeConfig, step: int, randomness: DraftRandomness, ranked: bool = True
