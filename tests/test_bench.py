@@ -37,7 +37,7 @@ from xpress_core.data import SGD_DEV, default_prompts, prompt_class, read_prompt
 from xpress_core.errors import XpressError
 from xpress_core.models import load_models
 
-GRID = "K=1,4 T=1 L=4; K=4 T=2 L=4 refine=serial verify=batch"
+GRID = "K=1,4 T=1 L=4 diversity=branch-first; K=4 T=2 L=4 verify=batch"  # K branched rows, and a draft tree
 TEMPERATURES = (0.0, SAMPLING_TEMPERATURE)
 
 
@@ -285,7 +285,7 @@ def test_grid_parsing():
         (4, 4, 4, "serial"),
     ]
     assert parse_grid("T=4,L L=4") == (DecodeConfig(steps=4, block=4),)  # T=4 and T=L are one setting
-    assert len(parse_grid(FULL_GRID)) == 4 * (3 + 4 + 4) * 2 * 2
+    assert len(parse_grid(FULL_GRID)) == 4 * 3 * 3 * 2 + 4 * (3 + 4 + 4) * 2
     mixed = parse_grid("K=2 T=1 L=4 diversity=branch-first,gumbel sampled=coupled,most-likely")
     labels = [Setting(XPRESS, c).label for c in mixed]
     assert labels == [

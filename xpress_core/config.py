@@ -11,7 +11,9 @@ from .errors import XpressError
 REFINE_MODES = ("parallel", "serial")
 VERIFY_MODES = ("tree", "batch")
 SCHEDULES = ("confidence", "left-to-right")
-DIVERSITY = ("tree", "branch-first", "branch-uncertain", "gumbel", "none")
+# A draft tree shaped by one refined row's distributions (drafters/diffusion.py), or K rows made to differ.
+TREE = "tree"
+DIVERSITY = (TREE, "branch-first", "branch-uncertain", "gumbel", "none")
 # When sampling, a draft token is the one coupled to the target's coming draw (sampling.py), or the drafter's most
 # likely token (what speculative decoding usually drafts; kept to measure the difference).
 SAMPLED_DRAFTS = ("coupled", "most-likely")
@@ -38,7 +40,7 @@ class DecodeConfig:
     refine: str = "parallel"
     verify: str = "tree"
     schedule: str = "confidence"
-    diversity: str = "tree"
+    diversity: str = TREE
     sampled_drafts: str = "coupled"
     stop: tuple[str, ...] = field(default_factory=tuple)
 

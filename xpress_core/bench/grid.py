@@ -32,7 +32,12 @@ GRID_CHOICES = {
 STEPS_EQUAL_BLOCK = "L"
 
 
-FULL_GRID = "K=1,2,4,8 T=1,2,4,L L=4,8,16 refine=parallel,serial verify=tree,batch"
+# Draft trees (the default diversity: one row refined, so refinement modes are the same for them), and K branched rows
+# refined in parallel or one by one.
+FULL_GRID = (
+    "K=1,2,4,8 T=1,2,L L=4,8,16 verify=tree,batch; "
+    "K=1,2,4,8 T=1,2,4,L L=4,8,16 refine=parallel,serial diversity=branch-first"
+)
 
 
 QUICK_GRID = "K=1,4 T=1,2 L=8; K=4 T=2 L=8 refine=serial; K=4 T=2 L=8 verify=batch"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import REFINE_MODES
+from ..config import REFINE_MODES, TREE
 from ..data import prompt_class
 from ..records import json_record
 from .measure import Measurement
@@ -162,12 +162,13 @@ def auto_per_class(calls: Sequence[Measurement]) -> list[dict]:
 
 
 def refinement_ratios(summaries: Sequence[Summary]) -> list[dict]:
-    """Drafting time per round at K=4 over K=1 for every other setting measured at both, greedy."""
+    """Drafting time per round at K=4 over K=1 for every other setting measured at both, greedy; K separate rows
+    only (a draft tree refines one row whatever K)."""
     few, many = REFINEMENT_PAIR
     by_key = {
         (replace(s.setting.decode, drafts=0), s.setting.decode.drafts): s
         for s in summaries
-        if s.setting.method == XPRESS and s.temperature == 0.0
+        if s.setting.method == XPRESS and s.temperature == 0.0 and s.setting.decode.diversity != TREE
     }
     rows = []
     for (rest, drafts), one in by_key.items():

@@ -22,7 +22,7 @@ from itertools import pairwise
 import torch
 import torch.nn.functional as F
 
-from ..config import DecodeConfig
+from ..config import TREE, DecodeConfig
 from ..controller import RoundSetting
 from ..sampling import gumbel
 from ..trace import MASKED, DenoiseStep
@@ -63,7 +63,7 @@ class MaskedDiffusionDrafter(Drafter):
     @torch.no_grad()
     def draft(self, state, root: int, cfg: DecodeConfig, randomness: DraftRandomness, watch: bool) -> Drafts:
         # A tree refines one row; its last step's distributions shape the tree (``tree_drafts``).
-        tree = cfg.diversity == "tree"
+        tree = cfg.diversity == TREE
         rows = replace(cfg, drafts=1) if tree else cfg
         k, length, device = rows.drafts, cfg.block, self.device
         tokens = torch.full((k, length), MASKED, dtype=torch.long, device=device)
