@@ -33,15 +33,19 @@ AUTO_DRAFTS = (1, 2, 4, 8)
 # better than the (K, 1) it would replace until a few rounds have shown otherwise, and a chat reply lasts few rounds.
 AUTO_STEPS = (1,)
 AUTO_MAX_BLOCK = 16  # the longest L it may pick (the drafter's own limit may be lower)
-# The (1, 1) rows' acceptance chance per position before any round is seen, greedy and sampled: a sampled draft is
-# kept only when the target's own draw lands on it, so the same drafter is accepted less when sampling, even with
-# drafts coupled to that draw (sampling.py). Measured on our drafter, first position, one draft, 50 held-out chats and
-# 10 stories: 0.68 and 0.51 greedy, 0.59 and 0.40 at temperature 0.7 (coupled drafts). Each prior sits between its two
-# classes, nearer the harder one (a short reply pays for an optimistic start). Modelled over the same prompts at 0.7,
-# two seeds, one fixed cost model: 0.39 / 0.45 / 0.50 give chats 1.229 / 1.232 / 1.216x plain, stories 1.030 / 1.010 /
-# 0.998x.
-PRIOR_ACCEPT = 0.5
-PRIOR_ACCEPT_SAMPLED = 0.39
+# The (1, 1) acceptance chance per position before any round is seen, greedy and sampled: a sampled draft is kept only
+# when the target's own draw lands on it, so the same drafter is accepted less when sampling, even with drafts
+# coupled to that draw (sampling.py). One prior serves every position (each the estimate one position earlier), so it
+# sits between the first position's chance and the later ones'. With draft trees (the default diversity) a (1, 1, L)
+# round's first position is accepted far more often than one draft's, since an unsure first position gets the
+# tree's alternatives: measured on our drafter with every position of the target's replies to 50 held-out chats and 10
+# stories as a round's start, L = 4 / 8: 0.92 / 0.96 and 0.85 / 0.93 greedy, 0.81 / 0.87 and 0.63 / 0.70 at
+# temperature 0.7 (one chain draft: 0.68 and 0.51, 0.59 and 0.40). Against the priors for one chain draft (0.5, 0.39),
+# held-out prompts interleaved in one process, bf16, auto over plain decoding, greedy chats / stories, at 0.7 chats /
+# stories: 1.714 / 1.611, 1.471 / 1.060x (0.5, 0.39); 1.707 / 1.550, 1.514 / 1.056x (0.6, 0.5); 1.787 / 1.576,
+# 1.546 / 1.057x (0.7, 0.6), the best fixed setting (4, 1, 8) 1.822 / 1.624, 1.545 / 1.140x.
+PRIOR_ACCEPT = 0.7
+PRIOR_ACCEPT_SAMPLED = 0.6
 PRIOR_WEIGHT = 2.0  # how many rounds the prior counts as
 PRIOR_DECLINE = 0.8  # a position's prior against the estimate one position earlier (``AutoControl.acceptance``)
 MEMORY = 0.9  # each drafting round, earlier rounds' counts are multiplied by this (recent acceptance weighs more)

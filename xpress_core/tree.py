@@ -95,19 +95,20 @@ def best_first_paths(probs: list[list[float]], tokens: list[list[int]], budget: 
         return TreePaths((), (), ())
     parents: list[int] = []  # per node: parent node (-1 = the root)
     ranks: list[int] = []  # per node: its candidate's rank at its position
-    frontier = [(-probs[0][0], 0, -1, 0)]  # (-path chance, position, parent node, rank)
+    push, pop, depth = heapq.heappush, heapq.heappop, len(probs)
+    frontier = [(-probs[0][0], 0, -1, 0, 1.0)]  # (-path chance, position, parent node, rank, parent's path chance)
     while frontier and len(parents) < budget:
-        negative, position, parent, rank = heapq.heappop(frontier)
+        negative, position, parent, rank, above = pop(frontier)
         if negative == 0.0:
             break  # every node left has chance 0
         node = len(parents)
         parents.append(parent)
         ranks.append(rank)
-        if rank + 1 < len(probs[position]):  # the next sibling: the parent's chance times the next candidate's
-            sibling = negative / probs[position][rank] * probs[position][rank + 1]
-            heapq.heappush(frontier, (sibling, position, parent, rank + 1))
-        if position + 1 < len(probs):
-            heapq.heappush(frontier, (negative * probs[position + 1][0], position + 1, node, 0))
+        candidates = probs[position]
+        if rank + 1 < len(candidates):  # the next sibling
+            push(frontier, (-above * candidates[rank + 1], position, parent, rank + 1, above))
+        if position + 1 < depth:  # the first child
+            push(frontier, (negative * probs[position + 1][0], position + 1, node, 0, -negative))
     has_child = set(parents)
     paths = []
     for leaf in (n for n in range(len(parents)) if n not in has_child):
