@@ -7,6 +7,8 @@ starts as ``[root, MASK x L]``, so K drafts at T = 1 cost one draft's forward (t
 choice happens on the (K, L, V) logits of all rows together, so parallel and serial refinement make the same drafts. A
 masked family only says how one forward turns a block of committed/masked positions into logits (``denoise``): our
 target-conditioned drafter below, or a standalone diffusion LM that re-reads the context (``diffusion_lm.py``).
+With diversity "tree" (the default) one row is refined and its last step's distributions shape a draft tree of K x L
+tokens instead (``tree_drafts``, docs/DESIGN.md §2.2).
 
 Our drafter's two noise types share its context cache (``TargetConditionedDrafter``): masked (``DiffusionDrafter``)
 and Gaussian (``GaussianDiffusionDrafter``); ``diffusion_drafter`` picks the sampler from the model's config.
@@ -52,7 +54,8 @@ class MaskedDiffusionDrafter(Drafter):
     device: torch.device
 
     def draft_work(self, setting: RoundSetting) -> tuple[int, int]:
-        """T forwards: the first over one row (all K rows start the same), the others over K rows of L + 1."""
+        """T forwards: the first over one row (all K rows start the same), the others over K rows of L + 1 (a draft
+        tree refines one row at every step: the same work at T = 1)."""
         span = setting.block + 1
         return setting.steps, span + (setting.steps - 1) * setting.drafts * span
 
