@@ -54,7 +54,7 @@ CHOICE_OPTIONS = {
     "--refine": ("parallel", "serial"),
     "--verify": ("tree", "batch"),
     "--schedule": ("confidence", "left-to-right"),
-    "--diversity": ("branch-first", "none"),
+    "--diversity": ("tree", "branch-first", "none"),
     "--sampled-drafts": ("coupled", "most-likely"),
     "--dtype": ("auto", "float32"),
 }
@@ -177,6 +177,7 @@ PAYLOAD_GOOD = {
     "max_new_tokens": (4, 8),
     "refine": ("parallel", "serial"),
     "verify": ("tree", "batch"),
+    "diversity": ("tree", "branch-first"),
     "race": (False, True),
     "animate": (False,),
 }

@@ -49,6 +49,7 @@ def request(message: str, **changes) -> dict:
         "max_new_tokens": 32,
         "refine": "parallel",
         "verify": "tree",
+        "diversity": "tree",
         "race": False,
         "animate": False,
         "auto": False,

@@ -135,15 +135,21 @@ def test_round_costs_count_the_forwards_the_drafter_declares(zoo):
 
 
 def test_verify_costs_are_fitted_with_the_step_to_a_forward_over_drafts():
-    """Forwards timed over a root alone and over 4 and 32 drafted tokens, made from known costs (fixed 5, per token
-    0.1, a step of 0.6 for any forward over drafts): the fit gives them back, and the cost model then prices a plain
-    step and a round of drafts as timed."""
-    fixed, token, step = 5.0, 0.1, 0.6
+    """Forwards timed over a root alone and over 4, 32 and 64 drafted tokens, made from known costs (fixed 5, per
+    token 0.1 up to 32 drafted tokens and 0.25 past them, a step of 0.6 for any forward over drafts): the fit gives
+    them back, and the cost model then prices a plain step and rounds of drafts as timed."""
+    fixed, token, step, wide_token = 5.0, 0.1, 0.6, 0.25
     timed = {0: fixed + token, 4: fixed + 5 * token + step, 32: fixed + 33 * token + step}
-    assert fit_verify_costs(timed) == pytest.approx((fixed, token, step))
-    costs = CostModel(0.0, 0.0, *fit_verify_costs(timed)[:2], 0.0, verify_draft_s=fit_verify_costs(timed)[2])
+    assert fit_verify_costs(timed) == pytest.approx((fixed, token, step, 0, 0.0))
+    timed[64] = timed[32] + 32 * wide_token
+    fitted = fit_verify_costs(timed)
+    assert fitted == pytest.approx((fixed, token, step, 32, wide_token))
+    costs = CostModel(0.0, 0.0, *fitted[:2], 0.0, verify_draft_s=fitted[2], verify_wide=32, verify_wide_token_s=0.25)
     assert costs.round_s(PLAIN_STEP) == pytest.approx(timed[0])
+    assert costs.round_s(RoundSetting(1, 1, 4)) == pytest.approx(timed[4])
     assert costs.round_s(RoundSetting(4, 1, 8)) == pytest.approx(timed[32])
+    assert costs.round_s(RoundSetting(8, 1, 8)) == pytest.approx(timed[64])
+    assert costs.round_s(RoundSetting(6, 1, 8)) == pytest.approx(timed[32] + 16 * wide_token)
 
 
 def test_calibration_times_its_stages_in_turns_after_their_setups():

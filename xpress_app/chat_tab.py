@@ -12,7 +12,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from xpress_core.config import REFINE_MODES, VERIFY_MODES
+from xpress_core.config import DIVERSITY, REFINE_MODES, VERIFY_MODES
 from xpress_core.errors import XpressError
 
 from .chat import Reply, View, chat_turn, log_file, scrub_figure
@@ -165,6 +165,9 @@ def settings_column(preset_names: list[str]) -> tuple[dict, gr.Markdown]:
     max_new_tokens = int_slider(
         1, UI_MAX_NEW_TOKENS, d.max_new_tokens, "Max new tokens", "max-new-tokens", info=HELP["max_new_tokens"]
     )
+    diversity = gr.Radio(
+        list(DIVERSITY), value=d.diversity, label="Drafts", info=HELP["diversity"], elem_id="diversity"
+    )
     refine = gr.Radio(list(REFINE_MODES), value=d.refine, label="Refinement", info=HELP["refine"], elem_id="refine")
     verify = gr.Radio(list(VERIFY_MODES), value=d.verify, label="Verification", info=HELP["verify"], elem_id="verify")
     controls = {
@@ -178,6 +181,7 @@ def settings_column(preset_names: list[str]) -> tuple[dict, gr.Markdown]:
         "max_new_tokens": max_new_tokens,
         "refine": refine,
         "verify": verify,
+        "diversity": diversity,
         "race": race,
         "animate": animate,
         "auto": auto,

@@ -9,7 +9,7 @@ import torch
 
 from xpress_core import validation
 from xpress_core.chat import fit_chat
-from xpress_core.config import REFINE_MODES, VERIFY_MODES, DecodeConfig
+from xpress_core.config import DIVERSITY, REFINE_MODES, VERIFY_MODES, DecodeConfig
 from xpress_core.errors import XpressError
 from xpress_core.models import encode_prompt
 
@@ -45,6 +45,7 @@ class Settings:
     max_new_tokens: int = 128
     refine: str = REFINE_MODES[0]
     verify: str = VERIFY_MODES[0]
+    diversity: str = DIVERSITY[0]  # a draft tree, or K drafts refined together
     race: bool = False
     animate: bool = False
     # The controller picks (K, T, L) before every round for the most expected tokens per second on the hardware at

@@ -23,7 +23,16 @@ HELP = {
         "Target LM + drafter. Loaded on first use, then shared read-only by all users. The diffusion drafters: "
         "masked (positions start as MASK) or gaussian (token embeddings start as Gaussian noise)."
     ),
-    "drafts": "K candidate drafts per round, refined together and verified together as one token tree.",
+    "drafts": (
+        "K candidate drafts per round, verified together as one token tree; with a draft tree (Drafts: tree), the "
+        "tree holds K x L draft tokens."
+    ),
+    "diversity": (
+        "tree: one row refined over the T steps, then the tree of K x L draft tokens its last step expects to get the "
+        "most tokens accepted (the fastest here). The others are K separate drafts refined together: branch-first "
+        "branches them on the drafter's top K first tokens, branch-uncertain at the least sure position, gumbel "
+        "draws them with noise, none leaves them alike."
+    ),
     "block": "L tokens per draft: a round accepts at most L draft tokens, plus one token from the target.",
     "steps": (
         "T denoise steps per round (1..L). T=1 fills the block in one drafter forward; "
@@ -38,7 +47,7 @@ HELP = {
     "max_new_tokens": "Upper bound on the reply length, in tokens.",
     "refine": (
         "parallel: the K drafts share one batched drafter forward per step (about T forwards); "
-        "serial: one draft at a time (K x T forwards). Same drafts, different cost."
+        "serial: one draft at a time (K x T forwards). Same drafts, different cost. A draft tree refines one row."
     ),
     "verify": (
         "tree: drafts merged into a trie, checked in one target forward with a tree attention mask; "

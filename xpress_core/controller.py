@@ -92,6 +92,12 @@ class CostModel:
     # cost a step more than the one-token ones (bf16, embedded target: 5 tokens 1.16x a one-token forward, 33 tokens
     # 1.33x), which a line through 1 and 33 tokens puts at 1.04x. Plain steps do not pay it.
     verify_draft_s: float = 0.0
+    # Past ``verify_wide`` drafted tokens each one costs ``verify_wide_token_s``: wider forwards cost more per token on a
+    # CPU (bf16, embedded target, against a one-token forward: 5 tokens 1.08-1.15x, 33 tokens 1.25-1.28x, 65 tokens
+    # 1.60-1.68x), which the line through 5 and 33 tokens put at 1.4x; the trees auto may pick reach 64 tokens.
+    # 0: one slope throughout.
+    verify_wide: int = 0
+    verify_wide_token_s: float = 0.0
     # The drafter's forwards in a round and the positions they compute in all (``Drafter.draft_work``).
     draft_work: Callable[[RoundSetting], tuple[int, int]] = denoise_work
 
@@ -99,6 +105,8 @@ class CostModel:
         """Seconds of a round; a tree of K drafts of L tokens has at most K x L nodes (branching keeps them apart)."""
         tree = setting.drafts * setting.block
         verify = self.verify_forward_s + self.verify_token_s * (tree + 1)
+        if self.verify_wide and tree > self.verify_wide:
+            verify += (self.verify_wide_token_s - self.verify_token_s) * (tree - self.verify_wide)
         if not setting.plain:
             verify += self.verify_draft_s
         forwards, positions = self.draft_work(setting) if not setting.plain else (0, 0)

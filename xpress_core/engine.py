@@ -18,7 +18,7 @@ import torch
 
 from . import cache as kv
 from .config import DecodeConfig
-from .controller import AutoControl, CostModel, FixedControl, RoundSetting
+from .controller import AUTO_DRAFTS, AUTO_MAX_BLOCK, AutoControl, CostModel, FixedControl, RoundSetting
 from .drafters.base import DraftRandomness, Drafts, NoDrafter
 from .errors import XpressError
 from .models import Models, context_limit, eos_ids, tapped_forward
@@ -410,6 +410,8 @@ def calibrate(models: Models, repeats: int = 5) -> CostModel:
     limit = context_limit(models.target) or 2 * CALIBRATION_CONTEXT
     wide = max(1, min(CALIBRATION_TOKENS, limit // 4))
     short = min(CALIBRATION_BLOCK // 2, wide)
+    # The widest tree auto may verify: K x L nodes at its largest K and L.
+    widest = min(max(AUTO_DRAFTS) * min(AUTO_MAX_BLOCK, models.drafter.max_block or AUTO_MAX_BLOCK), limit // 4)
     # A quarter of a short context each for the prompt and the widest tree: the turns' commits add a few dozen tokens.
     ids = models.tokenizer(CALIBRATION_TEXT * 64, return_tensors="pt")["input_ids"][
         :, : min(CALIBRATION_CONTEXT, limit // 4)
@@ -448,6 +450,8 @@ def calibrate(models: Models, repeats: int = 5) -> CostModel:
             return lambda: draft(models, state, cfg, setting, False)
 
         stages = {"one": (verify(0), None), "few": (verify(short), None), "many": (verify(wide), None)}
+        if widest > wide:
+            stages["most"] = (verify(widest), None)
         drafts = (
             ()
             if isinstance(models.drafter, NoDrafter)
@@ -456,19 +460,38 @@ def calibrate(models: Models, repeats: int = 5) -> CostModel:
         stages |= {setting: (drafting(setting), accept_and_commit) for setting in drafts}
         seconds = timed_in_turns(clock, stages, repeats)
         other = statistics.median(accept_and_commit() for _ in range(repeats))
-    forward_s, token_s, step_s = fit_verify_costs({0: seconds["one"], short: seconds["few"], wide: seconds["many"]})
+    verify_s = {0: seconds["one"], short: seconds["few"], wide: seconds["many"]} | (
+        {widest: seconds["most"]} if "most" in seconds else {}
+    )
+    forward_s, token_s, step_s, wide_from, wide_token_s = fit_verify_costs(verify_s)
     draft_s = fit_draft_costs(models.drafter.draft_work, {s: seconds[s] for s in drafts}) if drafts else (0.0, 0.0)
-    return CostModel(*draft_s, forward_s, token_s, other, step_s, models.drafter.draft_work)
+    return CostModel(
+        *draft_s,
+        forward_s,
+        token_s,
+        other,
+        step_s,
+        verify_wide=wide_from,
+        verify_wide_token_s=wide_token_s,
+        draft_work=models.drafter.draft_work,
+    )
 
 
-def fit_verify_costs(seconds: dict[int, float]) -> tuple[float, float, float]:
-    """(fixed, per token, step) seconds of a verify forward from its seconds over a root alone and over a short and a
-    wide chain of drafted tokens (keys: tokens drafted, 0 and two more): the tokens' share from the two chains, the
-    step from one token up to a forward over drafts from the short one (``CostModel.verify_draft_s``). A root alone
-    costs fixed + one token's share, so a plain step is priced exactly as timed."""
-    (_, one), (short, few), (wide, many) = sorted(seconds.items())
+def fit_verify_costs(seconds: dict[int, float]) -> tuple[float, float, float, int, float]:
+    """(fixed, per token, step, wide, per token past wide) seconds of a verify forward from its seconds over a root
+    alone and over a short and a wide chain of drafted tokens (keys: tokens drafted, 0 and two more), and maybe a
+    widest one: the tokens' share from the two chains, the step from one token up to a forward over drafts from the
+    short one (``CostModel.verify_draft_s``), the share past the wide chain from the widest (0, 0 without it:
+    ``CostModel.verify_wide``). A root alone costs fixed + one token's share, so a plain step is priced exactly as
+    timed, and every chain timed is priced as timed."""
+    points = sorted(seconds.items())
+    (_, one), (short, few), (wide, many) = points[:3]
     token_s = max(0.0, (many - few) / (wide - short)) if wide > short else max(0.0, (few - one) / short)
-    return max(0.0, one - token_s), token_s, max(0.0, few - one - token_s * short)
+    fitted = (max(0.0, one - token_s), token_s, max(0.0, few - one - token_s * short))
+    if len(points) < 4:
+        return (*fitted, 0, 0.0)
+    widest, most = points[3]
+    return (*fitted, wide, max(0.0, (most - many) / (widest - wide)))
 
 
 def timed_in_turns(clock: Clock, stages: dict, repeats: int) -> dict:
