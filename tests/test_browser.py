@@ -179,8 +179,9 @@ def test_more_drafts_and_a_race_then_scrubbing_the_rounds(page, models):
     set_number(page, "max-new-tokens", 40)
     drafts = page.locator("#drafts input[type=range]")
     drafts.focus()
-    for _ in range(6 - int(drafts.input_value())):
-        drafts.press("ArrowRight")  # the keyboard moves a slider the way a user's arrow keys do
+    start = int(drafts.input_value())
+    for _ in range(abs(6 - start)):  # the keyboard moves a slider the way a user's arrow keys do
+        drafts.press("ArrowRight" if start < 6 else "ArrowLeft")
     assert page.input_value("#drafts input[type=number]") == "6"
     set_number(page, "steps", 2)
     set_checkbox(page, "race", True)

@@ -86,8 +86,9 @@ def test_draft_evolution_of_a_tree_shows_its_paths_with_empty_cells_past_their_e
     assert [list(row) for row in heatmaps(first)[1].text] == [["t5", "", "t9"]]
     fig = plots.draft_evolution_figure(trace, token_text)
     masked, drafts = heatmaps(fig)
-    assert [list(row) for row in drafts.text] == [["t5", "t7", "t9"], ["t5", "t8", None], ["t6", None, None]]
+    assert [list(row) for row in drafts.text] == [["t5", "t7", "t9"], ["t5", "t8", ""], ["t6", "", ""]]
     assert drafts.z[1][2] is None and masked.z[1][2] is None and drafts.z[2][0] == pytest.approx(0.1)
+    assert masked.text[1][2] == "" and drafts.customdata[2][1] == ""  # nothing printed or hovered there
     assert framed_cells(fig, plots.ACCEPTED_COLOUR) == {(0, 0), (1, 0), (1, 1)}
     assert framed_cells(fig, plots.REJECTED_COLOUR) == {(0, 1), (2, 0)}  # path 2 was accepted whole
     assert "★ draft 2" in drafts.y[1] and len(drafts.y) == 3

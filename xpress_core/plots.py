@@ -136,9 +136,11 @@ def draft_evolution_figure(trace: RoundTrace, token_text: TokenText, step: int |
         z_row, masked_row, text_row, masked_text_row, hover_row = [], [], [], [], []
         for j in range(length):
             where = f"draft {k + 1} · position {j + 1}"
-            if j >= len(tokens[k]):
-                for row in (z_row, masked_row, text_row, masked_text_row, hover_row):
-                    row.append(None)
+            if j >= len(tokens[k]):  # no value and no text (a None text would print "null")
+                z_row.append(None)
+                masked_row.append(None)
+                for row in (text_row, masked_text_row, hover_row):
+                    row.append("")
                 continue
             token = tokens[k][j]
             if token == MASKED:
