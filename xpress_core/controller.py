@@ -81,7 +81,7 @@ def denoise_work(setting: RoundSetting) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class CostModel:
-    """Seconds of a round's stages, linear in their work (fitted by ``engine.calibrate``)."""
+    """Seconds of a round's stages, linear in their work, the verify in two pieces (fitted by ``engine.calibrate``)."""
 
     draft_forward_s: float  # one drafter forward, fixed part
     draft_position_s: float  # per block position a drafter forward computes (K x (L + 1) for K rows of L tokens)

@@ -234,7 +234,9 @@ def stop_string_hit(tokenizer, output: list[int], stops: tuple[str, ...]) -> boo
     return any(s in tail for s in stops)
 
 
-def accepted_with_fewer(drafts: Drafts, tree: DraftTree, acceptance: Acceptance, setting: RoundSetting):
+def accepted_with_fewer(
+    drafts: Drafts, tree: DraftTree, acceptance: Acceptance, setting: RoundSetting
+) -> tuple[int, ...]:
     """Per k = 1..K, the tokens this round would have accepted with k drafts (``auto`` learns fewer drafts from it):
     the longest of the first k drafts' accepted lengths; for a tree's drafts, its accepted nodes among the first
     k x L the drafter chose, which are the tree of k x L nodes (``best_first_paths``)."""

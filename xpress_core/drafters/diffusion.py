@@ -93,7 +93,16 @@ class MaskedDiffusionDrafter(Drafter):
                 steps.append(DenoiseStep(tuple(map(tuple, tokens.tolist())), tuple(map(tuple, confidence.tolist()))))
         return Drafts(tokens=tuple(map(tuple, tokens.tolist())), steps=tuple(steps))
 
-    def tree_drafts(self, logits, tokens, committed, cfg: DecodeConfig, randomness: DraftRandomness, steps, watch):
+    def tree_drafts(
+        self,
+        logits: torch.Tensor,  # (L, V') the last step's, of the one row
+        tokens: torch.Tensor,  # (L,) the row's tokens (MASKED where not committed)
+        committed: torch.Tensor,  # (L,) bool
+        cfg: DecodeConfig,
+        randomness: DraftRandomness,
+        steps: list[DenoiseStep],  # the earlier steps, when watched
+        watch: bool,
+    ) -> Drafts:
         """Diversity "tree": the paths of the tree of K x L nodes that the last step's (L, V) logits expect to accept
         the most tokens (``best_first_paths``), each position's chances those of its draft token: the drafter's
         probabilities when greedy; when sampling, the softmax of the scores coupled to the target's coming draws
