@@ -109,10 +109,12 @@ class MaskedDiffusionDrafter(Drafter):
         (``choice_scores``), whose best is the coupled draft. Positions committed at earlier steps hold their token.
         The drafts are the tree's paths (up to K x L of them, up to L long); the last denoise step shows them."""
         allowed = allowed_logits(logits, self.banned)
-        chances = allowed.softmax(-1)
-        if randomness.upcoming is not None:
-            chances = choice_scores(allowed, chances, cfg, randomness.upcoming).softmax(-1)
-        chances = torch.where(committed[:, None], F.one_hot(tokens.clamp(min=0), chances.shape[-1]).float(), chances)
+        # The allowed logits stand in for the probabilities when greedy (the same softmax), the coupled scores when
+        # sampling: one softmax either way.
+        chances = choice_scores(allowed, allowed, cfg, randomness.upcoming).softmax(-1)
+        if cfg.steps > 1:  # earlier steps committed positions (T = 1 commits none before the tree)
+            one_hot = F.one_hot(tokens.clamp(min=0), chances.shape[-1]).to(chances.dtype)
+            chances = torch.where(committed[:, None], one_hot, chances)
         budget = cfg.drafts * cfg.block
         top = chances.topk(min(budget, chances.shape[-1]), dim=-1)
         tree = best_first_paths(top.values.tolist(), top.indices.tolist(), budget)
