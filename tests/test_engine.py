@@ -19,7 +19,7 @@ from xpress_core.config import DecodeConfig
 from xpress_core.controller import FixedControl
 from xpress_core.drafters.base import DraftRandomness, NoDrafter
 from xpress_core.drafters.diffusion import DiffusionState, diffusion_drafter, grown
-from xpress_core.drafters.diffusion_model import XpressDrafter
+from xpress_core.drafters.diffusion_model import XpressDrafter, XpressDrafterConfig
 from xpress_core.engine import Models, decode, stop_token_ids
 from xpress_core.models import encode_prompt, load_models, load_target, native_bf16, resolve_dtype, target_banned_ids
 from xpress_core.sampling import TargetNoise, draw_token, gumbel
@@ -558,6 +558,34 @@ def test_tree_drafts_hold_k_times_l_nodes_and_equal_generate(family, k, t, lengt
                 if t > 1:  # a position committed before the last step holds its token in every path
                     held = {j: tok for j, tok in enumerate(trace.steps[-2].tokens[0]) if tok >= 0}
                     assert held and all(d[j] == tok for d in trace.drafts for j, tok in held.items() if j < len(d))
+
+
+def test_a_greedy_tree_reads_the_sharpened_distribution_and_a_sampled_one_the_coupled_scores(zoo):
+    """Greedy: the tree of softmax(sharpness x allowed logits) (the oracle: ``best_first_paths`` on that distribution's
+    top tokens, itself checked against every tree by enumeration); a sharper distribution gives another tree here.
+    Sampling: the coupled scores as they are, whatever the sharpness."""
+    drafter = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu").drafter
+    assert drafter.tree_sharpness == 1.0  # a config without the field: the drafter's distribution as it is
+    assert load_models(device="cpu").drafter.tree_sharpness == 1.5  # the shipped config's (``train sharpness``)
+    with pytest.raises(ValueError, match="tree_sharpness"):
+        XpressDrafterConfig(tree_sharpness=0.0)
+    vocab, length = drafter.banned.shape[0], 4
+    tokens, committed = torch.full((length,), -1), torch.zeros(length, dtype=torch.bool)
+    greedy, sampled = DecodeConfig(drafts=3, block=length), DecodeConfig(drafts=3, block=length, temperature=0.8)
+    trees = {}
+    for seed in range(4):
+        logits = torch.randn(length, vocab, generator=torch.Generator().manual_seed(seed)) * 2
+        upcoming = TargetNoise(torch.Generator().manual_seed(seed), vocab).upcoming(length)
+        for sharpness in (1.0, 1.5, 3.0):
+            drafter.tree_sharpness = sharpness
+            got = drafter.tree_drafts(logits, tokens, committed, greedy, DraftRandomness(None), [], False)
+            top = (sharpness * (logits + drafter.banned)).softmax(-1).topk(3 * length, -1)
+            assert got.tokens == best_first_paths(top.values.tolist(), top.indices.tolist(), 3 * length).tokens
+            trees[seed, sharpness] = got.tokens
+            drawn = drafter.tree_drafts(logits, tokens, committed, sampled, DraftRandomness(None, upcoming), [], False)
+            trees[seed, sharpness, "sampled"] = drawn.tokens
+        assert trees[seed, 1.0, "sampled"] == trees[seed, 1.5, "sampled"] == trees[seed, 3.0, "sampled"]
+    assert any(trees[seed, 1.0] != trees[seed, 3.0] for seed in range(4))
 
 
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 20, 0.9)])

@@ -65,12 +65,15 @@ class XpressDrafterConfig(PreTrainedConfig):
         attention_bias: bool = False,
         root_predicts_next: bool = False,
         fuse_previous: bool = False,
+        tree_sharpness: float = 1.0,
         **kwargs,
     ):
         if noise not in NOISE_TYPES:
             raise ValueError(f"drafter noise must be one of {NOISE_TYPES}, got {noise!r}")
         if clean_rms <= 0:
             raise ValueError(f"clean_rms must be > 0, got {clean_rms}")
+        if not tree_sharpness > 0:
+            raise ValueError(f"tree_sharpness must be > 0, got {tree_sharpness}")
         self.hidden_size = hidden_size
         self.num_hidden_layers = num_hidden_layers
         self.num_attention_heads = num_attention_heads
@@ -100,6 +103,11 @@ class XpressDrafterConfig(PreTrainedConfig):
         # input, Li et al. 2024): the target's own state one token back, where attention alone passes a layer only
         # its values' few dimensions of it.
         self.fuse_previous = fuse_previous
+        # Greedy draft trees read each node's chance from softmax(tree_sharpness x logits) (diffusion.py,
+        # ``tree_drafts``). Trained on the target's distributions (soft labels), the drafter says how likely the target
+        # finds a token, where a greedy round needs the chance that it is the target's most likely one: a sharper
+        # figure (a token at 0.4 against two at 0.3 is the greedy choice every time). Fitted by ``train sharpness``.
+        self.tree_sharpness = tree_sharpness
         super().__init__(**kwargs)
 
 
