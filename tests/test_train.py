@@ -324,3 +324,64 @@ def test_extended_drafter_drafts_exactly_as_before_and_the_root_can_predict_the_
     assert torch.equal(new.block_predictions(logits), logits[:, 1:])
     new.config.root_predicts_next = True
     assert torch.equal(new.block_predictions(logits), torch.cat([logits[:, :1], logits[:, 2:]], dim=1))
+
+
+def test_the_sharpness_fit_counts_what_the_engine_accepts_round_by_round():
+    """The fit's accepted tokens at each round start against the oracle, the engine's own rounds at the same
+    (K, 1, L) and sharpness: wherever a round of the engine starts, the fit's count there is what it accepted.
+    The embedded pair (fp32, greedy): its trained drafter gets tokens accepted, so the counts are not all zero."""
+    from xpress_core.data import story_prompts
+    from xpress_core.train.sharpness import FIT_BLOCK, FIT_DRAFTS, accepted_by_sharpness, round_starts
+
+    models = load_models(device="cpu")
+    cfg = DecodeConfig(drafts=FIT_DRAFTS, block=FIT_BLOCK, max_new_tokens=24)
+    grid, seen = (1.0, 1.5, 2.5), 0
+    for prompt in story_prompts(2):
+        ids = prompt.ids(models.tokenizer)
+        counts = [accepted_by_sharpness(models.drafter, s, cfg, grid) for s in round_starts(models, ids, 24, FIT_BLOCK)]
+        for sharpness in grid:
+            models.drafter.tree_sharpness = sharpness
+            traces = list(decode(models, ids, cfg))[1:-1]
+            position = 0  # new tokens before the round's root
+            for trace in traces:
+                if position < len(counts):
+                    assert counts[position][sharpness] == len(trace.accepted), (prompt.name, sharpness, position)
+                    seen += len(trace.accepted)
+                position += len(trace.emitted)
+    assert seen > 0
+
+
+def test_fitting_prompts_are_not_the_benchmarks(tmp_path):
+    from xpress_core.data import FITTING_STORIES, HELD_OUT_STORIES, default_prompts, fitting_prompts
+
+    (tmp_path / "sgd").mkdir()
+    dialogues = [f"User: I need a table for {n} people.\nAssistant: For when?\nUser: Tonight.\n" for n in range(230)]
+    (tmp_path / "sgd" / "sgd_dev.txt").write_text("\n".join(dialogues))
+    fitting = fitting_prompts(tmp_path, chats=30, stories=4)
+    names = [p.name for p in fitting]
+    assert len(names) == len(set(names)) == 34 and not set(names) & {p.name for p in default_prompts(tmp_path)}
+    assert [p.content[0][1] for p in fitting[30:]] == list(FITTING_STORIES[:4])
+    assert not set(FITTING_STORIES) & set(HELD_OUT_STORIES)
+    picked = sorted(int(n.split("-")[1]) for n in names[:30])
+    assert picked[0] < 20 and picked[-1] > 200  # spread over the file, which is grouped by domain
+
+
+def test_train_sharpness_writes_the_best_into_the_drafter_and_refuses_other_drafters(pipeline, tmp_path):
+    import shutil
+
+    from tests.oracles import cli
+
+    root = pipeline["root"]
+    drafter = tmp_path / "drafter"
+    shutil.copytree(root / "drafter", drafter)
+    common = ["--target", str(root / "target"), "--data", str(root / "data"), "--max-new-tokens", "16"]
+    fit = train_cli("sharpness", *common, "--drafter", str(drafter), "--stories", "2", "--grid", "1", "3", "--write")
+    assert fit["sharpness"] in (1.0, 3.0) and fit["prompts"] == 2 and fit["rounds"] > 0
+    assert fit["sharpness"] == max((1.0, 3.0), key=lambda s: (fit["accepted_per_round"][str(s)], -s))
+    assert json.loads((drafter / "config.json").read_text())["tree_sharpness"] == fit["sharpness"]
+    assert load_models(root / "target", drafter, device="cpu").drafter.tree_sharpness == fit["sharpness"]
+    for other, needle in (("gauss", "not a GaussianDiffusionDrafter"), ("ar-drafter", "AutoregressiveDrafter")):
+        failed = cli("train", "sharpness", *common, "--drafter", str(root / other), "--stories", "1")
+        assert failed.returncode != 0 and needle in failed.stderr, failed.stderr[-500:]
+    failed = cli("train", "sharpness", *common, "--drafter", str(drafter), "--grid", "0", "1")
+    assert failed.returncode != 0 and "--grid" in failed.stderr

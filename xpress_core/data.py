@@ -76,6 +76,21 @@ HELD_OUT_STORIES = (
 )
 
 
+# Story requests for fitting a drafter's settings (``fitting_prompts``): like the held-out ones, none of them.
+FITTING_STORIES = (
+    "Write a story about a little bird who cannot fly yet.",
+    "Tell me a story about a boy and his blue ball.",
+    "Can you tell me a story about a bunny who is very shy?",
+    "Please write a story about a bear who loves honey.",
+    "Tell me a story where a girl finds a shiny stone.",
+    "Write a short story about a duck and a frog at the pond.",
+    "Tell me a story about a little car that wants to go fast.",
+    "Please tell me a story about a snowman in the sun.",
+    "Can you write a story for kids about a brave little mouse?",
+    "Tell me a funny story about a dog who eats a cake.",
+)
+
+
 @dataclass(frozen=True)
 class Prompt:
     name: str
@@ -90,20 +105,40 @@ class Prompt:
 
 
 def default_prompts(data_dir: Path, sgd: int = SGD_PROMPTS, stories: int = len(HELD_OUT_STORIES)) -> tuple[Prompt, ...]:
+    dialogues = dev_dialogues(data_dir)
+    stride = max(1, len(dialogues) // sgd)
+    chats = [dev_chat(i, dialogues[i]) for i in range(0, len(dialogues), stride)[:sgd]]
+    return tuple(chats) + story_prompts(stories)
+
+
+def dev_dialogues(data_dir: Path) -> list[Chat]:
+    """The sgd_dev dialogues that open with the user, in the file's order (a prompt's index is its place here)."""
     path = data_dir / SGD_DEV
     if not path.exists():
         raise XpressError(
             f"the default prompts need {path} (the shared data folder); pass --data DIR or --prompts FILE.jsonl"
         )
-    dialogues = [d for d in read_dialogues(path) if d and d[0]["role"] == "user"]
-    stride = max(1, len(dialogues) // sgd)
-    chats = []
-    for i in range(0, len(dialogues), stride)[:sgd]:
-        turns = dialogues[i][:SGD_CONTEXT_TURNS]
-        while turns[-1]["role"] != "user":  # the prompt ends with the user's turn: the reply is the assistant's
-            turns = turns[:-1]
-        chats.append(Prompt(f"sgd_dev-{i}", tuple((m["role"], m["content"]) for m in turns), chat=True))
-    return tuple(chats) + story_prompts(stories)
+    return [d for d in read_dialogues(path) if d and d[0]["role"] == "user"]
+
+
+def dev_chat(index: int, dialogue: Chat) -> Prompt:
+    """A held-out chat prompt: the dialogue's first turns, ending with the user's (the reply is the assistant's)."""
+    turns = dialogue[:SGD_CONTEXT_TURNS]
+    while turns[-1]["role"] != "user":
+        turns = turns[:-1]
+    return Prompt(f"sgd_dev-{index}", tuple((m["role"], m["content"]) for m in turns), chat=True)
+
+
+def fitting_prompts(data_dir: Path, chats: int = 30, stories: int = len(FITTING_STORIES)) -> tuple[Prompt, ...]:
+    """Held-out prompts to fit a drafter's settings on, apart from what the benchmark measures: sgd_dev chats that
+    ``default_prompts`` does not pick (spread over the rest of the file), and story requests of their own."""
+    dialogues = dev_dialogues(data_dir)
+    used = {p.name for p in default_prompts(data_dir, stories=0)}
+    free = [i for i in range(len(dialogues)) if f"sgd_dev-{i}" not in used]
+    stride = max(1, len(free) // max(chats, 1))
+    picked = [dev_chat(i, dialogues[i]) for i in free[stride // 2 :: stride][:chats]]
+    requests = [Prompt(f"fit_story-{i}", (("user", text),), chat=True) for i, text in enumerate(FITTING_STORIES)]
+    return tuple(picked) + tuple(requests[:stories])
 
 
 def story_prompts(count: int = len(HELD_OUT_STORIES)) -> tuple[Prompt, ...]:

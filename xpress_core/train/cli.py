@@ -152,6 +152,19 @@ def add_report_steps(steps: argparse._SubParsersAction) -> None:
     )
     ev.add_argument("--out", type=Path, nargs="+", help="write each drafter's scores as JSON here (one per drafter)")
 
+    sharp = steps.add_parser(
+        "sharpness",
+        help="fit how sharply greedy draft trees read a masked drafter's distribution (its tree_sharpness)",
+    )
+    sharp.add_argument("--target", default=str(Path("assets") / "target"))
+    sharp.add_argument("--drafter", default=str(Path("assets") / "drafter"))
+    sharp.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    sharp.add_argument("--chats", type=int, default=30, help="held-out sgd_dev chats the benchmark does not use")
+    sharp.add_argument("--stories", type=int, default=10, help="story requests of the fitting set (at most 10)")
+    sharp.add_argument("--max-new-tokens", type=int, default=128, help="length of the target's replies")
+    sharp.add_argument("--grid", type=float, nargs="+", help="candidate sharpnesses (default: 1 to 2.5)")
+    sharp.add_argument("--write", action="store_true", help="keep the best in the drafter's config.json")
+
     curve = steps.add_parser("curve", help="draw a drafter run's learning curve (tau against tokens read) as HTML")
     curve.add_argument(
         "--run",
@@ -211,6 +224,33 @@ def run_eval(args: argparse.Namespace) -> list[dict]:
     return reports
 
 
+def run_sharpness(args: argparse.Namespace) -> dict:
+    import torch
+
+    from ..data import FITTING_STORIES, fitting_prompts
+    from ..models import Models, load_drafter, load_target
+    from .sharpness import SHARPNESS_GRID, fit_sharpness, write_sharpness
+
+    if not 0 <= args.stories <= len(FITTING_STORIES) or args.chats < 0 or args.chats + args.stories == 0:
+        raise XpressError(f"--chats >= 0 and --stories in 0..{len(FITTING_STORIES)}, not both 0")
+    grid = tuple(args.grid or SHARPNESS_GRID)
+    if not all(s > 0 for s in grid):
+        raise XpressError(f"--grid takes sharpnesses > 0, got {list(grid)}")
+    target, tokenizer = load_target(args.target, torch.device("cpu"), torch.float32)
+    drafter = load_drafter(args.drafter, target, tokenizer, torch.device("cpu"), torch.float32)
+    prompts = [p.ids(tokenizer) for p in fitting_prompts(args.data, args.chats, args.stories)]
+    fit = fit_sharpness(Models(target, tokenizer, drafter), prompts, grid, args.max_new_tokens)
+    written = write_sharpness(Path(args.drafter), fit.sharpness) if args.write else None
+    return {
+        "drafter": args.drafter,
+        "sharpness": fit.sharpness,
+        "accepted_per_round": {str(s): round(a, 4) for s, a in fit.accepted.items()},
+        "rounds": fit.rounds,
+        "prompts": fit.prompts,
+        "written": None if written is None else str(written),
+    }
+
+
 def run_train(args: argparse.Namespace) -> int:
     if args.step == "tokenizer":
         from .corpus import training_documents
@@ -255,6 +295,8 @@ def run_train(args: argparse.Namespace) -> int:
         print(json.dumps({name: len(points) for name, points in runs.items()} | {"out": str(args.out)}))
     elif args.step == "eval":
         print(json.dumps(run_eval(args)))
+    elif args.step == "sharpness":
+        print(json.dumps(run_sharpness(args)))
     else:
         print(json.dumps(run_drafter_step(args)))
     return 0

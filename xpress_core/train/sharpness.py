@@ -1,0 +1,132 @@
+"""How sharply a greedy draft tree reads its drafter's distribution: the drafter's ``tree_sharpness``.
+
+A greedy round accepts a draft token when it is the target's most likely one. A drafter trained on the target's
+distributions (soft labels) says how likely the target finds each token, which understates that chance for the
+leading token (a token at 0.4 against two at 0.3 is the greedy choice every time), so the tree that
+``MaskedDiffusionDrafter.tree_drafts`` builds from softmax(sharpness x logits) spends its nodes better at some
+sharpness above 1.
+
+The fit measures it directly: the target's greedy replies to prompts the benchmark does not use
+(``data.fitting_prompts``), every position of each reply as a round's start (the context before it committed, its
+token the root), the drafter's one-step distributions there, and per candidate sharpness the tree the engine would
+draft and how many of its tokens the target's reply accepts (its longest path that the reply continues: greedy
+acceptance). The sharpness with the most accepted tokens wins.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..config import DecodeConfig
+from ..drafters.base import DraftRandomness, NoDrafter
+from ..drafters.diffusion import MaskedDiffusionDrafter
+from ..drafters.diffusion_model import XpressDrafterConfig
+from ..engine import decode_to_end
+from ..errors import XpressError
+from ..models import Models, tapped_forward
+from ..trace import MASKED
+
+SHARPNESS_GRID = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5)
+FIT_DRAFTS, FIT_BLOCK = 4, 8  # the tree fitted: K x L = 32 nodes, what auto and the fastest fixed settings draft
+
+
+@dataclass(frozen=True)
+class SharpnessFit:
+    sharpness: float  # the candidate with the most accepted tokens (the smallest among equals)
+    accepted: dict[float, float]  # per candidate: draft tokens accepted a round, over every round start
+    rounds: int  # round starts measured
+    prompts: int
+
+
+@dataclass(frozen=True)
+class RoundStart:
+    state: object  # the drafter's state with the context committed
+    root: int
+    reply: list[int]  # what the target's greedy reply holds after the root (at most a block)
+
+
+def round_starts(models: Models, prompt_ids: torch.Tensor, max_new_tokens: int, block: int) -> Iterator[RoundStart]:
+    """Each of the first ``max_new_tokens`` positions of the target's greedy reply to a prompt as a round's start, the
+    first right after the prefill (the engine's first drafting round). The reply runs a block further, so that every
+    start sees a block of it (or the reply's real end)."""
+    plain = Models(models.target, models.tokenizer, NoDrafter())
+    reply = decode_to_end(plain, prompt_ids, DecodeConfig(max_new_tokens=max_new_tokens + block)).token_ids
+    sequence = torch.cat([prompt_ids[0], torch.tensor(reply, dtype=prompt_ids.dtype)])[None]
+    tapped = models.drafter.tapped_layers
+    with torch.no_grad():
+        _, features = tapped_forward(models.target, tapped, input_ids=sequence.to(models.device))
+    tokens, first = sequence[0].tolist(), prompt_ids.shape[1]
+    for root_at in range(first, min(first + max_new_tokens, len(tokens) - 1)):
+        context = None if features is None else features[0, :root_at]
+        state = models.drafter.start(sequence[:, :root_at], context)
+        yield RoundStart(state, tokens[root_at], tokens[root_at + 1 : root_at + 1 + block])
+
+
+def accepted_by_sharpness(
+    drafter: MaskedDiffusionDrafter, start: RoundStart, cfg: DecodeConfig, grid: Sequence[float]
+) -> dict[float, int]:
+    """Draft tokens the reply accepts from the round's greedy tree at each sharpness (one drafter forward)."""
+    masked = torch.full((1, cfg.block), MASKED, dtype=torch.long, device=drafter.device)
+    committed = torch.zeros((1, cfg.block), dtype=torch.bool, device=drafter.device)
+    logits = drafter.denoise(start.state, start.root, masked, committed)[0]
+    accepted = {}
+    for sharpness in grid:
+        drafter.tree_sharpness = sharpness
+        tree = drafter.tree_drafts(logits, masked[0], committed[0], cfg, DraftRandomness(None), [], False)
+        accepted[sharpness] = max(matched(path, start.reply) for path in tree.tokens)
+    return accepted
+
+
+def matched(path: Sequence[int], reply: Sequence[int]) -> int:
+    """How many leading tokens of a draft path the reply continues with."""
+    count = 0
+    while count < min(len(path), len(reply)) and path[count] == reply[count]:
+        count += 1
+    return count
+
+
+def fit_sharpness(
+    models: Models,
+    prompts: Sequence[torch.Tensor],
+    grid: Sequence[float] = SHARPNESS_GRID,
+    max_new_tokens: int = 128,
+    cfg: DecodeConfig = DecodeConfig(drafts=FIT_DRAFTS, block=FIT_BLOCK),
+) -> SharpnessFit:
+    """The sharpness among ``grid`` whose greedy trees at ``cfg``'s (K, 1, L) get the most draft tokens accepted."""
+    drafter = models.drafter
+    if not isinstance(drafter, MaskedDiffusionDrafter):
+        raise XpressError(f"tree sharpness is a masked diffusion drafter's setting, not a {type(drafter).__name__}'s")
+    if drafter.max_block is not None and cfg.block > drafter.max_block:
+        cfg = DecodeConfig(drafts=cfg.drafts * cfg.block // drafter.max_block, block=drafter.max_block)
+    kept, totals, rounds = drafter.tree_sharpness, dict.fromkeys(grid, 0), 0
+    try:
+        for prompt_ids in prompts:
+            for start in round_starts(models, prompt_ids, max_new_tokens, cfg.block):
+                for sharpness, count in accepted_by_sharpness(drafter, start, cfg, grid).items():
+                    totals[sharpness] += count
+                rounds += 1
+    finally:
+        drafter.tree_sharpness = kept
+    if not rounds:
+        raise XpressError("the fit needs replies of two tokens or more: the target ended every reply at once")
+    accepted = {s: totals[s] / rounds for s in grid}
+    return SharpnessFit(max(grid, key=lambda s: (accepted[s], -s)), accepted, rounds, len(prompts))
+
+
+def write_sharpness(drafter_dir: Path, sharpness: float) -> Path:
+    """Keep the fitted sharpness in an xpress drafter's config.json (the drafter reads it when loaded)."""
+    path = drafter_dir / "config.json"
+    config = json.loads(path.read_text()) if path.exists() else {}
+    if config.get("model_type") != XpressDrafterConfig.model_type:
+        raise XpressError(
+            f"{drafter_dir} is not an xpress drafter: only its config.json keeps a tree_sharpness (the fit's figures "
+            "still hold for this drafter)"
+        )
+    config["tree_sharpness"] = sharpness
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return path
