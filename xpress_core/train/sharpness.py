@@ -67,6 +67,7 @@ def round_starts(models: Models, prompt_ids: torch.Tensor, max_new_tokens: int, 
         yield RoundStart(state, tokens[root_at], tokens[root_at + 1 : root_at + 1 + block])
 
 
+@torch.no_grad()
 def accepted_by_sharpness(
     drafter: MaskedDiffusionDrafter, start: RoundStart, cfg: DecodeConfig, grid: Sequence[float]
 ) -> dict[float, int]:
