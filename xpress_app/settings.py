@@ -36,10 +36,10 @@ class Settings:
 
     preset: str = ""
     # The fastest fixed setting the benchmark measured on a 2-core CPU with the embedded models (README, Results): a
-    # draft tree of 8 x 4 nodes.
-    drafts: int = 8
+    # draft tree of 4 x 8 nodes.
+    drafts: int = 4
     steps: int = 1
-    block: int = 4
+    block: int = 8
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0

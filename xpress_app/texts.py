@@ -75,7 +75,7 @@ drafts are good.
 """
 
 DEFAULTS_NOTE = (
-    "Starts with Auto on: the fastest choice on whatever hardware runs the app. Pinned, K=8 · T=1 · L=4 (a draft "
+    "Starts with Auto on: the fastest choice on whatever hardware runs the app. Pinned, K=4 · T=1 · L=8 (a draft "
     "tree of 32 tokens) is the fastest fixed setting the benchmark measured on a 2-core CPU with the embedded models "
     "(README, Results)."
 )
