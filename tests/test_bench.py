@@ -109,6 +109,7 @@ def test_bench_outputs_are_complete_and_valid(bench_run):
         "files",
     ):
         assert key in doc, key
+    assert doc["models"]["drafter_noise"] == "mask" and doc["models"]["drafter_tree_sharpness"] == 1.0  # its config's
     # search: every setting, greedy, on 1 prompt; final: generate (the run's fp32 and bf16), best assisted, lookup,
     # xpress-none, the one finalist xPress setting and xpress-auto, at both temperatures, on both prompts.
     search_settings, final_settings = 2 + 2 + 1 + 1 + 3 + 1, 7

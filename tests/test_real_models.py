@@ -198,6 +198,30 @@ def test_dflash_block_size_counts_the_root(zoo, real):
         run(models, prompt_ids, DecodeConfig(block=9, max_new_tokens=4))
 
 
+def test_masked_drafters_of_every_format_keep_their_fitted_tree_sharpness(zoo, real, tmp_path):
+    """The sharpness fit runs on a DFlash checkpoint and a diffusion LM as on our drafter (leaving the drafter's own
+    sharpness as it was), ``--write`` keeps it in the folder's config.json and both read it when loaded (1 when
+    absent); a value that is not a number > 0 is refused by name, and so is a folder without a config.json."""
+    from xpress_core.train.sharpness import fit_sharpness, write_sharpness
+
+    for target, name in (("qwen3", "dflash"), ("llama", "mlm")):
+        folder = tmp_path / name
+        shutil.copytree(real[name], folder)
+        models = load_models(zoo[target], folder, device="cpu")
+        assert models.drafter.tree_sharpness == 1.0
+        fit = fit_sharpness(models, [encode_prompt(models.tokenizer, PROMPTS[0], chat=True)], (1.0, 2.0), 6)
+        assert fit.rounds == 6 and fit.sharpness in (1.0, 2.0) and models.drafter.tree_sharpness == 1.0
+        write_sharpness(folder, 1.4)
+        assert load_models(zoo[target], folder, device="cpu").drafter.tree_sharpness == 1.4
+        config = json.loads((folder / "config.json").read_text())
+        for bad in (0, -1.0, "sharp", True):
+            (folder / "config.json").write_text(json.dumps({**config, "tree_sharpness": bad}))
+            with pytest.raises(XpressError, match="tree_sharpness"):
+                load_models(zoo[target], folder, device="cpu")
+    with pytest.raises(XpressError, match="local drafter folder"):
+        write_sharpness(tmp_path / "nowhere", 1.5)
+
+
 def test_embedding_rows_beyond_the_tokenizer_are_never_drafted(zoo):
     """Qwen3's embedding has padding rows past its tokenizer, and DFlash's mask token is one of them."""
     tok = AutoTokenizer.from_pretrained(zoo["tokenizer"])

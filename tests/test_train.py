@@ -385,3 +385,7 @@ def test_train_sharpness_writes_the_best_into_the_drafter_and_refuses_other_draf
         assert failed.returncode != 0 and needle in failed.stderr, failed.stderr[-500:]
     failed = cli("train", "sharpness", *common, "--drafter", str(drafter), "--grid", "0", "1")
     assert failed.returncode != 0 and "--grid" in failed.stderr
+    own = tmp_path / "prompts.jsonl"
+    own.write_text(json.dumps({"prompt": "Once upon a time"}) + "\n" + json.dumps({"prompt": "I want to book"}) + "\n")
+    fit = train_cli("sharpness", *common, "--drafter", str(drafter), "--prompts", str(own), "--grid", "1", "2")
+    assert fit["prompts"] == 2 and fit["written"] is None

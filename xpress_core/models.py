@@ -251,12 +251,16 @@ def load_drafter(
     kind = drafter_kind(config) if options.kind == "auto" else options.kind
     if kind == "dflash" and config is None:
         raise XpressError(f"drafter {spec!r} has no readable config.json, so it cannot be read as a DFlash checkpoint")
-    if kind in ("xpress", "dflash"):
-        return load_conditioned_drafter(
-            spec, config if kind == "dflash" else None, target, tokenizer, device, dtype, banned
+    if kind == "xpress":  # its config class holds the tree sharpness
+        return load_conditioned_drafter(spec, None, target, tokenizer, device, dtype, banned)
+    if kind in ("dflash", "diffusion-lm"):
+        drafter = (
+            load_conditioned_drafter(spec, config, target, tokenizer, device, dtype, banned)
+            if kind == "dflash"
+            else load_diffusion_lm(spec, config, options, target, tokenizer, device, dtype, banned, access)
         )
-    if kind == "diffusion-lm":
-        return load_diffusion_lm(spec, config, options, target, tokenizer, device, dtype, banned, access)
+        drafter.tree_sharpness = tree_sharpness(config, spec)
+        return drafter
     check_tokenizer_match("drafter", spec, tokenizer)
     model = load_causal_lm("drafter", spec, device, dtype, access=access, config_json=config)
     if model.config.vocab_size != target.config.vocab_size:
@@ -264,6 +268,15 @@ def load_drafter(
             f"drafter {spec!r} has vocabulary size {model.config.vocab_size}, the target {target.config.vocab_size}"
         )
     return AutoregressiveDrafter(model, banned)
+
+
+def tree_sharpness(config: dict | None, spec: str) -> float:
+    """A masked drafter's ``tree_sharpness`` (greedy draft trees, DESIGN 2.2) from its config.json, where
+    ``train sharpness --write`` keeps it; 1 when absent (the drafter's distribution as it is)."""
+    value = (config or {}).get("tree_sharpness", 1.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise XpressError(f"drafter {spec!r}: tree_sharpness in its config.json must be a number > 0, got {value!r}")
+    return float(value)
 
 
 def load_conditioned_drafter(

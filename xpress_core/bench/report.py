@@ -245,6 +245,7 @@ def write_outputs(stages: Sequence[Stage], args: argparse.Namespace, models: Ben
             "drafter": args.drafter,
             "ar_drafter": args.ar_drafter,
             "drafter_noise": getattr(models.drafter, "noise", None),
+            "drafter_tree_sharpness": getattr(models.drafter, "tree_sharpness", None),  # greedy trees (DESIGN 2.2)
             "target_params": sum(p.numel() for p in models.target.parameters()),
         },
         "stages": [

@@ -114,7 +114,9 @@ class MaskedDiffusionDrafter(Drafter):
         # Sampling: the chance that the target's draw lands on it, the softmax of the coupled scores as they are
         # (sharper trees lost there: held-out chats and stories at 0.7, 32 nodes, 2.42 / 1.26 tokens a round at
         # sharpness 1 against 2.24 / 1.07 at 1.5).
-        scores = allowed * self.tree_sharpness if cfg.greedy else choice_scores(allowed, allowed, cfg, randomness.upcoming)
+        scores = (
+            allowed * self.tree_sharpness if cfg.greedy else choice_scores(allowed, allowed, cfg, randomness.upcoming)
+        )
         chances = scores.softmax(-1)
         if cfg.steps > 1:  # earlier steps committed positions (T = 1 commits none before the tree)
             one_hot = F.one_hot(tokens.clamp(min=0), chances.shape[-1]).to(chances.dtype)

@@ -159,6 +159,7 @@ def add_report_steps(steps: argparse._SubParsersAction) -> None:
     sharp.add_argument("--target", default=str(Path("assets") / "target"))
     sharp.add_argument("--drafter", default=str(Path("assets") / "drafter"))
     sharp.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    sharp.add_argument("--prompts", type=Path, help="fit on these prompts instead (JSONL, as bench --prompts reads)")
     sharp.add_argument("--chats", type=int, default=30, help="held-out sgd_dev chats the benchmark does not use")
     sharp.add_argument("--stories", type=int, default=10, help="story requests of the fitting set (at most 10)")
     sharp.add_argument("--max-new-tokens", type=int, default=128, help="length of the target's replies")
@@ -227,7 +228,7 @@ def run_eval(args: argparse.Namespace) -> list[dict]:
 def run_sharpness(args: argparse.Namespace) -> dict:
     import torch
 
-    from ..data import FITTING_STORIES, fitting_prompts
+    from ..data import FITTING_STORIES, fitting_prompts, read_prompt_file
     from ..models import Models, load_drafter, load_target
     from .sharpness import SHARPNESS_GRID, fit_sharpness, write_sharpness
 
@@ -238,7 +239,10 @@ def run_sharpness(args: argparse.Namespace) -> dict:
         raise XpressError(f"--grid takes sharpnesses > 0, got {list(grid)}")
     target, tokenizer = load_target(args.target, torch.device("cpu"), torch.float32)
     drafter = load_drafter(args.drafter, target, tokenizer, torch.device("cpu"), torch.float32)
-    prompts = [p.ids(tokenizer) for p in fitting_prompts(args.data, args.chats, args.stories)]
+    chosen = read_prompt_file(args.prompts) if args.prompts else fitting_prompts(args.data, args.chats, args.stories)
+    if not chosen:
+        raise XpressError("no prompts to fit on: give --prompts a file with prompts, or --chats / --stories above 0")
+    prompts = [p.ids(tokenizer) for p in chosen]
     fit = fit_sharpness(Models(target, tokenizer, drafter), prompts, grid, args.max_new_tokens)
     written = write_sharpness(Path(args.drafter), fit.sharpness) if args.write else None
     return {

@@ -25,7 +25,6 @@ import torch
 from ..config import DecodeConfig
 from ..drafters.base import DraftRandomness, NoDrafter
 from ..drafters.diffusion import MaskedDiffusionDrafter
-from ..drafters.diffusion_model import XpressDrafterConfig
 from ..engine import decode_to_end
 from ..errors import XpressError
 from ..models import Models, tapped_forward
@@ -33,6 +32,7 @@ from ..trace import MASKED
 
 SHARPNESS_GRID = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5)
 FIT_DRAFTS, FIT_BLOCK = 4, 8  # the tree fitted: K x L = 32 nodes, what auto and the fastest fixed settings draft
+FIT_CONFIG = DecodeConfig(drafts=FIT_DRAFTS, block=FIT_BLOCK)
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ def fit_sharpness(
     prompts: Sequence[torch.Tensor],
     grid: Sequence[float] = SHARPNESS_GRID,
     max_new_tokens: int = 128,
-    cfg: DecodeConfig = DecodeConfig(drafts=FIT_DRAFTS, block=FIT_BLOCK),
+    cfg: DecodeConfig = FIT_CONFIG,
 ) -> SharpnessFit:
     """The sharpness among ``grid`` whose greedy trees at ``cfg``'s (K, 1, L) get the most draft tokens accepted."""
     drafter = models.drafter
@@ -120,14 +120,15 @@ def fit_sharpness(
 
 
 def write_sharpness(drafter_dir: Path, sharpness: float) -> Path:
-    """Keep the fitted sharpness in an xpress drafter's config.json (the drafter reads it when loaded)."""
+    """Keep the fitted sharpness in a local drafter folder's config.json, where the drafter loader reads it (ours,
+    DFlash checkpoints and diffusion LMs alike; their own code ignores the extra field)."""
     path = drafter_dir / "config.json"
-    config = json.loads(path.read_text()) if path.exists() else {}
-    if config.get("model_type") != XpressDrafterConfig.model_type:
+    if not path.is_file():
         raise XpressError(
-            f"{drafter_dir} is not an xpress drafter: only its config.json keeps a tree_sharpness (the fit's figures "
-            "still hold for this drafter)"
+            f"--write keeps the sharpness in a local drafter folder's config.json; {drafter_dir} has none (download "
+            "the drafter to a folder and fit that)"
         )
+    config = json.loads(path.read_text())
     config["tree_sharpness"] = sharpness
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return path
