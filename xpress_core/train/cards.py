@@ -108,6 +108,11 @@ def drafter_card(asset: Path, command: str, kind: str) -> str:
         if cfg.get("root_predicts_next")
         else ""
     )
+    if kind == "diffusion":  # greedy draft trees read its distribution sharpened (DESIGN 2.2)
+        root_text += (
+            f" Greedy draft trees read its distribution sharpened by `tree_sharpness` = {cfg.get('tree_sharpness', 1.0):g}"
+            " (`train sharpness`: the factor whose trees get the most draft tokens accepted on held-out prompts)."
+        )
     rows = "\n".join(
         f"| {r['drafts']} | {r['steps']} | {r['block']} | {r.get('temperature', 0):g} | {r['tau']:.2f} | {draft_ms(r)} | "
         f"{r['tokens_per_s']:.0f} | "
@@ -161,7 +166,8 @@ Command: `{command}`
 ## Mean accepted length on held-out chats
 
 {scores.get("prompts", 0)} held-out `sgd_dev` chats, {scores.get("max_new_tokens", 0)} new tokens, fp32, on this
-2-core CPU. tau = tokens per drafting round (accepted draft tokens + the target's own token).{note}
+2-core CPU, the engine's default drafts (a draft tree of K x L tokens for a masked drafter, K rows otherwise). tau =
+tokens per drafting round (accepted draft tokens + the target's own token).{note}
 
 | K | T | L | temperature | tau | draft ms/round | tokens/s | plain tokens/s | speedup |
 |---|---|---|---|---|---|---|---|---|
