@@ -567,8 +567,9 @@ def test_a_greedy_tree_reads_the_sharpened_distribution_and_a_sampled_one_the_co
     drafter = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu").drafter
     assert drafter.tree_sharpness == 1.0  # a config without the field: the drafter's distribution as it is
     assert load_models(device="cpu").drafter.tree_sharpness == 1.75  # the shipped config's (``train sharpness``)
-    with pytest.raises(ValueError, match="tree_sharpness"):
-        XpressDrafterConfig(tree_sharpness=0.0)
+    for bad in (0.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="tree_sharpness"):
+            XpressDrafterConfig(tree_sharpness=bad)
     vocab, length = drafter.banned.shape[0], 4
     tokens, committed = torch.full((length,), -1), torch.zeros(length, dtype=torch.bool)
     greedy, sampled = DecodeConfig(drafts=3, block=length), DecodeConfig(drafts=3, block=length, temperature=0.8)

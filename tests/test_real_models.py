@@ -214,7 +214,7 @@ def test_masked_drafters_of_every_format_keep_their_fitted_tree_sharpness(zoo, r
         write_sharpness(folder, 1.4)
         assert load_models(zoo[target], folder, device="cpu").drafter.tree_sharpness == 1.4
         config = json.loads((folder / "config.json").read_text())
-        for bad in (0, -1.0, "sharp", True):
+        for bad in (0, -1.0, float("inf"), "sharp", True):
             (folder / "config.json").write_text(json.dumps({**config, "tree_sharpness": bad}))
             with pytest.raises(XpressError, match="tree_sharpness"):
                 load_models(zoo[target], folder, device="cpu")

@@ -383,8 +383,12 @@ def test_train_sharpness_writes_the_best_into_the_drafter_and_refuses_other_draf
     for other, needle in (("gauss", "not a GaussianDiffusionDrafter"), ("ar-drafter", "AutoregressiveDrafter")):
         failed = cli("train", "sharpness", *common, "--drafter", str(root / other), "--stories", "1")
         assert failed.returncode != 0 and needle in failed.stderr, failed.stderr[-500:]
-    failed = cli("train", "sharpness", *common, "--drafter", str(drafter), "--grid", "0", "1")
-    assert failed.returncode != 0 and "--grid" in failed.stderr
+    for grid in (["0", "1"], ["1", "inf"]):
+        failed = cli("train", "sharpness", *common, "--drafter", str(drafter), "--grid", *grid)
+        assert failed.returncode != 0 and "--grid" in failed.stderr
+    # --write needs a local folder's config.json, and says so before the fit runs
+    failed = cli("train", "sharpness", *common, "--drafter", str(tmp_path / "elsewhere"), "--write")
+    assert failed.returncode != 0 and "local drafter folder" in failed.stderr
     own = tmp_path / "prompts.jsonl"
     own.write_text(json.dumps({"prompt": "Once upon a time"}) + "\n" + json.dumps({"prompt": "I want to book"}) + "\n")
     fit = train_cli("sharpness", *common, "--drafter", str(drafter), "--prompts", str(own), "--grid", "1", "2")

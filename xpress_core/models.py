@@ -5,6 +5,7 @@ Nothing here runs at import time; every loader is called by the CLI, the app, th
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -274,7 +275,7 @@ def tree_sharpness(config: dict | None, spec: str) -> float:
     """A masked drafter's ``tree_sharpness`` (greedy draft trees, DESIGN 2.2) from its config.json, where
     ``train sharpness --write`` keeps it; 1 when absent (the drafter's distribution as it is)."""
     value = (config or {}).get("tree_sharpness", 1.0)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
         raise XpressError(f"drafter {spec!r}: tree_sharpness in its config.json must be a number > 0, got {value!r}")
     return float(value)
 

@@ -72,7 +72,7 @@ class XpressDrafterConfig(PreTrainedConfig):
             raise ValueError(f"drafter noise must be one of {NOISE_TYPES}, got {noise!r}")
         if clean_rms <= 0:
             raise ValueError(f"clean_rms must be > 0, got {clean_rms}")
-        if not tree_sharpness > 0:
+        if not 0 < tree_sharpness < math.inf:
             raise ValueError(f"tree_sharpness must be > 0, got {tree_sharpness}")
         self.hidden_size = hidden_size
         self.num_hidden_layers = num_hidden_layers

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 from ..config import NOISE_TYPES
@@ -230,13 +231,16 @@ def run_sharpness(args: argparse.Namespace) -> dict:
 
     from ..data import FITTING_STORIES, fitting_prompts, read_prompt_file
     from ..models import Models, load_drafter, load_target
-    from .sharpness import SHARPNESS_GRID, fit_sharpness, write_sharpness
+    from .sharpness import SHARPNESS_GRID, fit_sharpness, kept_config, write_sharpness
 
-    if not 0 <= args.stories <= len(FITTING_STORIES) or args.chats < 0 or args.chats + args.stories == 0:
+    counts_ok = 0 <= args.stories <= len(FITTING_STORIES) and args.chats >= 0 and args.chats + args.stories > 0
+    if not args.prompts and not counts_ok:
         raise XpressError(f"--chats >= 0 and --stories in 0..{len(FITTING_STORIES)}, not both 0")
     grid = tuple(args.grid or SHARPNESS_GRID)
-    if not all(s > 0 for s in grid):
-        raise XpressError(f"--grid takes sharpnesses > 0, got {list(grid)}")
+    if not all(math.isfinite(s) and s > 0 for s in grid):
+        raise XpressError(f"--grid takes finite sharpnesses > 0, got {list(grid)}")
+    if args.write:  # before the fit's minutes, not after
+        kept_config(Path(args.drafter))
     target, tokenizer = load_target(args.target, torch.device("cpu"), torch.float32)
     drafter = load_drafter(args.drafter, target, tokenizer, torch.device("cpu"), torch.float32)
     chosen = read_prompt_file(args.prompts) if args.prompts else fitting_prompts(args.data, args.chats, args.stories)

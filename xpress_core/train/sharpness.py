@@ -119,15 +119,21 @@ def fit_sharpness(
     return SharpnessFit(max(grid, key=lambda s: (accepted[s], -s)), accepted, rounds, len(prompts))
 
 
-def write_sharpness(drafter_dir: Path, sharpness: float) -> Path:
-    """Keep the fitted sharpness in a local drafter folder's config.json, where the drafter loader reads it (ours,
-    DFlash checkpoints and diffusion LMs alike; their own code ignores the extra field)."""
+def kept_config(drafter_dir: Path) -> Path:
+    """The config.json a fitted sharpness is kept in: a local drafter folder's, which must exist."""
     path = drafter_dir / "config.json"
     if not path.is_file():
         raise XpressError(
             f"--write keeps the sharpness in a local drafter folder's config.json; {drafter_dir} has none (download "
             "the drafter to a folder and fit that)"
         )
+    return path
+
+
+def write_sharpness(drafter_dir: Path, sharpness: float) -> Path:
+    """Keep the fitted sharpness in a local drafter folder's config.json, where the drafter loader reads it (ours,
+    DFlash checkpoints and diffusion LMs alike; their own code ignores the extra field)."""
+    path = kept_config(drafter_dir)
     config = json.loads(path.read_text())
     config["tree_sharpness"] = sharpness
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
