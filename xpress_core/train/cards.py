@@ -42,7 +42,9 @@ def sample_chats(asset: Path, max_new_tokens: int = 80) -> str:
     from ..engine import decode_to_end
     from ..models import encode_prompt, load_models
 
-    models = load_models(asset, "none", device="cpu")
+    # fp32, the dtype the models are trained and evaluated in: the same sample on every machine (the default dtype
+    # is bf16 where a CPU computes it natively, whose rounding can part from fp32's within a long reply).
+    models = load_models(asset, "none", device="cpu", dtype="float32")
     lines = []
     for prompt in SAMPLE_PROMPTS:
         ids = encode_prompt(models.tokenizer, prompt, chat=True)
