@@ -331,14 +331,14 @@ def test_the_sharpness_fit_counts_what_the_engine_accepts_round_by_round():
     (K, 1, L) and sharpness: wherever a round of the engine starts, the fit's count there is what it accepted.
     The embedded pair (fp32, greedy): its trained drafter gets tokens accepted, so the counts are not all zero."""
     from xpress_core.data import story_prompts
-    from xpress_core.train.sharpness import FIT_BLOCK, FIT_DRAFTS, accepted_by_sharpness, round_starts
+    from xpress_core.train.sharpness import FIT_BLOCK, FIT_DRAFTS, accepted_at_round_starts
 
     models = load_models(device="cpu")
     cfg = DecodeConfig(drafts=FIT_DRAFTS, block=FIT_BLOCK, max_new_tokens=24)
     grid, seen = (1.0, 1.5, 2.5), 0
     for prompt in story_prompts(2):
         ids = prompt.ids(models.tokenizer)
-        counts = [accepted_by_sharpness(models.drafter, s, cfg, grid) for s in round_starts(models, ids, 24, FIT_BLOCK)]
+        counts = accepted_at_round_starts(models, ids, 24, cfg, grid)
         for sharpness in grid:
             models.drafter.tree_sharpness = sharpness
             traces = list(decode(models, ids, cfg))[1:-1]

@@ -113,6 +113,11 @@ class CostModel:
         return forwards * self.draft_forward_s + positions * self.draft_position_s + verify + self.other_s
 
 
+def auto_longest_block(max_block: int | None) -> int:
+    """The longest L ``auto`` may pick for a drafter whose own limit is ``max_block`` (None: none)."""
+    return min(AUTO_MAX_BLOCK, max_block or AUTO_MAX_BLOCK)
+
+
 class FixedControl:
     """Every round at the request's own (K, T, L)."""
 
@@ -132,7 +137,7 @@ class AutoControl:
     def __init__(self, costs: CostModel, max_block: int | None, can_draft: bool = True, sampled: bool = False):
         self.costs = costs
         self.prior_accept = PRIOR_ACCEPT_SAMPLED if sampled else PRIOR_ACCEPT
-        top = min(AUTO_MAX_BLOCK, max_block or AUTO_MAX_BLOCK)
+        top = auto_longest_block(max_block)
         self.pairs = [(k, t) for k in AUTO_DRAFTS for t in AUTO_STEPS if t <= top] if can_draft else []
         self.max_block = top
         # Per (K, T): decayed counts, per block position, of rounds that reached it and of those that accepted it.

@@ -106,9 +106,13 @@ class Prompt:
 
 def default_prompts(data_dir: Path, sgd: int = SGD_PROMPTS, stories: int = len(HELD_OUT_STORIES)) -> tuple[Prompt, ...]:
     dialogues = dev_dialogues(data_dir)
-    stride = max(1, len(dialogues) // sgd)
-    chats = [dev_chat(i, dialogues[i]) for i in range(0, len(dialogues), stride)[:sgd]]
+    chats = [dev_chat(i, dialogues[i]) for i in default_chat_indices(len(dialogues), sgd)]
     return tuple(chats) + story_prompts(stories)
+
+
+def default_chat_indices(dialogues: int, sgd: int = SGD_PROMPTS) -> range:
+    """Which sgd_dev dialogues the default prompts open with: ``sgd`` of them, spread over the file."""
+    return range(0, dialogues, max(1, dialogues // sgd))[:sgd]
 
 
 def dev_dialogues(data_dir: Path) -> list[Chat]:
@@ -133,8 +137,8 @@ def fitting_prompts(data_dir: Path, chats: int = 30, stories: int = len(FITTING_
     """Held-out prompts to fit a drafter's settings on, apart from what the benchmark measures: sgd_dev chats that
     ``default_prompts`` does not pick (spread over the rest of the file), and story requests of their own."""
     dialogues = dev_dialogues(data_dir)
-    used = {p.name for p in default_prompts(data_dir, stories=0)}
-    free = [i for i in range(len(dialogues)) if f"sgd_dev-{i}" not in used]
+    used = set(default_chat_indices(len(dialogues)))
+    free = [i for i in range(len(dialogues)) if i not in used]
     stride = max(1, len(free) // max(chats, 1))
     picked = [dev_chat(i, dialogues[i]) for i in free[stride // 2 :: stride][:chats]]
     requests = [Prompt(f"fit_story-{i}", (("user", text),), chat=True) for i, text in enumerate(FITTING_STORIES)]

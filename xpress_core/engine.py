@@ -18,7 +18,7 @@ import torch
 
 from . import cache as kv
 from .config import DecodeConfig
-from .controller import AUTO_DRAFTS, AUTO_MAX_BLOCK, AutoControl, CostModel, FixedControl, RoundSetting
+from .controller import AUTO_DRAFTS, AutoControl, CostModel, FixedControl, RoundSetting, auto_longest_block
 from .drafters.base import DraftRandomness, Drafts, NoDrafter
 from .errors import XpressError
 from .models import Models, context_limit, eos_ids, tapped_forward
@@ -413,7 +413,7 @@ def calibrate(models: Models, repeats: int = 5) -> CostModel:
     wide = max(1, min(CALIBRATION_TOKENS, limit // 4))
     short = min(CALIBRATION_BLOCK // 2, wide)
     # The widest tree auto may verify: K x L nodes at its largest K and L.
-    widest = min(max(AUTO_DRAFTS) * min(AUTO_MAX_BLOCK, models.drafter.max_block or AUTO_MAX_BLOCK), limit // 4)
+    widest = min(max(AUTO_DRAFTS) * auto_longest_block(models.drafter.max_block), limit // 4)
     # A quarter of a short context each for the prompt and the widest tree: the turns' commits add a few dozen tokens.
     ids = models.tokenizer(CALIBRATION_TEXT * 64, return_tensors="pt")["input_ids"][
         :, : min(CALIBRATION_CONTEXT, limit // 4)

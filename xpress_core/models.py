@@ -254,12 +254,11 @@ def load_drafter(
         raise XpressError(f"drafter {spec!r} has no readable config.json, so it cannot be read as a DFlash checkpoint")
     if kind == "xpress":  # its config class holds the tree sharpness
         return load_conditioned_drafter(spec, None, target, tokenizer, device, dtype, banned)
-    if kind in ("dflash", "diffusion-lm"):
-        drafter = (
-            load_conditioned_drafter(spec, config, target, tokenizer, device, dtype, banned)
-            if kind == "dflash"
-            else load_diffusion_lm(spec, config, options, target, tokenizer, device, dtype, banned, access)
-        )
+    if kind in ("dflash", "diffusion-lm"):  # their configs are not ours: the field rides along in config.json
+        if kind == "dflash":
+            drafter = load_conditioned_drafter(spec, config, target, tokenizer, device, dtype, banned)
+        else:
+            drafter = load_diffusion_lm(spec, config, options, target, tokenizer, device, dtype, banned, access)
         drafter.tree_sharpness = tree_sharpness(config, spec)
         return drafter
     check_tokenizer_match("drafter", spec, tokenizer)

@@ -110,11 +110,10 @@ def drafter_card(asset: Path, command: str, kind: str) -> str:
         if cfg.get("root_predicts_next")
         else ""
     )
-    if kind == "diffusion":  # greedy draft trees read its distribution sharpened (DESIGN 2.2)
-        root_text += (
-            f" Greedy draft trees read its distribution sharpened by `tree_sharpness` = {cfg.get('tree_sharpness', 1.0):g}"
-            " (`train sharpness`: the factor whose trees get the most draft tokens accepted on held-out prompts)."
-        )
+    sharpness_text = (
+        f" Greedy draft trees read its distribution sharpened by `tree_sharpness` = {cfg.get('tree_sharpness', 1.0):g}"
+        " (`train sharpness`: the factor whose trees get the most draft tokens accepted on held-out prompts)."
+    )
     rows = "\n".join(
         f"| {r['drafts']} | {r['steps']} | {r['block']} | {r.get('temperature', 0):g} | {r['tau']:.2f} | {draft_ms(r)} | "
         f"{r['tokens_per_s']:.0f} | "
@@ -144,7 +143,7 @@ It reuses the target's embedding and LM head (not stored here), so it only works
 self-distillation: the target wrote {s.get("distilled_sequences")} continuations of corpus prompts (half greedy, half
 sampled at temperature 0.8), each read once by the frozen target; {recipe.get("anchors", "random")} anchors per
 sequence, each block masked at a random ratio (half of the blocks fully masked); the loss is
-{loss_text(recipe)}.{root_text}"""
+{loss_text(recipe)}.{root_text}{sharpness_text}"""
     else:
         head = f"""# xPress embedded autoregressive drafter
 

@@ -16,7 +16,7 @@ acceptance). The sharpness with the most accepted tokens wins.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,44 +43,36 @@ class SharpnessFit:
     prompts: int
 
 
-@dataclass(frozen=True)
-class RoundStart:
-    state: object  # the drafter's state with the context committed
-    root: int
-    reply: list[int]  # what the target's greedy reply holds after the root (at most a block)
-
-
-def round_starts(models: Models, prompt_ids: torch.Tensor, max_new_tokens: int, block: int) -> Iterator[RoundStart]:
-    """Each of the first ``max_new_tokens`` positions of the target's greedy reply to a prompt as a round's start, the
-    first right after the prefill (the engine's first drafting round). The reply runs a block further, so that every
-    start sees a block of it (or the reply's real end)."""
-    plain = Models(models.target, models.tokenizer, NoDrafter())
-    reply = decode_to_end(plain, prompt_ids, DecodeConfig(max_new_tokens=max_new_tokens + block)).token_ids
-    sequence = torch.cat([prompt_ids[0], torch.tensor(reply, dtype=prompt_ids.dtype)])[None]
-    tapped = models.drafter.tapped_layers
-    with torch.no_grad():
-        _, features = tapped_forward(models.target, tapped, input_ids=sequence.to(models.device))
-    tokens, first = sequence[0].tolist(), prompt_ids.shape[1]
-    for root_at in range(first, min(first + max_new_tokens, len(tokens) - 1)):
-        context = None if features is None else features[0, :root_at]
-        state = models.drafter.start(sequence[:, :root_at], context)
-        yield RoundStart(state, tokens[root_at], tokens[root_at + 1 : root_at + 1 + block])
-
-
 @torch.no_grad()
-def accepted_by_sharpness(
-    drafter: MaskedDiffusionDrafter, start: RoundStart, cfg: DecodeConfig, grid: Sequence[float]
-) -> dict[float, int]:
-    """Draft tokens the reply accepts from the round's greedy tree at each sharpness (one drafter forward)."""
+def accepted_at_round_starts(
+    models: Models, prompt_ids: torch.Tensor, max_new_tokens: int, cfg: DecodeConfig, grid: Sequence[float]
+) -> list[dict[float, int]]:
+    """Per round start, the draft tokens the target's greedy reply accepts from the round's greedy tree at each
+    sharpness. Each of the first ``max_new_tokens`` positions of the reply is a round's start, the first right after
+    the prefill (the engine's first drafting round); the reply runs a block further, so that every start sees a block
+    of it (or the reply's real end). The drafter's state goes as in decoding: the prompt at the start, then each root
+    committed with its target features after its round's one forward."""
+    drafter = models.drafter
+    plain = Models(models.target, models.tokenizer, NoDrafter())
+    reply = decode_to_end(plain, prompt_ids, DecodeConfig(max_new_tokens=max_new_tokens + cfg.block)).token_ids
+    sequence = torch.cat([prompt_ids[0], torch.tensor(reply, dtype=prompt_ids.dtype)])[None]
+    _, features = tapped_forward(models.target, drafter.tapped_layers, input_ids=sequence.to(models.device))
+    tokens, first = sequence[0].tolist(), prompt_ids.shape[1]
+    state = drafter.start(sequence[:, :first], None if features is None else features[0, :first])
     masked = torch.full((1, cfg.block), MASKED, dtype=torch.long, device=drafter.device)
     committed = torch.zeros((1, cfg.block), dtype=torch.bool, device=drafter.device)
-    logits = drafter.denoise(start.state, start.root, masked, committed)[0]
-    accepted = {}
-    for sharpness in grid:
-        drafter.tree_sharpness = sharpness
-        tree = drafter.tree_drafts(logits, masked[0], committed[0], cfg, DraftRandomness(None), [], False)
-        accepted[sharpness] = max(matched(path, start.reply) for path in tree.tokens)
-    return accepted
+    counts = []
+    for root_at in range(first, min(first + max_new_tokens, len(tokens) - 1)):
+        logits = drafter.denoise(state, tokens[root_at], masked, committed)[0]
+        continuation = tokens[root_at + 1 : root_at + 1 + cfg.block]
+        count = {}
+        for sharpness in grid:
+            drafter.tree_sharpness = sharpness
+            tree = drafter.tree_drafts(logits, masked[0], committed[0], cfg, DraftRandomness(None), [], False)
+            count[sharpness] = max(matched(path, continuation) for path in tree.tokens)
+        counts.append(count)
+        drafter.commit(state, [tokens[root_at]], None if features is None else features[0, root_at : root_at + 1])
+    return counts
 
 
 def matched(path: Sequence[int], reply: Sequence[int]) -> int:
@@ -104,18 +96,17 @@ def fit_sharpness(
         raise XpressError(f"tree sharpness is a masked diffusion drafter's setting, not a {type(drafter).__name__}'s")
     if drafter.max_block is not None and cfg.block > drafter.max_block:
         cfg = DecodeConfig(drafts=cfg.drafts * cfg.block // drafter.max_block, block=drafter.max_block)
-    kept, totals, rounds = drafter.tree_sharpness, dict.fromkeys(grid, 0), 0
+    kept = drafter.tree_sharpness
     try:
-        for prompt_ids in prompts:
-            for start in round_starts(models, prompt_ids, max_new_tokens, cfg.block):
-                for sharpness, count in accepted_by_sharpness(drafter, start, cfg, grid).items():
-                    totals[sharpness] += count
-                rounds += 1
+        counts = [
+            c for prompt_ids in prompts for c in accepted_at_round_starts(models, prompt_ids, max_new_tokens, cfg, grid)
+        ]
     finally:
         drafter.tree_sharpness = kept
+    rounds = len(counts)
     if not rounds:
         raise XpressError("the fit needs replies of two tokens or more: the target ended every reply at once")
-    accepted = {s: totals[s] / rounds for s in grid}
+    accepted = {s: sum(c[s] for c in counts) / rounds for s in grid}
     return SharpnessFit(max(grid, key=lambda s: (accepted[s], -s)), accepted, rounds, len(prompts))
 
 
