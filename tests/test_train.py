@@ -99,7 +99,10 @@ def pipeline(tmp_path_factory):
         (
             "drafter",
             "drafter",
-            ["--block", "8", "--anchors", "8", "--root-predicts-next", "--tau-prompts", "2", "--eval-data", str(data)],
+            [
+                *["--block", "8", "--anchors", "8", "--full-share", "0.75", "--root-predicts-next"],
+                *["--tau-prompts", "2", "--eval-data", str(data)],
+            ],
         ),
         ("gauss", "drafter", ["--block", "8", "--noise", "gaussian", "--soft", "0.5", "--tau-prompts", "0"]),
         ("ar-drafter", "ar-drafter", []),
@@ -166,6 +169,16 @@ def test_drafters_train_and_decode_exactly(pipeline):
         assert losses(root / f"{name}_w")[-1] < losses(root / f"{name}_w")[0], name
     assert json.loads((root / "gauss" / "config.json").read_text())["noise"] == "gaussian"
     assert json.loads((root / "drafter" / "config.json").read_text())["root_predicts_next"] is True
+    recipes = [
+        json.loads((root / name / "training_summary.json").read_text())["recipe"] for name in ("drafter", "gauss")
+    ]
+    assert [r["full_share"] for r in recipes] == [0.75, 0.5]
+    summary = json.loads((root / "drafter" / "training_summary.json").read_text())
+    evals = [
+        r for r in map(json.loads, (root / "drafter_w" / "train_log.jsonl").read_text().splitlines()) if "tau" in r
+    ]
+    for agreement in [summary["heldout_block_agreement_T1_greedy"]] + [r["block_agreement_T1_greedy"] for r in evals]:
+        assert len(agreement) == 8 and all(0 <= a <= 1 for a in agreement)
     for drafter in (root / "drafter", root / "gauss", root / "ar-drafter"):
         models = load_models(root / "target", drafter, device="cpu")
         prompt = encode_prompt(models.tokenizer, "I want to book a table", chat=True)
@@ -221,6 +234,70 @@ def test_soft_labels_of_a_block_token_come_from_the_position_before_it():
     predicted = soft_targets(TargetReading(torch.zeros(2, 20, 1), logits), batch.positions).argmax(-1)
     roots = torch.arange(batch.positions.shape[1]) % 5 == 0
     assert torch.equal(predicted[:, ~roots], batch.positions[:, ~roots])
+
+
+def test_a_share_of_training_blocks_is_masked_whole():
+    import numpy as np
+    import torch
+
+    from xpress_core.train.drafter import make_blocks
+
+    seqs = torch.arange(2 * 300).reshape(2, 300) % 50
+    for share, low, high in ((1.0, 1.0, 1.0), (0.5, 0.45, 0.65), (0.0, 0.02, 0.25)):
+        batch = make_blocks(seqs, 5, 8, 200, np.random.default_rng(0), torch.float32, full_share=share)
+        blocks = batch.masked.view(2, 200, 9)
+        assert not blocks[..., 0].any()  # the root is always given
+        whole = blocks[..., 1:].all(-1).float().mean().item()
+        # A block at a ratio drawn from U(0, 1] is masked whole by chance too: E[r^8] = 1/9.
+        assert low <= whole <= high, (share, whole)
+
+
+def test_the_drafter_step_refuses_shares_outside_0_to_1(tmp_path):
+    from tests.oracles import cli
+
+    for option in ("--full-share", "--sample-fraction"):
+        failed = cli("train", "drafter", option, "1.5", "--distill-dir", str(tmp_path / "never_written"))
+        assert failed.returncode != 0 and option in failed.stderr and "1.5" in failed.stderr
+    assert not (tmp_path / "never_written").exists()
+
+
+def test_held_out_rows_rewritten_greedily_are_the_targets_greedy_continuations(pipeline):
+    import torch
+
+    from xpress_core.train.distill import load_distillation
+    from xpress_core.train.drafter import greedy_rewritten
+
+    target = AutoModelForCausalLM.from_pretrained(pipeline["root"] / "target").eval()
+    rows = load_distillation(pipeline["root"] / "distill")[:3]  # sampled rows (the first chunk)
+    rewritten = greedy_rewritten(target, rows, 24)
+    assert rewritten.shape == rows.shape and torch.equal(rewritten[:, :24], rows[:, :24])
+    with torch.no_grad():  # the oracle: argmax of a full forward over the sequence so far, token by token
+        expected = rows[:, :24]
+        for _ in range(rows.shape[1] - 24):
+            expected = torch.cat([expected, target(expected).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(rewritten, expected)
+
+
+def test_distillation_seed_and_sample_fraction_shape_the_sequences(pipeline, tmp_path):
+    import torch
+
+    from xpress_core.train.distill import DistillConfig, load_distillation, write_distillation
+    from xpress_core.train.drafter import greedy_rewritten
+
+    target = AutoModelForCausalLM.from_pretrained(pipeline["root"] / "target").eval()
+    tokenizer = AutoTokenizer.from_pretrained(pipeline["root"] / "target")
+    data = [pipeline["root"] / "corpus"]
+    a, b = (
+        load_distillation(
+            write_distillation(
+                target, tokenizer, data, tmp_path / str(seed), DistillConfig(16, 24, 8, 4, 0.25, seed=seed)
+            )
+        )
+        for seed in (0, 1)
+    )
+    assert not torch.equal(a[:, :24], b[:, :24])  # another seed draws other prompts
+    # One chunk of four sampled, three greedy: the greedy rows are the target's greedy continuations.
+    assert torch.equal(a[4:], greedy_rewritten(target, a[4:], 24))
 
 
 def test_the_drafter_run_logs_its_learning_curve(pipeline):

@@ -73,6 +73,18 @@ def add_drafter_steps(steps: argparse._SubParsersAction) -> None:
         )
         step.add_argument("--out", type=Path, default=Path("assets") / name.replace("-", "_"))
         step.add_argument("--sequences", type=int, default=8192, help="distilled sequences to write")
+        step.add_argument(
+            "--distill-seed",
+            type=int,
+            default=0,
+            help="seed of the distillation's prompts and samples (another seed: other sequences, in another --distill-dir)",
+        )
+        step.add_argument(
+            "--sample-fraction",
+            type=float,
+            default=0.5,
+            help="share of the distilled sequences the target writes by sampling (the rest greedy)",
+        )
         step.add_argument("--prompt-len", type=int, default=96)
         step.add_argument("--new-tokens", type=int, default=96)
         step.add_argument("--steps", type=int, default=2000)
@@ -91,6 +103,12 @@ def add_drafter_steps(steps: argparse._SubParsersAction) -> None:
                 "--block", type=int, help="trained block size L (default 8; with --init, the init drafter's)"
             )
             step.add_argument("--anchors", type=int, default=48, help="blocks per sequence per step")
+            step.add_argument(
+                "--full-share",
+                type=float,
+                default=0.5,
+                help="share of blocks masked whole (what a one-step draft reads); the rest at a random ratio",
+            )
             step.add_argument(
                 "--decay", type=float, default=8.0, help="loss weight of block position j: exp(-(j-1)/decay)"
             )
@@ -313,6 +331,11 @@ def run_train(args: argparse.Namespace) -> int:
 def run_drafter_step(args: argparse.Namespace) -> dict:
     import torch
 
+    if args.step == "drafter" and not 0 <= args.full_share <= 1:
+        raise XpressError(f"--full-share is a share of blocks, 0 to 1; got {args.full_share}")
+    if not 0 <= args.sample_fraction <= 1:
+        raise XpressError(f"--sample-fraction is a share of sequences, 0 to 1; got {args.sample_fraction}")
+
     from ..models import init_drafter, load_target
     from .ar_drafter import make_ar_drafter, train_ar_drafter
     from .distill import DistillConfig, load_distillation, write_distillation
@@ -320,7 +343,13 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
     from .loop import TrainConfig
 
     target, tokenizer = load_target(args.target, torch.device("cpu"), torch.float32)
-    distill = DistillConfig(sequences=args.sequences, prompt_len=args.prompt_len, new_tokens=args.new_tokens)
+    distill = DistillConfig(
+        sequences=args.sequences,
+        prompt_len=args.prompt_len,
+        new_tokens=args.new_tokens,
+        sample_fraction=args.sample_fraction,
+        seed=args.distill_seed,
+    )
     seqs = load_distillation(write_distillation(target, tokenizer, args.data, args.distill_dir, distill))
     cfg = TrainConfig(
         steps=args.steps,
@@ -367,6 +396,7 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
         anchors=args.anchors,
         decay=args.decay,
         soft=args.soft,
+        full_share=args.full_share,
         tau_eval=tau_curve(target, tokenizer, drafter, args) if args.tau_prompts else None,
         continued_from=read_summary(Path(args.init)) if args.init else None,
     )

@@ -2,8 +2,8 @@
 
 Per batch: the frozen target reads whole distilled sequences once (its tapped hidden states are the context features);
 ``anchors`` random positions per sequence in the target-written part each open a block ``[x_a, x_a+1 .. x_a+L]``;
-each block is masked at a random ratio (half of the blocks fully masked, the T = 1 case) and the drafter learns the
-masked tokens (cross-entropy on masked positions only). The gaussian drafter reads the same blocks with that ratio
+each block is masked at a random ratio (a share of the blocks fully masked, the T = 1 case: half by default) and the
+drafter learns the masked tokens (cross-entropy on masked positions only). The gaussian drafter reads the same blocks with that ratio
 as its noise level ``t`` instead (``x_t = sqrt(a(t)) e + sqrt(1 - a(t)) eps`` at every block position but the root,
 half of the blocks at ``t = 1``, pure noise, the T = 1 case) and learns every block token from them. All blocks of a
 sequence go through one drafter forward: block m sees the context before its anchor and its own block, nothing else.
@@ -21,6 +21,7 @@ import torch
 from ..drafters.diffusion_model import XpressDrafter, add_noise
 from ..errors import XpressError
 from ..models import tapped_forward
+from .distill import continue_batch
 from .loop import TrainConfig, draw_rows, save_trained, split_held_out, train
 
 
@@ -34,8 +35,15 @@ class DrafterBatch:
 
 
 def make_blocks(
-    seqs: torch.Tensor, first_anchor: int, block: int, anchors: int, rng: np.random.Generator, dtype: torch.dtype
+    seqs: torch.Tensor,
+    first_anchor: int,
+    block: int,
+    anchors: int,
+    rng: np.random.Generator,
+    dtype: torch.dtype,
+    full_share: float = 0.5,
 ) -> DrafterBatch:
+    """``anchors`` blocks per sequence, each masked at a ratio drawn from U(0, 1], or fully (``full_share`` of them)."""
     b, s = seqs.shape
     span = block + 1
     candidates = np.arange(first_anchor, s - block)
@@ -46,7 +54,7 @@ def make_blocks(
     positions = (starts_t[..., None] + offsets).reshape(b, -1)  # (B, M*span)
     block_ids = seqs.gather(1, positions)
     ratio = torch.from_numpy(rng.uniform(0.0, 1.0, size=(b, anchors, 1))).float()
-    full = torch.from_numpy(rng.uniform(size=(b, anchors, 1)) < 0.5)
+    full = torch.from_numpy(rng.uniform(size=(b, anchors, 1)) < full_share)
     ratio = torch.where(full, torch.ones_like(ratio), ratio).clamp(min=1e-3)  # t = 0 would teach nothing
     masked = torch.from_numpy(rng.uniform(size=(b, anchors, span))).float() < ratio
     masked[..., 0] = False  # the root is always given
@@ -217,6 +225,14 @@ def block_agreement(drafter: XpressDrafter, target, seqs: torch.Tensor, first_an
     return [round(float(x), 4) for x in right.mean(dim=(0, 1))]
 
 
+def greedy_rewritten(target, seqs: torch.Tensor, prompt_len: int) -> torch.Tensor:
+    """The held-out rows' prompts continued greedily by the target, as long as the rows. Why: the held-out rows are
+    the distillation's first, all sampled, while greedy decoding drafts into greedy-written text, which the drafter
+    predicts better and which its training rows repeat exactly across epochs (a greedy continuation of a prompt is
+    always the same): agreement on these rows shows whether it learned greedy text or remembered it."""
+    return continue_batch(target, seqs[:, :prompt_len], seqs.shape[1] - prompt_len, 0.0, None)
+
+
 def train_drafter(
     drafter: XpressDrafter,
     target,
@@ -229,12 +245,14 @@ def train_drafter(
     anchors: int = 4,
     decay: float = 8.0,
     soft: float = 0.0,
+    full_share: float = 0.5,
     tau_eval: Callable[[], dict] | None = None,
     continued_from: dict | None = None,
 ) -> dict:
     """Train ``drafter`` (bound to the frozen ``target``) on distilled sequences (N, S); save to ``out_dir``.
 
     ``soft``: weight of the KL to the target's distribution against the CE on the sequence's token (1 = KL only).
+    ``full_share``: the share of blocks masked whole (the T = 1 case), the others at a ratio drawn from U(0, 1].
     ``tau_eval``: measures tau on held-out prompts with the engine (the learning curve), at every evaluation."""
     for p in target.parameters():
         p.requires_grad_(False)
@@ -242,27 +260,39 @@ def train_drafter(
     block = drafter.config.block_size
     held_out, train_seqs = split_held_out(seqs)
     first_anchor = prompt_len - 1  # the last prompt token is the first root: blocks cover target-written text
+    held_out_greedy = greedy_rewritten(target, held_out, prompt_len)
 
     def loss_fn(rng: np.random.Generator) -> torch.Tensor:
         batch_seqs = draw_rows(train_seqs, rng, cfg.batch_size)
         return drafter_loss(
             drafter,
             read_target(target, batch_seqs, drafter.config.tapped_layers),
-            make_blocks(batch_seqs, first_anchor, block, anchors, rng, torch.float32),
+            make_blocks(batch_seqs, first_anchor, block, anchors, rng, torch.float32, full_share),
             decay,
             soft,
             # Drawn from the step's seeded rng: a resumed run sees the noise the uninterrupted run would have.
             torch.Generator().manual_seed(int(rng.integers(2**62))),
         )
 
+    def agreements() -> dict:
+        return {
+            "block_agreement_T1": block_agreement(drafter, target, held_out, first_anchor, anchors),
+            "block_agreement_T1_greedy": block_agreement(drafter, target, held_out_greedy, first_anchor, anchors),
+        }
+
     def eval_fn() -> dict:
-        agreement = block_agreement(drafter, target, held_out, first_anchor, anchors)
-        return {"block_agreement_T1": agreement} | (tau_eval() if tau_eval else {})
+        return agreements() | (tau_eval() if tau_eval else {})
 
     summary = train(drafter, loss_fn, cfg, workdir, desc="drafter", eval_fn=eval_fn)
-    summary["heldout_block_agreement_T1"] = block_agreement(drafter, target, held_out, first_anchor, anchors)
+    summary |= {f"heldout_{key}": value for key, value in agreements().items()}
     summary["distilled_sequences"] = int(seqs.shape[0])
-    summary["recipe"] = {"anchors": anchors, "decay": decay, "soft": soft, "batch_size": cfg.batch_size}
+    summary["recipe"] = {
+        "anchors": anchors,
+        "decay": decay,
+        "soft": soft,
+        "full_share": full_share,
+        "batch_size": cfg.batch_size,
+    }
     if continued_from:  # the --init drafter's own summary: the card then reports the whole training
         summary["continued_from"] = continued_from
     return save_trained(drafter, tokenizer, out_dir, summary)
