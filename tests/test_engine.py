@@ -566,7 +566,7 @@ def test_a_greedy_tree_reads_the_sharpened_distribution_and_a_sampled_one_the_co
     Sampling: the coupled scores as they are, whatever the sharpness."""
     drafter = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu").drafter
     assert drafter.tree_sharpness == 1.0  # a config without the field: the drafter's distribution as it is
-    assert load_models(device="cpu").drafter.tree_sharpness == 1.75  # the shipped config's (``train sharpness``)
+    assert load_models(device="cpu").drafter.tree_sharpness == 1.5  # the shipped config's (``train sharpness``)
     for bad in (0.0, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="tree_sharpness"):
             XpressDrafterConfig(tree_sharpness=bad)

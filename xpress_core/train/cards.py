@@ -140,9 +140,10 @@ the blocks at `t = 1`, pure noise), cross-entropy on the clean tokens."""
 A target-conditioned masked block-diffusion drafter (`XpressDrafter`): {cfg.get("num_hidden_layers")} layer(s),
 hidden {cfg.get("hidden_size")}, block size {cfg.get("block_size")}, tapped target layers {cfg.get("tapped_layers")}.
 It reuses the target's embedding and LM head (not stored here), so it only works with `assets/target`. Trained by
-self-distillation: the target wrote {s.get("distilled_sequences")} continuations of corpus prompts (half greedy, half
-sampled at temperature 0.8), each read once by the frozen target; {recipe.get("anchors", "random")} anchors per
-sequence, each block masked at a random ratio (half of the blocks fully masked); the loss is
+self-distillation: the target wrote {s.get("distilled_sequences")} continuations of corpus prompts (greedy, and
+sampled at temperature 0.8: half each unless the command below gives `--sample-fraction`), each read once by the frozen
+target; {recipe.get("anchors", "random")} anchors per sequence, each block masked at a random ratio (a share of
+{recipe.get("full_share", 0.5):g} of the blocks fully masked); the loss is
 {loss_text(recipe)}.{root_text}{sharpness_text}"""
     else:
         head = f"""# xPress embedded autoregressive drafter
