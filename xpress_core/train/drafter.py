@@ -3,9 +3,10 @@
 Per batch: the frozen target reads whole distilled sequences once (its tapped hidden states are the context features);
 ``anchors`` random positions per sequence in the target-written part each open a block ``[x_a, x_a+1 .. x_a+L]``;
 each block is masked at a random ratio (a share of the blocks fully masked, the T = 1 case: half by default) and the
-drafter learns the masked tokens (cross-entropy on masked positions only). The gaussian drafter reads the same blocks with that ratio
-as its noise level ``t`` instead (``x_t = sqrt(a(t)) e + sqrt(1 - a(t)) eps`` at every block position but the root,
-half of the blocks at ``t = 1``, pure noise, the T = 1 case) and learns every block token from them. All blocks of a
+drafter learns the masked tokens (cross-entropy on masked positions only). The gaussian drafter reads the same blocks
+with that ratio as its noise level ``t`` instead (``x_t = sqrt(a(t)) e + sqrt(1 - a(t)) eps`` at every block position
+but the root, the same share of the blocks at ``t = 1``, pure noise, the T = 1 case) and learns every block token from
+them. All blocks of a
 sequence go through one drafter forward: block m sees the context before its anchor and its own block, nothing else.
 """
 
