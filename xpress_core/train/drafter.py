@@ -6,8 +6,8 @@ each block is masked at a random ratio (a share of the blocks fully masked, the 
 drafter learns the masked tokens (cross-entropy on masked positions only). The gaussian drafter reads the same blocks
 with that ratio as its noise level ``t`` instead (``x_t = sqrt(a(t)) e + sqrt(1 - a(t)) eps`` at every block position
 but the root, the same share of the blocks at ``t = 1``, pure noise, the T = 1 case) and learns every block token from
-them. All blocks of a
-sequence go through one drafter forward: block m sees the context before its anchor and its own block, nothing else.
+them. All blocks of a sequence go through one drafter forward: block m sees the context before its anchor and its own
+block, nothing else.
 """
 
 from __future__ import annotations
