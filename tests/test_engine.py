@@ -603,6 +603,25 @@ def test_tree_drafts_sample_the_targets_tokens_with_the_same_seed(zoo, temperatu
             assert list(result.token_ids) == ref
 
 
+@pytest.mark.parametrize("diversity", ["branch-first", "branch-uncertain"])
+@pytest.mark.parametrize("steps", [1, 2, 3])
+def test_one_branched_draft_is_the_first_of_k_branched_drafts(diversity, steps):
+    """K = 1 drafts the first row of any K (what ``accepted_with_fewer`` counts fewer drafts by), at every T: the
+    embedded drafter on several round starts of a reply."""
+    models = load_models(device="cpu")
+    prompt_ids = encode_prompt(models.tokenizer, "Write a short story about a lost cat.", chat=True)
+    reply = hf_greedy(models, prompt_ids, 24)
+    for cut in (0, 8, 16):
+        ids = torch.cat([prompt_ids, torch.tensor([reply[:cut]], dtype=prompt_ids.dtype)], dim=1)
+        firsts = []
+        for k in (1, 4):
+            cfg = DecodeConfig(drafts=k, steps=steps, block=6, diversity=diversity)
+            state, _ = engine_module.prefill(models, ids, cfg)
+            setting = engine_module.FixedControl(cfg).setting
+            firsts.append(engine_module.draft(models, state, cfg, setting, False).tokens[0])
+        assert firsts[0] == firsts[1], (cut, firsts)
+
+
 @pytest.mark.parametrize("diversity,steps", [("tree", 1), ("tree", 2), ("branch-first", 1), ("branch-first", 2)])
 def test_a_round_tells_what_fewer_drafts_would_have_accepted(monkeypatch, diversity, steps):
     """What the controller learns fewer drafts from (``accepted_with_fewer``) against the oracle: the same first

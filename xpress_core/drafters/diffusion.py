@@ -146,7 +146,7 @@ class MaskedDiffusionDrafter(Drafter):
         # One draft branches too (on its top token) when a later step follows: it is then the first of K branched
         # drafts whatever K, as ``engine.accepted_with_fewer`` assumes (unbranched, its step 1 commits positions by
         # confidence alone, and step 2 may fill the first position otherwise). At T = 1 that changes no token.
-        branching = cfg.diversity.startswith("branch") and step == 1 and (k > 1 or step < cfg.steps)
+        branching = cfg.diversity.startswith("branch") and step == 1 and (k > 1 or cfg.steps > 1)
         gumbel_rows = cfg.diversity == "gumbel" and k > 1
         if not (ranked or branching or gumbel_rows):
             # The logits stand in for the probabilities (the same argmax); max's indices: a third faster than argmax's
