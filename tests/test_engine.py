@@ -35,6 +35,12 @@ def family(request, zoo):
     return models, prompts, [hf_greedy(models, p) for p in prompts]
 
 
+@pytest.fixture(scope="module")
+def embedded():
+    """The embedded pair (read only): loaded once for the tests that need a trained drafter's confidences."""
+    return load_models(device="cpu")
+
+
 GRID = [
     (k, t, length, refine, verify)
     for k, length, refine, verify in itertools.product((1, 3), (1, 4, 8), ("parallel", "serial"), ("tree", "batch"))
@@ -605,10 +611,10 @@ def test_tree_drafts_sample_the_targets_tokens_with_the_same_seed(zoo, temperatu
 
 @pytest.mark.parametrize("diversity", ["branch-first", "branch-uncertain"])
 @pytest.mark.parametrize("steps", [1, 2, 3])
-def test_one_branched_draft_is_the_first_of_k_branched_drafts(diversity, steps):
+def test_one_branched_draft_is_the_first_of_k_branched_drafts(embedded, diversity, steps):
     """K = 1 drafts the first row of any K (what ``accepted_with_fewer`` counts fewer drafts by), at every T: the
     embedded drafter on several round starts of a reply."""
-    models = load_models(device="cpu")
+    models = embedded
     prompt_ids = encode_prompt(models.tokenizer, "Write a short story about a lost cat.", chat=True)
     reply = hf_greedy(models, prompt_ids, 24)
     for cut in (0, 8, 16):
@@ -623,7 +629,7 @@ def test_one_branched_draft_is_the_first_of_k_branched_drafts(diversity, steps):
 
 
 @pytest.mark.parametrize("diversity,steps", [("tree", 1), ("tree", 2), ("branch-first", 1), ("branch-first", 2)])
-def test_a_round_tells_what_fewer_drafts_would_have_accepted(monkeypatch, diversity, steps):
+def test_a_round_tells_what_fewer_drafts_would_have_accepted(embedded, monkeypatch, diversity, steps):
     """What the controller learns fewer drafts from (``accepted_with_fewer``) against the oracle: the same first
     round drafted with k drafts (the drafter's state is the same, so is each smaller tree or set of drafts).
     The embedded pair: its trained drafter gets tokens accepted, so the counts are not all zero."""
@@ -634,7 +640,7 @@ def test_a_round_tells_what_fewer_drafts_would_have_accepted(monkeypatch, divers
             seen.append((accepted, with_fewer))
 
     monkeypatch.setattr(engine_module, "FixedControl", Recording)
-    models = load_models(device="cpu")
+    models = embedded
     counts = []
     for text in ("I need a hotel in the centre for two nights.", "Write a short story about a lost cat."):
         prompt_ids = encode_prompt(models.tokenizer, text, chat=True)
