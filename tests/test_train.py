@@ -309,6 +309,33 @@ def test_distillation_seed_and_sample_fraction_shape_the_sequences(pipeline, tmp
     assert torch.equal(a[4:], greedy_without_cache(target, a[4:, :24], 8))
 
 
+def test_a_distillation_folder_records_its_settings_summaries_keep_them_and_other_settings_are_refused(pipeline):
+    from dataclasses import asdict
+
+    from xpress_core.errors import XpressError
+    from xpress_core.train.cards import distillation_text
+    from xpress_core.train.distill import DistillConfig, distillation_record, write_distillation
+
+    folder = pipeline["root"] / "distill"
+    record = distillation_record(folder)
+    assert record == asdict(DistillConfig(sequences=128, prompt_len=24, new_tokens=40))
+    # Three training steps resumed the same folder with the same settings; each summary says how it was written.
+    for name in ("drafter", "gauss", "ar-drafter"):
+        summary = json.loads((pipeline["root"] / name / "training_summary.json").read_text())
+        assert summary["distillation"] == record
+    assert distillation_text({"distillation": record}) == "half sampled at temperature 0.8, the rest greedy"
+    third = {"distillation": record | {"sample_fraction": 1 / 3}}
+    assert distillation_text(third) == "33% sampled at temperature 0.8, the rest greedy"
+    assert "--sample-fraction" in distillation_text({})  # a run from before the record: the command tells
+    chunks = sorted(folder.glob("chunk_*.pt"))
+    target = AutoModelForCausalLM.from_pretrained(pipeline["root"] / "target").eval()
+    tokenizer = AutoTokenizer.from_pretrained(pipeline["root"] / "target")
+    other = DistillConfig(sequences=128, prompt_len=24, new_tokens=40, sample_fraction=0.25)
+    with pytest.raises(XpressError, match=r"sample_fraction 0.5 -> 0.25"):
+        write_distillation(target, tokenizer, [pipeline["root"] / "corpus"], folder, other)
+    assert sorted(folder.glob("chunk_*.pt")) == chunks and distillation_record(folder) == record
+
+
 def test_the_drafter_run_logs_its_learning_curve(pipeline):
     from xpress_core.train.curve import curve_points, learning_curve_figure, parse_run
 

@@ -54,9 +54,18 @@ def soft_lm_loss(model, target, rows: torch.Tensor, soft: float) -> torch.Tensor
 
 
 def train_ar_drafter(
-    model, seqs: torch.Tensor, cfg: TrainConfig, workdir: Path, out_dir: Path, tokenizer, target=None, soft: float = 0.0
+    model,
+    seqs: torch.Tensor,
+    cfg: TrainConfig,
+    workdir: Path,
+    out_dir: Path,
+    tokenizer,
+    target=None,
+    soft: float = 0.0,
+    distillation: dict | None = None,
 ) -> dict:
-    """``soft`` > 0 (with the frozen ``target``): learn the target's distributions, not only its tokens."""
+    """``soft`` > 0 (with the frozen ``target``): learn the target's distributions, not only its tokens.
+    ``distillation``: the settings that wrote ``seqs`` (``distill.distillation_record``), kept in the summary."""
     held_out, train_seqs = split_held_out(seqs)
 
     def loss_fn(rng: np.random.Generator) -> torch.Tensor:
@@ -70,4 +79,5 @@ def train_ar_drafter(
     summary = train(model, loss_fn, cfg, workdir, eval_fn=eval_fn, desc="ar-drafter")
     summary |= eval_fn()
     summary["recipe"] = {"soft": soft, "batch_size": cfg.batch_size}
+    summary["distillation"] = distillation
     return save_trained(model, tokenizer, out_dir, summary)

@@ -132,7 +132,7 @@ starts as Gaussian noise in the token-embedding space (the target's embeddings r
 `a(t) = cos(pi t / 2)^2`, x0-prediction through the LM head, the clean estimate snapped to its nearest token)
 denoise it; `K` drafts start from independent noise. Trained by self-distillation on
 the same data as the masked drafter: the target wrote {s.get("distilled_sequences")} continuations of corpus prompts
-(half greedy, half sampled at temperature 0.8); random anchors, each block noised at a random level `t` (half of
+({distillation_text(s)}); random anchors, each block noised at a random level `t` (half of
 the blocks at `t = 1`, pure noise), cross-entropy on the clean tokens."""
     elif kind == "diffusion":
         head = f"""# xPress embedded diffusion drafter
@@ -140,10 +140,10 @@ the blocks at `t = 1`, pure noise), cross-entropy on the clean tokens."""
 A target-conditioned masked block-diffusion drafter (`XpressDrafter`): {cfg.get("num_hidden_layers")} layer(s),
 hidden {cfg.get("hidden_size")}, block size {cfg.get("block_size")}, tapped target layers {cfg.get("tapped_layers")}.
 It reuses the target's embedding and LM head (not stored here), so it only works with `assets/target`. Trained by
-self-distillation: the target wrote {s.get("distilled_sequences")} continuations of corpus prompts (greedy, and
-sampled at temperature 0.8: half each unless the command below gives `--sample-fraction`), each read once by the frozen
-target; {recipe.get("anchors", "random")} anchors per sequence, each block masked at a random ratio (a share of
-{recipe.get("full_share", 0.5):g} of the blocks fully masked); the loss is
+self-distillation: the target wrote {s.get("distilled_sequences")} continuations of corpus prompts
+({distillation_text(s)}), each read once by the frozen target; {recipe.get("anchors", "random")} anchors per
+sequence, each block masked at a random ratio (a share of {recipe.get("full_share", 0.5):g} of the blocks fully
+masked); the loss is
 {loss_text(recipe)}.{root_text}{sharpness_text}"""
     else:
         head = f"""# xPress embedded autoregressive drafter
@@ -176,6 +176,17 @@ tokens per drafting round (accepted draft tokens + the target's own token).{note
 {rows}
 
 {DATA_CREDITS}"""
+
+
+def distillation_text(summary: dict) -> str:
+    """How the last run's sequences were written: from their recorded settings, or, for runs made before those were
+    recorded, the default share with a pointer to the command."""
+    written = summary.get("distillation")
+    if not written:
+        return "greedy, and sampled at temperature 0.8: half each unless the command below gives `--sample-fraction`"
+    share = written["sample_fraction"]
+    sampled = "half" if share == 0.5 else f"{share:.0%}"
+    return f"{sampled} sampled at temperature {written['temperature']:g}, the rest greedy"
 
 
 def loss_text(recipe: dict) -> str:

@@ -338,7 +338,7 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
 
     from ..models import init_drafter, load_target
     from .ar_drafter import make_ar_drafter, train_ar_drafter
-    from .distill import DistillConfig, load_distillation, write_distillation
+    from .distill import DistillConfig, distillation_record, load_distillation, write_distillation
     from .drafter import extend_drafter, train_drafter
     from .loop import TrainConfig
 
@@ -351,6 +351,7 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
         seed=args.distill_seed,
     )
     seqs = load_distillation(write_distillation(target, tokenizer, args.data, args.distill_dir, distill))
+    written_by = distillation_record(args.distill_dir)
     cfg = TrainConfig(
         steps=args.steps,
         batch_size=args.batch_size,
@@ -361,7 +362,7 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
     )
     if args.step == "ar-drafter":
         model = make_ar_drafter(target, args.layers or 2)
-        return train_ar_drafter(model, seqs, cfg, args.workdir, args.out, tokenizer, target, args.soft)
+        return train_ar_drafter(model, seqs, cfg, args.workdir, args.out, tokenizer, target, args.soft, written_by)
     from ..drafters.diffusion_model import XpressDrafter
 
     init_dir = Path(args.init) if args.init else args.workdir / "init"
@@ -399,6 +400,7 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
         full_share=args.full_share,
         tau_eval=tau_curve(target, tokenizer, drafter, args) if args.tau_prompts else None,
         continued_from=read_summary(Path(args.init)) if args.init else None,
+        distillation=written_by,
     )
 
 

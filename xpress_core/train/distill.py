@@ -1,12 +1,15 @@
 """Self-distillation data: the frozen target writes continuations of corpus prompts (greedy and sampled).
 
 Works for any HF causal-LM target and text files, not only ours. Chunks are saved as they are written, so an
-interrupted run resumes where it stopped.
+interrupted run resumes where it stopped. The settings that shaped them are kept beside them (``distill.json``): a
+drafter's training summary records them, and a command asking the same folder for other sequences is refused
+instead of resuming into a mix.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +17,7 @@ import torch
 from tqdm import tqdm
 
 from ..cache import new_cache
+from ..errors import XpressError
 from .corpus import load_tokens
 
 
@@ -74,10 +78,30 @@ def continue_batch(target, prompts: torch.Tensor, new_tokens: int, temperature: 
     return torch.cat(out, dim=1)
 
 
+MANIFEST = "distill.json"
+
+
+def distillation_record(out_dir: Path) -> dict | None:
+    """The ``DistillConfig`` that wrote ``out_dir``'s chunks; None for a folder written before it was kept."""
+    path = out_dir / MANIFEST
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def claim_folder(out_dir: Path, cfg: DistillConfig) -> None:
+    """Resume only what this config wrote: which chunks are sampled, and from which prompts, depends on all of it."""
+    recorded, wanted = distillation_record(out_dir), asdict(cfg)
+    if recorded is not None and recorded != wanted:
+        differ = ", ".join(f"{k} {recorded.get(k)} -> {v}" for k, v in wanted.items() if recorded.get(k) != v)
+        raise XpressError(f"{out_dir} holds a distillation written with other settings ({differ}): use another folder")
+    if recorded is None and not any(out_dir.glob("chunk_*.pt")):
+        (out_dir / MANIFEST).write_text(json.dumps(wanted, indent=1))
+
+
 @torch.no_grad()
 def write_distillation(target, tokenizer, data: list[Path], out_dir: Path, cfg: DistillConfig) -> Path:
     """Write ``chunk_*.pt`` files of (batch, prompt_len + new_tokens) int32 sequences; returns the directory."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    claim_folder(out_dir, cfg)
     tokens = corpus_tokens(data, tokenizer)
     ends = prompt_ends(tokens, tokenizer, cfg.prompt_len)
     chunks = -(-cfg.sequences // cfg.batch_size)

@@ -249,12 +249,14 @@ def train_drafter(
     full_share: float = 0.5,
     tau_eval: Callable[[], dict] | None = None,
     continued_from: dict | None = None,
+    distillation: dict | None = None,
 ) -> dict:
     """Train ``drafter`` (bound to the frozen ``target``) on distilled sequences (N, S); save to ``out_dir``.
 
     ``soft``: weight of the KL to the target's distribution against the CE on the sequence's token (1 = KL only).
     ``full_share``: the share of blocks masked whole (the T = 1 case), the others at a ratio drawn from U(0, 1].
-    ``tau_eval``: measures tau on held-out prompts with the engine (the learning curve), at every evaluation."""
+    ``tau_eval``: measures tau on held-out prompts with the engine (the learning curve), at every evaluation.
+    ``distillation``: the settings that wrote ``seqs`` (``distill.distillation_record``), kept in the summary."""
     for p in target.parameters():
         p.requires_grad_(False)
     drafter.bind(target)
@@ -294,6 +296,7 @@ def train_drafter(
         "full_share": full_share,
         "batch_size": cfg.batch_size,
     }
+    summary["distillation"] = distillation
     if continued_from:  # the --init drafter's own summary: the card then reports the whole training
         summary["continued_from"] = continued_from
     return save_trained(drafter, tokenizer, out_dir, summary)
