@@ -32,6 +32,9 @@ AUTO_DRAFTS = (1, 2, 4, 8)
 # 0.99x / 0.99x. An untried (K, 2) starts from (1, 1)'s first-position estimate at every position, so it looks
 # better than the (K, 1) it would replace until a few rounds have shown otherwise, and a chat reply lasts few rounds.
 AUTO_STEPS = (1,)
+# T a drafter with a refiner head lets auto pick: its forward and up to two refinement passes (refiner.py), each a
+# small head over the block, far cheaper than a denoise step's drafter forward.
+AUTO_PASSES = (1, 2, 3)
 AUTO_MAX_BLOCK = 16  # the longest L it may pick (the drafter's own limit may be lower)
 # The (1, 1) acceptance chance per position before any round is seen, greedy and sampled: a sampled draft is kept only
 # when the target's own draw lands on it, so the same drafter is accepted less when sampling, even with drafts
@@ -48,6 +51,7 @@ PRIOR_ACCEPT = 0.7
 PRIOR_ACCEPT_SAMPLED = 0.6
 PRIOR_WEIGHT = 2.0  # how many rounds the prior counts as
 PRIOR_DECLINE = 0.8  # a position's prior against the estimate one position earlier (``AutoControl.acceptance``)
+PASS_PRIOR_CAP = 0.98  # no prior says a position is sure: a pass's gain times a high estimate could pass 1
 MEMORY = 0.9  # each drafting round, earlier rounds' counts are multiplied by this (recent acceptance weighs more)
 FIRST_PROBE, LAST_PROBE = 4, 64  # plain rounds before a probe: doubles after each probe that does not pay
 # Speculate only when the best setting's expected rate beats a plain step's by this factor. The best of some fifty
@@ -79,6 +83,11 @@ def denoise_work(setting: RoundSetting) -> tuple[int, int]:
     return setting.steps, setting.steps * setting.drafts * (setting.block + 1)
 
 
+def no_passes(setting: RoundSetting) -> int:
+    """Refinement passes a drafter without a refiner head runs: none (its T counts denoise steps)."""
+    return 0
+
+
 @dataclass(frozen=True)
 class CostModel:
     """Seconds of a round's stages, linear in their work, the verify in two pieces (fitted by ``engine.calibrate``)."""
@@ -100,6 +109,9 @@ class CostModel:
     verify_wide_token_s: float = 0.0
     # The drafter's forwards in a round and the positions they compute in all (``Drafter.draft_work``).
     draft_work: Callable[[RoundSetting], tuple[int, int]] = denoise_work
+    # A refinement pass (refiner.py) and how many a round runs (``Drafter.refine_passes``).
+    pass_s: float = 0.0
+    refine_passes: Callable[[RoundSetting], int] = no_passes
 
     def round_s(self, setting: RoundSetting) -> float:
         """Seconds of a round; a tree of K drafts of L tokens has at most K x L nodes (branching keeps them apart)."""
@@ -109,8 +121,11 @@ class CostModel:
             verify += (self.verify_wide_token_s - self.verify_token_s) * (tree - self.verify_wide)
         if not setting.plain:
             verify += self.verify_draft_s
-        forwards, positions = self.draft_work(setting) if not setting.plain else (0, 0)
-        return forwards * self.draft_forward_s + positions * self.draft_position_s + verify + self.other_s
+        if setting.plain:
+            return verify + self.other_s
+        forwards, positions = self.draft_work(setting)
+        drafting = forwards * self.draft_forward_s + positions * self.draft_position_s
+        return drafting + self.refine_passes(setting) * self.pass_s + verify + self.other_s
 
 
 def auto_longest_block(max_block: int | None) -> int:
@@ -134,11 +149,22 @@ class FixedControl:
 class AutoControl:
     """The controller ``auto``: the setting with the most expected tokens per second (module docstring)."""
 
-    def __init__(self, costs: CostModel, max_block: int | None, can_draft: bool = True, sampled: bool = False):
+    def __init__(
+        self,
+        costs: CostModel,
+        max_block: int | None,
+        can_draft: bool = True,
+        sampled: bool = False,
+        steps: tuple[int, ...] = AUTO_STEPS,
+        pass_gains: dict[int, tuple[float, ...]] | None = None,
+    ):
         self.costs = costs
         self.prior_accept = PRIOR_ACCEPT_SAMPLED if sampled else PRIOR_ACCEPT
         top = auto_longest_block(max_block)
-        self.pairs = [(k, t) for k in AUTO_DRAFTS for t in AUTO_STEPS if t <= top] if can_draft else []
+        self.pairs = [(k, t) for k in AUTO_DRAFTS for t in steps if t <= top] if can_draft else []
+        # Per T > 1: how much more often each block position is accepted after T - 1 refinement passes than after the
+        # drafter's forward alone, as the drafter measured on held-out text (``Drafter.pass_gains``).
+        self.pass_gains = pass_gains or {}
         self.max_block = top
         # Per (K, T): decayed counts, per block position, of rounds that reached it and of those that accepted it.
         self.reached = {pair: [0.0] * top for pair in self.pairs}
@@ -159,6 +185,11 @@ class AutoControl:
         drafts help no more: 0.77 then 0.48 at K = 4, against 0.54 then 0.55 for one draft, an earlier drafter). The
         pair's own counts replace these guesses as rounds come in."""
         reached, accepted = self.reached[pair], self.accepted[pair]
+        if pair[1] in self.pass_gains:
+            # Refinement passes: the same drafts' (K, 1) estimate, position by position, times the passes' measured gain.
+            base = self.acceptance((pair[0], 1))
+            priors = [min(PASS_PRIOR_CAP, b * g) for b, g in zip(base, self.pass_gains[pair[1]])]
+            return [(a + PRIOR_WEIGHT * p) / (r + PRIOR_WEIGHT) for a, r, p in zip(accepted, reached, priors)]
         if pair == (1, 1):
             prior = self.prior_accept
         else:

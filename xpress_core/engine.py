@@ -122,7 +122,12 @@ def control(models: Models, cfg: DecodeConfig, costs: CostModel | None) -> Fixed
         return FixedControl(cfg)
     can_draft = not isinstance(models.drafter, NoDrafter)
     return AutoControl(
-        costs or models.costs or calibrate(models), models.drafter.max_block, can_draft, sampled=not cfg.greedy
+        costs or models.costs or calibrate(models),
+        models.drafter.max_block,
+        can_draft,
+        sampled=not cfg.greedy,
+        steps=models.drafter.auto_steps,
+        pass_gains=models.drafter.pass_gains,
     )
 
 
@@ -466,17 +471,25 @@ def calibrate(models: Models, repeats: int = 5) -> CostModel:
         {widest: seconds["most"]} if "most" in seconds else {}
     )
     forward_s, token_s, step_s, wide_from, wide_token_s = fit_verify_costs(verify_s)
-    draft_s = fit_draft_costs(models.drafter.draft_work, {s: seconds[s] for s in drafts}) if drafts else (0.0, 0.0)
+    drafter = models.drafter
+    draft_s = fit_draft_costs(round_draft_work(drafter), {s: seconds[s] for s in drafts}) if drafts else (0.0,) * 3
     return CostModel(
-        *draft_s,
+        *draft_s[:2],
         forward_s,
         token_s,
         other,
         step_s,
         verify_wide=wide_from,
         verify_wide_token_s=wide_token_s,
-        draft_work=models.drafter.draft_work,
+        draft_work=drafter.draft_work,
+        pass_s=draft_s[2],
+        refine_passes=drafter.refine_passes,
     )
+
+
+def round_draft_work(drafter) -> Callable[[RoundSetting], tuple[int, int, int]]:
+    """A round's drafting work at (K, T, L) as the drafter declares it: (forwards, positions, refinement passes)."""
+    return lambda setting: (*drafter.draft_work(setting), drafter.refine_passes(setting))
 
 
 def fit_verify_costs(seconds: dict[int, float]) -> tuple[float, float, float, int, float]:
@@ -523,16 +536,19 @@ def calibration_drafts(block: int) -> tuple[RoundSetting, ...]:
     )
 
 
-def fit_draft_costs(
-    work: Callable[[RoundSetting], tuple[int, int]], seconds: dict[RoundSetting, float]
-) -> tuple[float, float]:
-    """(per forward, per position) seconds: the least-squares fit of ``seconds`` to ``forwards x a + positions x b``
-    over the drafts' declared work; a cost the fit puts below zero is zero and the other fitted alone."""
-    work_rows = torch.tensor([work(s) for s in seconds], dtype=torch.float64)
+def fit_draft_costs(work: Callable[[RoundSetting], tuple[int, ...]], seconds: dict[RoundSetting, float]) -> tuple:
+    """Seconds per unit of each kind of drafting work (per forward, per position, per refinement pass...): the
+    least-squares fit of ``seconds`` to the drafts' declared work, no cost below zero (a column the drafts never do,
+    or whose fit goes negative, costs zero and the others are fitted without it)."""
+    rows = torch.tensor([work(s) for s in seconds], dtype=torch.float64)
     times = torch.tensor(list(seconds.values()), dtype=torch.float64)[:, None]
-    a, b = torch.linalg.lstsq(work_rows, times).solution[:, 0].tolist()
-    if min(a, b) >= 0:
-        return a, b
-    column = 0 if a > b else 1  # the one kept
-    alone = max(0.0, torch.linalg.lstsq(work_rows[:, column : column + 1], times).solution.item())
-    return (alone, 0.0) if column == 0 else (0.0, alone)
+    kept = [c for c in range(rows.shape[1]) if rows[:, c].any()]
+    while kept:
+        fitted = torch.linalg.lstsq(rows[:, kept], times).solution[:, 0].tolist()
+        if min(fitted) >= 0:
+            break
+        kept.pop(fitted.index(min(fitted)))  # the most negative: the work that explains the least
+    costs = [0.0] * rows.shape[1]
+    for column, cost in zip(kept, fitted if kept else []):
+        costs[column] = cost
+    return tuple(costs)

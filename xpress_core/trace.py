@@ -28,6 +28,9 @@ class DenoiseStep:
     # Gaussian drafter: the noise level t this step denoised (1 = pure noise); its tokens are every position's
     # nearest token (the LM head's argmax of the step's clean estimate), none masked. None for the masked drafter.
     noise_level: float | None = None
+    # "denoise": a denoise step; "pass": a refinement pass (pass 0 the drafter's forward; refiner.py), whose tokens
+    # the panel compares with the pass before.
+    kind: str = "denoise"
 
 
 def tokens_per_round(accept_lens: Sequence[int]) -> float:

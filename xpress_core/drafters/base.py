@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import DecodeConfig
-from ..controller import RoundSetting, denoise_work
+from ..controller import AUTO_STEPS, RoundSetting, denoise_work
 from ..errors import XpressError
 from ..sampling import noisy_logits
 from ..trace import DenoiseStep
@@ -43,6 +43,23 @@ class Drafter(ABC):
     max_block: int | None = None
     # What sets that limit, for the error message.
     max_block_reason: str = "trained block size"
+    # What a round's T steps are: "denoise" steps, or refinement "pass"es (a drafter with a refiner head).
+    step_kind: str = "denoise"
+
+    @property
+    def auto_steps(self) -> tuple[int, ...]:
+        """The T ``auto`` may pick for this drafter."""
+        return AUTO_STEPS
+
+    @property
+    def pass_gains(self) -> dict[int, tuple[float, ...]]:
+        """Per T > 1 and block position, acceptance after T - 1 refinement passes over acceptance after none, as
+        measured on held-out text when the drafter was trained (the controller's prior); empty = not measured."""
+        return {}
+
+    def refine_passes(self, setting: RoundSetting) -> int:
+        """Refinement passes a round at (K, T, L) runs beyond ``draft_work`` (priced apart: ``CostModel.pass_s``)."""
+        return 0
 
     def draft_work(self, setting: RoundSetting) -> tuple[int, int]:
         """Forwards a draft at (K, T, L) runs and the positions they compute in all: what ``auto`` prices

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import TREE, DecodeConfig
-from ..controller import RoundSetting
+from ..controller import AUTO_PASSES, RoundSetting
 from ..sampling import gumbel
 from ..trace import MASKED, DenoiseStep
 from ..tree import best_first_paths
@@ -129,13 +129,20 @@ class MaskedDiffusionDrafter(Drafter):
         return Drafts(tree.tokens, tuple(steps), tree.order)
 
     def choose_tokens(
-        self, logits: torch.Tensor, cfg: DecodeConfig, step: int, randomness: DraftRandomness, ranked: bool = True
+        self,
+        logits: torch.Tensor,
+        cfg: DecodeConfig,
+        step: int,
+        randomness: DraftRandomness,
+        ranked: bool = True,
+        row_noise: torch.Tensor | None = None,
     ):
         """Best token and its probability per (draft, position), with the diversity strategy applied: the most likely
         token when greedy, the target-coupled one when sampling (``choice_scores``).
 
         ``logits`` (K, L, V), or (1, L, V) for K identical rows (the first step): the choice runs once and its rows are
         copied, so K drafts at T = 1 cost one draft's token choice too (the work ``draft_work`` declares).
+        ``row_noise``: diversity "gumbel"'s (K, L, V) noise when the caller draws it (``row_gumbel``), else drawn here.
         Returns candidates (K, L), their confidence (K, L) and the (K, L) positions forced to commit now (branches).
         Without ``ranked`` (nobody reads the confidence) and with no branches or Gumbel rows to rank, the choice is
         the maximum of the logits themselves, where the softmax's is (the drafter's most likely token): no softmax
@@ -155,10 +162,9 @@ class MaskedDiffusionDrafter(Drafter):
         probs = allowed.softmax(-1)  # (K or 1, L, V)
         scores = choice_scores(allowed, probs, cfg, randomness.upcoming)
         if gumbel_rows:
-            rng = randomness.generator
-            uniform = torch.rand((k, *probs.shape[1:]), generator=rng, device=rng.device).to(probs.device)
+            noise = row_noise if row_noise is not None else row_gumbel(cfg, probs.shape[1:], randomness, probs.device)
             # greedy: the argmax of p is the argmax of log p, which the noise needs
-            scores = (probs.log() if randomness.upcoming is None else scores) + gumbel(uniform)
+            scores = (probs.log() if randomness.upcoming is None else scores) + noise
             probs = probs.expand(k, -1, -1)
         candidates = scores.argmax(-1).expand(k, -1).clone()  # rows of their own: branches write into them
         conf = probs.gather(-1, candidates[: probs.shape[0], :, None])[..., 0].expand(k, -1).clone()
@@ -187,6 +193,27 @@ class MaskedDiffusionDrafter(Drafter):
         newly = torch.zeros_like(committed)
         newly.scatter_(1, chosen, True)
         return newly & ~committed
+
+
+def masked_block(root: int, length: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """One row's ``[root, MASK x L]``: (1, L+1) token ids and (1, L+1) masked flags."""
+    block = torch.full((1, length + 1), root, device=device)
+    masked = torch.ones((1, length + 1), dtype=torch.bool, device=device)
+    masked[:, 0] = False
+    return block, masked
+
+
+def as_rows(x: torch.Tensor | None) -> tuple[tuple, ...]:
+    """A (R, L) tensor as rows of Python numbers (what ``Drafts`` and ``DenoiseStep`` hold); () for None."""
+    return () if x is None else tuple(map(tuple, x.tolist()))
+
+
+def row_gumbel(cfg: DecodeConfig, shape: torch.Size, randomness: DraftRandomness, device) -> torch.Tensor | None:
+    """Diversity "gumbel": (K, L, V) Gumbel noise per draft row from the drafter's generator; None otherwise."""
+    if cfg.diversity != "gumbel" or cfg.drafts < 2:
+        return None
+    rng = randomness.generator
+    return gumbel(torch.rand((cfg.drafts, *shape), generator=rng, device=rng.device).to(device))
 
 
 # Context slots a drafter state holds beyond the prompt before it must grow (it then doubles): a reply of up to this
@@ -279,7 +306,12 @@ class TargetConditionedDrafter(Drafter):
             state.append(self.model.context_kv(features[None], positions))
 
     def block_logits(self, state: DiffusionState, block_embeds: torch.Tensor) -> torch.Tensor:
-        """One drafter forward on R blocks ``[root, L positions]`` (R, L+1, H) after the context -> (R, L, V).
+        """One drafter forward on R blocks ``[root, L positions]`` (R, L+1, H) after the context -> (R, L, V)."""
+        return self.model.head_logits(self.block_hidden(state, block_embeds))
+
+    def block_hidden(self, state: DiffusionState, block_embeds: torch.Tensor) -> torch.Tensor:
+        """One drafter forward on R blocks ``[root, L positions]`` (R, L+1, H) after the context -> (R, L, H) the
+        hidden states that predict tokens 1..L (what the LM head reads, and the refiner).
 
         One block (every first denoise step) takes the pending tokens in through the same forward: their keys/values
         are projected in the block's own matrix products and written, with the block's, into the context buffers
@@ -291,14 +323,14 @@ class TargetConditionedDrafter(Drafter):
             self.project_pending(state)
             positions = torch.arange(state.length, state.length + span, device=block_embeds.device).expand(rows, -1)
             context = [(ck.expand(rows, -1, -1, -1), cv.expand(rows, -1, -1, -1)) for ck, cv in state.context]
-            return self.model.draft_logits(block_embeds, positions, context)
+            return self.model.draft_hidden(block_embeds, positions, context)
         pending = self.model.fuse(torch.cat(state.pending))[None] if state.pending else None
         taken = 0 if pending is None else pending.shape[1]
         state.reserve(taken + span)
         positions = torch.arange(state.length, state.length + taken + span, device=block_embeds.device)[None]
-        logits = self.model.draft_logits(block_embeds, positions, state.slots(), pending)
+        hidden = self.model.draft_hidden(block_embeds, positions, state.slots(), pending)
         state.pending, state.length = [], state.length + taken
-        return logits
+        return hidden
 
 
 class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
@@ -307,6 +339,67 @@ class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
     ``MaskedDiffusionDrafter``."""
 
     noise = "mask"
+
+    def __init__(self, model: XpressDrafter, banned_ids: list[int]):
+        super().__init__(model, banned_ids)
+        # With a refiner head a round's T steps are its drafter forward and T - 1 refinement passes (refiner.py);
+        # without one, T denoise steps.
+        self.step_kind = "pass" if model.refiner is not None else "denoise"
+
+    def draft_work(self, setting: RoundSetting) -> tuple[int, int]:
+        """A refining drafter runs one forward over one row whatever T (its passes are ``refine_passes``)."""
+        if self.step_kind == "pass":
+            return 1, setting.block + 1
+        return super().draft_work(setting)
+
+    def refine_passes(self, setting: RoundSetting) -> int:
+        return setting.steps - 1 if self.step_kind == "pass" and not setting.plain else 0
+
+    @property
+    def auto_steps(self) -> tuple[int, ...]:
+        return AUTO_PASSES if self.step_kind == "pass" else super().auto_steps
+
+    @property
+    def pass_gains(self) -> dict[int, tuple[float, ...]]:
+        gains = self.model.config.refiner_gains or []
+        return {passes + 2: tuple(row) for passes, row in enumerate(gains)}
+
+    @torch.no_grad()
+    def draft(self, state, root: int, cfg: DecodeConfig, randomness: DraftRandomness, watch: bool) -> Drafts:
+        if self.step_kind == "denoise" or cfg.steps == 1:  # one step: the drafter's forward alone, either way
+            return super().draft(state, root, cfg, randomness, watch)
+        return self.refined_draft(state, root, cfg, randomness, watch)
+
+    def refined_draft(self, state, root: int, cfg: DecodeConfig, randomness: DraftRandomness, watch: bool) -> Drafts:
+        """Pass 0: one drafter forward on ``[root, MASK x L]`` and its token choice (branches and all, as a one-step
+        masked draft makes them). Passes 1..T-1: the K rows together, as one batch, through the refiner, each reading
+        the tokens the pass before drafted (``refiner.py``); branch tokens stay. A pass that changes no token is a
+        fixed point: the rest would change nothing, so they are not run. A draft tree refines its main row and takes
+        the last pass's distributions, each position's given the tokens drafted before it (``tree_drafts``)."""
+        tree = cfg.diversity == TREE
+        rows = replace(cfg, drafts=1) if tree else cfg
+        hidden = self.block_hidden(state, self.model.embed_block(*masked_block(root, cfg.block, self.device)))
+        logits = self.model.head_logits(hidden).to(self.device)  # (1, L, V) pass 0
+        noise = row_gumbel(rows, logits.shape[1:], randomness, self.device)
+        tokens, confidence, forced = self.choose_tokens(logits, rows, 1, randomness, watch, noise)
+        forced = torch.zeros_like(tokens, dtype=torch.bool) if forced is None else forced
+        steps = [DenoiseStep(as_rows(tokens), as_rows(confidence), kind="pass")] if watch else []
+        roots = torch.full((rows.drafts, 1), root, device=self.device)
+        for _ in range(cfg.steps - 1):
+            previous = torch.cat([roots, tokens[:, :-1]], dim=1)  # (K, L): each position's token one earlier
+            logits = self.model.refined_logits(hidden.expand(rows.drafts, -1, -1), previous)
+            candidates, confidence, _ = self.choose_tokens(logits.to(self.device), rows, 2, randomness, watch, noise)
+            candidates = torch.where(forced, tokens, candidates)
+            settled = torch.equal(candidates, tokens)
+            tokens = candidates
+            if watch:
+                steps.append(DenoiseStep(as_rows(tokens), as_rows(confidence), kind="pass"))
+            if settled:
+                break
+        if tree:
+            blank = torch.full((cfg.block,), MASKED, device=self.device)
+            return self.tree_drafts(logits[0].to(self.device), blank, blank >= 0, cfg, randomness, steps[:-1], watch)
+        return Drafts(tokens=as_rows(tokens), steps=tuple(steps))
 
     def denoise(self, state: DiffusionState, root: int, tokens: torch.Tensor, committed: torch.Tensor) -> torch.Tensor:
         """One drafter forward on the rows' blocks ``[root, tokens or MASK]`` -> (R, L, V) logits."""

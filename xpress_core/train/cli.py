@@ -10,6 +10,7 @@ from pathlib import Path
 from ..config import NOISE_TYPES
 from ..data import DEFAULT_DATA
 from ..errors import XpressError
+from .refiner_cli import add_refiner_step, run_refiner_step
 
 DEFAULT_WORK = Path("runs")
 
@@ -19,6 +20,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     steps = train.add_subparsers(dest="step", required=True)
     add_target_steps(steps)
     add_drafter_steps(steps)
+    add_refiner_step(steps)
     add_report_steps(steps)
 
 
@@ -323,6 +325,8 @@ def run_train(args: argparse.Namespace) -> int:
         print(json.dumps(run_eval(args)))
     elif args.step == "sharpness":
         print(json.dumps(run_sharpness(args)))
+    elif args.step == "refiner":
+        print(json.dumps(run_refiner_step(args)))
     else:
         print(json.dumps(run_drafter_step(args)))
     return 0

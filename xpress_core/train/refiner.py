@@ -1,0 +1,209 @@
+"""Step 5: train the drafter's refiner head (docs/DESIGN.md §3.4; the head itself is ``drafters/refiner.py``).
+
+Per batch, as the drafter's own training reads it (``train/drafter.py``): the frozen target reads whole distilled
+sequences once; ``anchors`` random positions per sequence each open a block ``[x_a, MASK x L]``, masked whole (pass
+0 is a one-forward draft). The drafter computes the blocks' hidden states; the head then learns, per position, the
+target's distribution there (soft labels) from
+
+- a teacher-forced pass: the true tokens one position earlier (what a pass reads once the positions before were
+  drafted right, the only case in which a position's draft can be accepted), and
+- free-running passes as decoding runs them: pass 1 reads pass 0's drafts (the drafter's argmax), pass p reads pass
+  p - 1's, gradients stopped between passes, so the head learns to mend what its own earlier passes wrote.
+
+Loss = teacher-forced + ``free_weight`` x the mean over the free passes (+ ``drafter_weight`` x the drafter's own
+loss when the drafter is trained along, so that pass 0 does not get worse), each position weighted by
+exp(-(j - 1) / decay) as in the drafter's training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..drafters.diffusion_model import XpressDrafter
+from ..errors import XpressError
+from .drafter import (
+    TargetReading,
+    block_inputs,
+    context_features,
+    distillation_loss,
+    greedy_rewritten,
+    make_blocks,
+    per_block,
+    read_target,
+    soft_targets,
+)
+from .loop import TrainConfig, draw_rows, save_trained, split_held_out, train
+
+
+@dataclass(frozen=True)
+class RefinerRecipe:
+    rank: int = 128
+    passes: int = 3  # free-running passes trained (decoding's T - 1)
+    free_weight: float = 0.3
+    drafter_weight: float = 0.6  # only when the drafter is trained along (``co_train``)
+    co_train: bool = False
+    anchors: int = 32
+    decay: float = 4.0
+    soft: float = 1.0
+
+
+@torch.no_grad()
+def attach_refiner(drafter: XpressDrafter, rank: int) -> XpressDrafter:
+    """The same drafter with a new refiner head of ``rank``, drafting exactly as before (the head starts as a no-op);
+    a drafter that has a head keeps it (continued training) when the rank matches."""
+    if drafter.config.noise != "mask":
+        raise XpressError("a refiner head refines masked drafts: the gaussian drafter's steps are DDIM steps")
+    if drafter.refiner is not None:
+        if drafter.config.refiner_rank != rank:
+            raise XpressError(f"the drafter's head has rank {drafter.config.refiner_rank}, not --rank {rank}")
+        return drafter
+    config = type(drafter.config).from_dict(drafter.config.to_dict() | {"refiner_rank": rank})
+    refined = XpressDrafter(config)
+    refined.load_state_dict(refined.state_dict() | drafter.state_dict())
+    return refined
+
+
+def block_hidden(drafter: XpressDrafter, reading: TargetReading, seqs_blocks) -> torch.Tensor:
+    """(B, M, L, H) the drafter's hidden states that predict each block's tokens 1..L (pass 0's)."""
+    span = drafter.config.block_size + 1
+    embeds = block_inputs(drafter, seqs_blocks, reading, torch.Generator())
+    context = context_features(drafter, reading.features)
+    hidden = drafter.hidden(embeds, seqs_blocks.positions, context, seqs_blocks.attention_mask.to(embeds.dtype))
+    return drafter.block_predictions(per_block(hidden, span))
+
+
+def shifted(roots: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """(..., L) the tokens one position earlier than each block position: the root, then tokens 1..L-1."""
+    return torch.cat([roots[..., None], tokens[..., :-1]], dim=-1)
+
+
+def pass_tokens(drafter: XpressDrafter, hidden: torch.Tensor, roots: torch.Tensor, passes: int) -> list[torch.Tensor]:
+    """Greedy drafts (..., L) after passes 0..``passes``: pass 0 the drafter's argmax, each next one the argmax of the
+    refiner reading the pass before (``refine_passes`` as decoding runs it, greedy)."""
+    tokens = [drafter.head_logits(hidden).argmax(-1)]
+    for _ in range(passes):
+        tokens.append(drafter.refined_logits(hidden, shifted(roots, tokens[-1])).argmax(-1))
+    return tokens
+
+
+def refiner_loss(drafter: XpressDrafter, reading: TargetReading, seqs_blocks, recipe: RefinerRecipe) -> torch.Tensor:
+    span = drafter.config.block_size + 1
+    with torch.set_grad_enabled(recipe.co_train):
+        hidden = block_hidden(drafter, reading, seqs_blocks)  # (B, M, L, H)
+    ids = per_block(seqs_blocks.block_ids, span)  # (B, M, L+1): root and tokens 1..L
+    roots, tokens = ids[..., 0], ids[..., 1:]
+    target_logp = soft_targets(reading, per_block(seqs_blocks.positions, span)[..., 1:])
+    weights = torch.exp(-torch.arange(span - 1, dtype=torch.float32) / recipe.decay)  # (L,)
+
+    def weighted(logits: torch.Tensor) -> torch.Tensor:
+        losses = distillation_loss(logits, tokens, target_logp, recipe.soft)  # (B, M, L)
+        return (losses * weights).sum() / (weights.sum() * losses[..., 0].numel())
+
+    loss = weighted(drafter.refined_logits(hidden, shifted(roots, tokens)))  # teacher-forced
+    with torch.no_grad():
+        drafted = drafter.head_logits(hidden).argmax(-1)
+    free = []
+    for _ in range(recipe.passes):
+        logits = drafter.refined_logits(hidden, shifted(roots, drafted))
+        free.append(weighted(logits))
+        drafted = logits.detach().argmax(-1)
+    loss = loss + recipe.free_weight * torch.stack(free).mean()
+    if recipe.co_train:
+        loss = loss + recipe.drafter_weight * weighted(drafter.head_logits(hidden))
+    return loss
+
+
+@torch.no_grad()
+def pass_agreement(drafter: XpressDrafter, target, seqs: torch.Tensor, first_anchor: int, anchors: int, passes: int):
+    """The learning curve per pass, on fixed fully masked blocks of ``seqs``: per pass p = 0..``passes`` and block
+    position j = 1..L, the share of blocks whose draft at j equals the target's greedy token there, and the mean
+    number of leading positions all right (on greedy rows: the draft tokens a greedy round of one chain accepts),
+    with per position the share of blocks right up to it (``leading``).
+    ``teacher_forced``: the same share when every earlier position holds the true token (the head's own accuracy)."""
+    rng = np.random.default_rng(12345)
+    span = drafter.config.block_size + 1
+    blocks = make_blocks(seqs, first_anchor, drafter.config.block_size, anchors, rng, torch.float32, full_share=1.0)
+    reading = read_target(target, seqs, drafter.config.tapped_layers)
+    hidden = block_hidden(drafter, reading, blocks)
+    ids = per_block(blocks.block_ids, span)
+    greedy = soft_targets(reading, per_block(blocks.positions, span)[..., 1:]).argmax(-1)  # (B, M, L)
+    curve = []
+    for tokens in pass_tokens(drafter, hidden, ids[..., 0], passes):
+        right = (tokens == greedy).float()
+        leading = right.cumprod(-1).mean(dim=(0, 1))  # (L,): blocks right at every position up to j
+        curve.append(
+            {
+                "agreement": [round(float(x), 4) for x in right.mean(dim=(0, 1))],
+                "leading": [round(float(x), 4) for x in leading],
+                "accepted": round(float(leading.sum()), 4),
+            }
+        )
+    forced = drafter.refined_logits(hidden, shifted(ids[..., 0], ids[..., 1:])).argmax(-1) == greedy
+    teacher = [round(float(x), 4) for x in forced.float().mean(dim=(0, 1))]
+    return {"passes": curve, "teacher_forced": teacher}
+
+
+def pass_gains(passes: list[dict]) -> list[list[float]]:
+    """Per pass p >= 1 and block position j: the chance that j is accepted once the positions before it were (the
+    ``leading`` shares' ratio), after p passes over after none: the controller's prior for T = p + 1."""
+
+    def conditional(leading: list[float]) -> list[float]:
+        return [now / before if before > 0 else 0.0 for now, before in zip(leading, [1.0, *leading[:-1]])]
+
+    base = conditional(passes[0]["leading"])
+    return [[round(q / b, 4) if b > 0 else 1.0 for q, b in zip(conditional(p["leading"]), base)] for p in passes[1:]]
+
+
+def train_refiner(
+    drafter: XpressDrafter,
+    target,
+    seqs: torch.Tensor,
+    prompt_len: int,
+    cfg: TrainConfig,
+    recipe: RefinerRecipe,
+    workdir: Path,
+    out_dir: Path,
+    tokenizer,
+    distillation: dict | None = None,
+    continued_from: dict | None = None,
+) -> dict:
+    """Train ``drafter``'s refiner head (and, with ``recipe.co_train``, the drafter along) on distilled sequences
+    (N, S) with the frozen ``target``; save the drafter with its head to ``out_dir``."""
+    for p in target.parameters():
+        p.requires_grad_(False)
+    drafter.bind(target)
+    for name, p in drafter.named_parameters():
+        p.requires_grad_(recipe.co_train or name.startswith("refiner."))
+    held_out, train_seqs = split_held_out(seqs)
+    first_anchor = prompt_len - 1
+    held_out_greedy = greedy_rewritten(target, held_out, prompt_len)
+    block = drafter.config.block_size
+    curve_passes = max(recipe.passes + 1, 4)  # one pass past the trained ones: what a longer T would add
+
+    def loss_fn(rng: np.random.Generator) -> torch.Tensor:
+        batch_seqs = draw_rows(train_seqs, rng, cfg.batch_size)
+        reading = read_target(target, batch_seqs, drafter.config.tapped_layers)
+        blocks = make_blocks(batch_seqs, first_anchor, block, recipe.anchors, rng, torch.float32, full_share=1.0)
+        return refiner_loss(drafter, reading, blocks, recipe)
+
+    def eval_fn() -> dict:
+        return {
+            "greedy": pass_agreement(drafter, target, held_out_greedy, first_anchor, recipe.anchors, curve_passes),
+            "sampled": pass_agreement(drafter, target, held_out, first_anchor, recipe.anchors, curve_passes),
+        }
+
+    summary = train(drafter, loss_fn, cfg, workdir, desc="refiner", eval_fn=eval_fn)
+    summary["heldout_refiner"] = eval_fn()
+    drafter.config.refiner_gains = pass_gains(summary["heldout_refiner"]["greedy"]["passes"])
+    summary["refiner_recipe"] = asdict(recipe)
+    summary["distilled_sequences"] = int(seqs.shape[0])
+    summary["distillation"] = distillation
+    if continued_from:  # the drafter's own training, which the card reports too
+        summary["continued_from"] = continued_from
+    for p in drafter.parameters():
+        p.requires_grad_(True)
+    return save_trained(drafter, tokenizer, out_dir, summary)

@@ -1,0 +1,91 @@
+"""``python -m xpress_core train refiner``: the drafter's refiner head (train/refiner.py), on a distillation folder."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+DEFAULT_WORK = Path("runs")
+
+
+def add_refiner_step(steps: argparse._SubParsersAction) -> None:
+    step = steps.add_parser("refiner", help="the drafter's causal refiner head (T > 1 = refinement passes)")
+    step.add_argument("--target", default=str(Path("assets") / "target"), help="HF causal LM: directory or Hub id")
+    step.add_argument("--drafter", type=Path, default=Path("assets") / "drafter", help="the drafter to give a head")
+    step.add_argument("--distill-dir", type=Path, default=DEFAULT_WORK / "distill", help="target-written sequences")
+    step.add_argument(
+        "--data", type=Path, nargs="+", default=[DEFAULT_WORK / "corpus"], help="corpus, when chunks are missing"
+    )
+    step.add_argument("--sequences", type=int, help="distilled sequences to write first (default: the folder as it is)")
+    step.add_argument("--distill-seed", type=int, default=0)
+    step.add_argument("--sample-fraction", type=float, default=0.5)
+    step.add_argument("--prompt-len", type=int, default=96)
+    step.add_argument("--workdir", type=Path, default=DEFAULT_WORK / "refiner")
+    step.add_argument("--out", type=Path, default=DEFAULT_WORK / "refiner" / "out")
+    step.add_argument("--steps", type=int, default=1500)
+    step.add_argument("--batch-size", type=int, default=8)
+    step.add_argument("--lr", type=float, default=2e-3)
+    step.add_argument("--rank", type=int, default=128, help="the head's width r")
+    step.add_argument("--passes", type=int, default=2, help="free-running passes trained")
+    step.add_argument("--free-weight", type=float, default=0.3, help="weight of the free-running passes' loss")
+    step.add_argument("--anchors", type=int, default=16, help="blocks per sequence per step")
+    step.add_argument("--decay", type=float, default=4.0, help="loss weight of block position j: exp(-(j-1)/decay)")
+    step.add_argument("--soft", type=float, default=1.0, help="weight of the KL to the target's distribution")
+    step.add_argument("--co-train", action="store_true", help="train the drafter along (with its own loss)")
+    step.add_argument("--eval-every", type=int, default=250)
+    step.add_argument("--no-bf16", action="store_true")
+
+
+def run_refiner_step(args: argparse.Namespace) -> dict:
+    import torch
+
+    from ..drafters.diffusion_model import XpressDrafter
+    from ..models import load_target
+    from .distill import DistillConfig, distillation_record, load_distillation, write_distillation
+    from .loop import TrainConfig
+    from .refiner import RefinerRecipe, attach_refiner, train_refiner
+
+    target, tokenizer = load_target(args.target, torch.device("cpu"), torch.float32)
+    if args.sequences:  # write what is missing first (resumable), else train on the chunks the folder holds
+        distill = DistillConfig(
+            sequences=args.sequences,
+            prompt_len=args.prompt_len,
+            sample_fraction=args.sample_fraction,
+            seed=args.distill_seed,
+        )
+        write_distillation(target, tokenizer, args.data, args.distill_dir, distill)
+    seqs = load_distillation(args.distill_dir)
+    recipe = RefinerRecipe(
+        rank=args.rank,
+        passes=args.passes,
+        free_weight=args.free_weight,
+        co_train=args.co_train,
+        anchors=args.anchors,
+        decay=args.decay,
+        soft=args.soft,
+    )
+    cfg = TrainConfig(
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        warmup=min(100, args.steps // 10 + 1),
+        bf16=not args.no_bf16,
+        eval_every=args.eval_every,
+    )
+    summary_path = args.drafter / "training_summary.json"
+    return train_refiner(
+        attach_refiner(XpressDrafter.from_pretrained(args.drafter), args.rank),
+        target,
+        seqs,
+        args.prompt_len,
+        cfg,
+        recipe,
+        args.workdir,
+        args.out,
+        tokenizer,
+        distillation=distillation_record(args.distill_dir) | {"chunks": len(list(args.distill_dir.glob("chunk_*.pt")))}
+        if distillation_record(args.distill_dir)
+        else None,
+        continued_from=json.loads(summary_path.read_text()) if summary_path.exists() else None,
+    )
