@@ -35,7 +35,7 @@ class Settings:
     """The controls' values as the UI (or an API client) sends them, unchecked; ``decode_config`` checks them."""
 
     preset: str = ""
-    # The fastest fixed setting the benchmark measured on a 2-core CPU with the embedded models (README, Results): a
+    # The fastest fixed setting the benchmark measured on a 2-core CPU with the embedded models (README, Latest results): a
     # draft tree of 4 x 8 nodes.
     drafts: int = 4
     steps: int = 1

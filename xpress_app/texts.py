@@ -77,7 +77,7 @@ drafts are good.
 DEFAULTS_NOTE = (
     "Starts with Auto on: the fastest choice on whatever hardware runs the app. Pinned, K=4 · T=1 · L=8 (a draft "
     "tree of 32 tokens) is the fastest fixed setting the benchmark measured on a 2-core CPU with the embedded models "
-    "(README, Results)."
+    "(README, Latest results)."
 )
 
 # One click sends each: a booking (the chats the embedded target learned most from), a story, small talk.

@@ -37,7 +37,7 @@ class ModelPreset:
 
 
 def hub_presets() -> tuple[ModelPreset, ...]:
-    """The real-model presets (README "Use real models"). Sizes are parameter counts; memory is for bf16 weights."""
+    """The real-model presets (README "Real models"). Sizes are parameter counts; memory is for bf16 weights."""
     own_drafter = os.environ.get(OWN_QWEN3_DRAFTER_ENV, "./runs/drafter_qwen3-0.6b")
     return (
         ModelPreset(
