@@ -35,8 +35,11 @@ HELP = {
     ),
     "block": "L tokens per draft: a round accepts at most L draft tokens, plus one token from the target.",
     "steps": (
-        "T denoise steps per round (1..L). T=1 fills the block in one drafter forward; "
-        "T=L commits one position per step, like autoregressive drafting (which the AR drafter always does)."
+        "T steps per round (1..L). T=1 fills the block in one drafter forward. With a refiner head (the embedded "
+        "drafter has one) each further step is a refinement pass: every position re-reads the tokens the pass before "
+        "drafted ahead of it, all positions at once, so pass p fixes the first p positions' view of each other (a pass "
+        "costs a small head, not a drafter forward; changed tokens are outlined in the draft panel). Without a head, "
+        "a step is a denoise step: T=L commits one position per step, like autoregressive drafting."
     ),
     "temperature": (
         "0 = greedy. Above 0 the target samples, and the output distribution is still exactly its own; the drafter "
@@ -46,8 +49,8 @@ HELP = {
     "seed": "Same seed and settings give the same text, with or without the drafter.",
     "max_new_tokens": "Upper bound on the reply length, in tokens.",
     "refine": (
-        "parallel: the K drafts share one batched drafter forward per step (about T forwards); "
-        "serial: one draft at a time (K x T forwards). Same drafts, different cost. A draft tree refines one row."
+        "parallel: the K drafts go through each step as one batch (one batched forward or refinement pass a step); "
+        "serial: one draft at a time (K x T). Same drafts, different cost. A draft tree refines one row."
     ),
     "verify": (
         "tree: drafts merged into a trie, checked in one target forward with a tree attention mask; "
@@ -58,9 +61,9 @@ HELP = {
         "each one's timings count only its own work."
     ),
     "auto": (
-        "Before every round the controller picks drafts K and block L with one denoise step (or a plain step) for the most "
-        "expected tokens per second, from this reply's acceptance so far and the stage costs measured when the "
-        "models loaded. Untick to pin K, T, L below."
+        "Before every round the controller picks drafts K, steps T and block L (or a plain step) for the most expected "
+        "tokens per second, from this reply's acceptance so far and the stage costs measured when the models loaded "
+        "(refinement passes priced like the rest; without a refiner head T stays 1). Untick to pin K, T, L below."
     ),
     "animate": (
         "Replay every round's denoise steps in the draft panel while generating. Slower to watch; "

@@ -387,7 +387,10 @@ class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
         roots = torch.full((rows.drafts, 1), root, device=self.device)
         for _ in range(cfg.steps - 1):
             previous = torch.cat([roots, tokens[:, :-1]], dim=1)  # (K, L): each position's token one earlier
-            logits = self.model.refined_logits(hidden.expand(rows.drafts, -1, -1), previous)
+            # Parallel refinement: the K rows in one pass; serial: a pass per row (the comparison; same drafts).
+            logits = stacked(
+                [self.model.refined_logits(hidden.expand(len(g), -1, -1), previous[g]) for g in refine_groups(rows)]
+            )
             candidates, confidence, _ = self.choose_tokens(logits.to(self.device), rows, 2, randomness, watch, noise)
             candidates = torch.where(forced, tokens, candidates)
             settled = torch.equal(candidates, tokens)

@@ -1,0 +1,268 @@
+"""The refiner head and its refinement passes (drafters/refiner.py, train/refiner.py) against their oracles: HF
+``generate`` and plain sampling for the output, a scripted perfect head for the passes' meaning, a hand computation
+for the training loss."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tests.oracles import NEW, PROMPTS, check_invariants, hf_greedy, run
+from tests.test_engine import plain_sampling
+from xpress_core.config import DecodeConfig
+from xpress_core.controller import AutoControl, CostModel, RoundSetting
+from xpress_core.drafters.base import DraftRandomness
+from xpress_core.drafters.diffusion_model import XpressDrafter
+from xpress_core.engine import fit_draft_costs, round_draft_work
+from xpress_core.models import encode_prompt, load_models
+from xpress_core.train.drafter import DrafterBatch, read_target
+from xpress_core.train.refiner import RefinerRecipe, attach_refiner, pass_gains, refiner_loss
+
+RANK = 16
+
+
+def with_head(drafter_dir, out, seed: int = 7, scale: float = 1.0):
+    """The zoo's drafter with a refiner head of random weights (its projection back scaled by ``scale``; 0 = the
+    head a new drafter starts with), saved like a trained one."""
+    drafter = attach_refiner(XpressDrafter.from_pretrained(drafter_dir), RANK)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in drafter.refiner.named_parameters():
+            p.copy_(torch.randn_like(p) * (0.3 if name != "out.weight" else scale))
+    drafter.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def refining(zoo, tmp_path_factory):
+    models = load_models(zoo["llama"], with_head(zoo["drafter_llama"], tmp_path_factory.mktemp("head")), device="cpu")
+    prompts = [encode_prompt(models.tokenizer, p, chat=True) for p in PROMPTS]
+    return models, prompts, [hf_greedy(models, p) for p in prompts]
+
+
+def test_a_head_makes_steps_refinement_passes_and_a_checkpoint_without_one_drafts_as_before(zoo, refining):
+    models, _, _ = refining
+    assert models.drafter.step_kind == "pass" and models.drafter.auto_steps == (1, 2, 3)
+    assert models.drafter.refine_passes(RoundSetting(4, 3, 8)) == 2
+    assert models.drafter.draft_work(RoundSetting(4, 3, 8)) == (1, 9)  # one forward, one row, whatever T and K
+    plain = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu").drafter
+    assert (
+        plain.model.refiner is None and plain.step_kind == "denoise" and plain.refine_passes(RoundSetting(1, 3, 8)) == 0
+    )
+
+
+@pytest.mark.parametrize("refine", ["parallel", "serial"])
+@pytest.mark.parametrize("diversity", ["tree", "none", "branch-first", "branch-uncertain"])
+@pytest.mark.parametrize("k,t,length", [(1, 2, 4), (1, 4, 4), (3, 3, 8), (3, 8, 8)])
+def test_greedy_equals_generate_for_every_number_of_passes(refining, diversity, k, t, length, refine):
+    models, prompts, refs = refining
+    cfg = DecodeConfig(drafts=k, steps=t, block=length, diversity=diversity, refine=refine, max_new_tokens=NEW)
+    for prompt_ids, ref in zip(prompts, refs):
+        traces, result = run(models, prompt_ids, cfg)
+        assert list(result.token_ids) == ref
+        check_invariants(traces, prompt_ids.shape[1], result)
+        assert all(1 <= len(t.steps) <= cfg.steps for t in traces[1:])
+
+
+@pytest.mark.parametrize("diversity", ["tree", "gumbel", "branch-first"])
+@pytest.mark.parametrize("temperature,seed", [(0.8, 0), (1.2, 3)])
+def test_sampled_passes_give_plain_samplings_tokens_with_the_same_seed(refining, diversity, temperature, seed):
+    models, prompts, _ = refining
+    cfg = DecodeConfig(
+        temperature=temperature, seed=seed, drafts=3, steps=3, block=4, diversity=diversity, max_new_tokens=NEW
+    )
+    ref = plain_sampling(models, prompts[1], cfg, NEW)
+    _, result = run(models, prompts[1], cfg)
+    assert list(result.token_ids) == ref
+
+
+def scripted_perfect_head(models, full: list[int], monkeypatch):
+    """A head that knows the target's greedy continuation ``full`` (prompt + output): at each block position whose
+    earlier tokens (as the pass reads them) are the continuation's, it puts all its weight on the next true token;
+    elsewhere it leaves the drafter's logits. A causal head that is always right where it can be."""
+    drafter, model = models.drafter, models.drafter.model
+    seen = {}
+    draft = drafter.refined_draft
+
+    def remembering(state, *args):
+        seen["state"] = state
+        return draft(state, *args)
+
+    def refined_logits(hidden, previous):
+        logits = model.head_logits(hidden).clone()
+        start = seen["state"].committed  # the root's index in ``full``
+        for row in range(previous.shape[0]):
+            for j in range(previous.shape[1]):
+                if start + j + 1 < len(full) and previous[row, : j + 1].tolist() == full[start : start + j + 1]:
+                    logits[row, j] = -1e4
+                    logits[row, j, full[start + j + 1]] = 1e4
+        return logits
+
+    monkeypatch.setattr(drafter, "refined_draft", remembering)
+    monkeypatch.setattr(model, "refined_logits", refined_logits)
+
+
+@pytest.mark.parametrize("t", [1, 2, 3, 5])
+def test_a_head_that_is_always_right_settles_one_more_position_each_pass(refining, monkeypatch, t):
+    """After p passes the first p positions are the target's: every round that the reply's end does not cut accepts
+    at least T - 1 draft tokens (T = 1: whatever the untrained drafter guessed), and the output stays the target's."""
+    models, prompts, refs = refining
+    length = 6
+    for prompt_ids, ref in zip(prompts, refs):
+        scripted_perfect_head(models, prompt_ids[0].tolist() + ref, monkeypatch)
+        cfg = DecodeConfig(drafts=1, steps=t, block=length, diversity="none", max_new_tokens=NEW)
+        _, result = run(models, prompt_ids, cfg)
+        assert list(result.token_ids) == ref
+        full_rounds = result.accept_lens[:-1]  # the last round may be cut by the reply's end
+        assert full_rounds and min(full_rounds) >= t - 1
+        if t == length:
+            assert min(full_rounds) >= length - 1
+
+
+def test_passes_at_a_fixed_point_change_nothing(zoo, tmp_path):
+    """A head that corrects nothing (its projection back at zero, as a new head starts): every T drafts what T = 1
+    drafts, and the passes stop at the first one that changes no token."""
+    models = load_models(zoo["llama"], with_head(zoo["drafter_llama"], tmp_path / "zero", scale=0.0), device="cpu")
+    prompt_ids = encode_prompt(models.tokenizer, PROMPTS[0], chat=True)
+    for diversity in ("none", "branch-first", "tree"):
+        one = run(models, prompt_ids, DecodeConfig(drafts=3, steps=1, block=8, diversity=diversity))[0]
+        many = run(models, prompt_ids, DecodeConfig(drafts=3, steps=6, block=8, diversity=diversity))[0]
+        assert [t.drafts for t in one] == [t.drafts for t in many]
+        if diversity != "tree":  # pass 0 and the one pass that found nothing to change
+            assert {len(t.steps) for t in many[1:]} == {2}
+            assert all(t.steps[0].tokens == t.steps[1].tokens for t in many[1:])
+
+
+def test_parallel_and_serial_passes_make_the_same_drafts(refining):
+    models, prompts, _ = refining
+    for diversity in ("branch-first", "gumbel"):
+        cfg = DecodeConfig(drafts=3, steps=4, block=8, diversity=diversity, temperature=0.8, seed=2)
+        parallel, _ = run(models, prompts[0], cfg)
+        serial, _ = run(models, prompts[0], DecodeConfig(**{**cfg.__dict__, "refine": "serial"}))
+        assert [t.drafts for t in parallel] == [t.drafts for t in serial]
+
+
+def test_k_rows_refined_as_one_batch_equal_rows_refined_alone(refining):
+    """The K drafts go through each pass as one batch: the same drafts as K passes of one row each (the head reads
+    each row's own tokens only)."""
+    models, prompts, _ = refining
+    drafter = models.drafter
+    state = drafter.start(prompts[0], *first_features(models, prompts[0]))
+    cfg = DecodeConfig(drafts=3, steps=4, block=8, diversity="branch-first")
+    drafts = drafter.draft(state, 5, cfg, DraftRandomness(torch.Generator().manual_seed(0)), watch=True)
+    hidden = drafter.block_hidden(state, drafter.model.embed_block(*masked(5, 8)))
+    for row in range(3):
+        tokens = torch.tensor([drafts.steps[0].tokens[row]])
+        for _ in range(3):
+            previous = torch.cat([torch.tensor([[5]]), tokens[:, :-1]], dim=1)
+            chosen = drafter.model.refined_logits(hidden, previous)
+            chosen = (chosen[..., : drafter.banned.shape[0]] + drafter.banned).argmax(-1)
+            chosen[0, 0] = tokens[0, 0]  # the branch token stays
+            tokens = chosen
+        assert tuple(tokens[0].tolist()) == drafts.tokens[row]
+
+
+def first_features(models, prompt_ids):
+    from xpress_core.models import tapped_forward
+
+    _, features = tapped_forward(models.target, list(models.drafter.tapped_layers), input_ids=prompt_ids)
+    return (features[0],)
+
+
+def masked(root: int, length: int):
+    from xpress_core.drafters.diffusion import masked_block
+
+    return masked_block(root, length, torch.device("cpu"))
+
+
+def test_the_training_loss_is_the_hand_computed_one(zoo):
+    """One block, L = 2, greedy soft labels off (CE on the tokens): the teacher-forced pass, one free pass and its
+    weights, computed position by position."""
+    from xpress_core.models import load_target
+
+    target, _ = load_target(zoo["llama"], torch.device("cpu"), torch.float32)
+    drafter = with_head_in_memory(zoo["drafter_llama"], block=2).bind(target)
+    seqs = torch.tensor([[5, 9, 12, 7, 30, 41]])
+    reading = read_target(target, seqs, drafter.config.tapped_layers)
+    span, anchor = 3, 2  # the block [x_2, x_3, x_4]
+    positions = torch.tensor([[anchor, anchor + 1, anchor + 2]])
+    mask = torch.zeros(1, 1, span, seqs.shape[1] + span)
+    mask[..., anchor : seqs.shape[1]] = float("-inf")  # the context strictly before the anchor
+    batch = DrafterBatch(
+        seqs.gather(1, positions), torch.tensor([[False, True, True]]), torch.zeros(1, span), positions, mask
+    )
+    recipe = RefinerRecipe(rank=RANK, passes=1, free_weight=0.3, decay=2.0, soft=0.0)
+    loss = refiner_loss(drafter, reading, batch, recipe)
+
+    embeds = drafter.embed_block(batch.block_ids, batch.masked)
+    context = drafter.context_kv(reading.features, torch.arange(seqs.shape[1])[None])
+    hidden = drafter.hidden(embeds, positions, context, mask)[:, 1:]  # (1, 2, H): positions 1 and 2 predict x_3, x_4
+    truth = [7, 30]  # the block's tokens after its root x_2 = 12
+    weights = [1.0, math.exp(-1 / 2.0)]
+
+    def ce(previous: list[int]) -> float:
+        logits = drafter.refined_logits(hidden, torch.tensor([previous]))[0].float()
+        logp = logits.log_softmax(-1)
+        return sum(w * -logp[j, truth[j]].item() for j, w in enumerate(weights)) / sum(weights)
+
+    first = drafter.head_logits(hidden)[0].argmax(-1).tolist()
+    expected = ce([12, 7]) + 0.3 * ce([12, first[0]])
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+
+
+def with_head_in_memory(drafter_dir, block: int):
+    plain = XpressDrafter.from_pretrained(drafter_dir)
+    plain.config.block_size = block
+    drafter = attach_refiner(plain, RANK)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in drafter.refiner.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+    return drafter
+
+
+def test_pass_gains_are_ratios_of_conditional_acceptance():
+    passes = [{"leading": [0.8, 0.4, 0.2]}, {"leading": [0.8, 0.6, 0.45]}]
+    # conditional: 0.8, 0.5, 0.5 -> 0.8, 0.75, 0.75
+    assert pass_gains(passes) == [[1.0, 1.5, 1.5]]
+
+
+def test_passes_are_priced_and_fitted_and_auto_refines_when_the_measured_gain_pays():
+    costs = CostModel(
+        1e-3,
+        0.05e-3,
+        3e-3,
+        0.1e-3,
+        0.4e-3,
+        draft_work=lambda s: (1, s.block + 1),
+        pass_s=0.2e-3,
+        refine_passes=lambda s: max(0, s.steps - 1),
+    )
+    assert costs.round_s(RoundSetting(1, 3, 8)) - costs.round_s(RoundSetting(1, 1, 8)) == pytest.approx(0.4e-3)
+
+    class Work:
+        def draft_work(self, s):
+            return 1, s.block + 1
+
+        def refine_passes(self, s):
+            return s.steps - 1
+
+    settings = [RoundSetting(1, 1, 4), RoundSetting(1, 1, 8), RoundSetting(1, 2, 8), RoundSetting(4, 3, 8)]
+    seconds = {s: 2e-3 + 5e-5 * (s.block + 1) + 3e-4 * (s.steps - 1) for s in settings}
+    assert fit_draft_costs(round_draft_work(Work()), seconds) == pytest.approx((2e-3, 5e-5, 3e-4))
+
+    flat = AutoControl(costs, max_block=8, steps=(1, 2, 3))
+    gained = AutoControl(
+        costs, max_block=8, steps=(1, 2, 3), pass_gains={2: (1.0,) + (1.3,) * 7, 3: (1.0,) + (1.5,) * 7}
+    )
+    assert flat.choose(100).steps == 1  # no measured gain: a pass only costs
+    first = gained.choose(100)
+    assert first.steps == 3
+    pair = (first.drafts, first.steps)
+    prior = gained.acceptance(pair)[1]
+    for _ in range(6):  # rounds at this setting that accept nothing teach auto that it does not pay
+        gained.observe(first, 0)
+    assert gained.acceptance(pair)[0] < 0.3 < prior
+    assert gained.choose(100) != first
