@@ -33,6 +33,7 @@ from xpress_app.sweep import CHAT_BOX, HELD_OUT, SweepRequest, run_sweep, values
 from xpress_app.texts import EMPTY_MESSAGE, VERDICT_PENDING, exactness
 from xpress_app.ui import build_app
 from xpress_app.widgets import block_slider
+from xpress_core import models as core_models
 from xpress_core import verdict
 from xpress_core.bench import measure as bench_measure
 from xpress_core.bench.methods import REFERENCE, XPRESS
@@ -366,6 +367,23 @@ def test_at_most_max_loaded_presets_stay_loaded(zoo):
     cache.get("gpt2")
     cache.get(TINY)  # TINY_GAUSS goes; the llama target stays loaded for TINY, the one it had
     assert cache.get(TINY).speculative.target is first.speculative.target and len(cache._loaded) == 2
+
+
+def test_loading_a_preset_reads_each_config_once(zoo, monkeypatch):
+    """A preset's target and drafter are each resolved once (their config.json read once); a second preset on the same
+    target reads only its drafter's."""
+    reads = []
+    read = core_models.read_config_json
+    monkeypatch.setattr(core_models, "read_config_json", lambda spec: reads.append(spec) or read(spec))
+    presets = (
+        ModelPreset(TINY, str(zoo["llama"]), str(zoo["drafter_llama"])),
+        ModelPreset(TINY_AR, str(zoo["llama"]), str(zoo["ar_drafter"])),
+    )
+    cache = ModelCache(AppConfig(presets, device="cpu"))
+    cache.get(TINY)
+    assert sorted(reads) == sorted([str(zoo["llama"]), str(zoo["drafter_llama"])])
+    cache.get(TINY_AR)
+    assert reads[2:] == [str(zoo["ar_drafter"])]
 
 
 def test_app_flags_set_the_opt_ins_and_device_map(monkeypatch):

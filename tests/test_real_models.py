@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections import Counter
 
 import pytest
 import torch
@@ -21,12 +22,14 @@ from transformers import AutoTokenizer
 
 from tests.oracles import check_invariants, hf_greedy, run
 from tests.tiny import SENTENCES, make_a2d_drafter, make_dflash_drafter, make_masked_lm, make_remote_code_mdlm
+from xpress_core import models as core_models
 from xpress_core.cli import main
 from xpress_core.config import DecodeConfig
 from xpress_core.drafters.diffusion import DiffusionDrafter
 from xpress_core.drafters.diffusion_lm import DiffusionLMDrafter
 from xpress_core.errors import XpressError
-from xpress_core.models import DrafterOptions, banned_draft_ids, encode_prompt, load_models
+from xpress_core.hub import ModelSpec
+from xpress_core.models import DrafterOptions, banned_draft_ids, encode_prompt, load_models, resolve_drafter
 from xpress_core.presets import Access, check_known, find_preset, hub_presets, known_hub_ids
 from xpress_core.train.tokenizer import train_tokenizer
 
@@ -96,6 +99,40 @@ def test_pairs_greedy_equal_generate(zoo, real, name):
             check_invariants(traces, prompt_ids.shape[1], result)
             vocab = models.target.get_input_embeddings().weight.shape[0]
             assert all(0 <= t < vocab for tr in traces for d in tr.drafts for t in d)
+
+
+@pytest.fixture
+def config_reads(monkeypatch) -> Counter:
+    """How often the loaders read each config.json (the one reader of ``hub.py``, as ``models`` calls it)."""
+    reads: Counter = Counter()
+    read = core_models.read_config_json
+
+    def counted(spec: str):
+        reads[spec] += 1
+        return read(spec)
+
+    monkeypatch.setattr(core_models, "read_config_json", counted)
+    return reads
+
+
+@pytest.mark.parametrize("name", PAIRS)
+def test_loading_a_pair_reads_each_config_once(zoo, real, name, config_reads):
+    """A spec is resolved once (where it lives, its kind, its config.json) and the loaders use that value: an A2D
+    drafter's config is read once although it is loaded into another class than its own."""
+    target, drafter, _, _ = PAIRS[name]
+    load_pair(zoo, real, name)
+    drafter_dir = real[drafter] if drafter in real else zoo[drafter]
+    assert config_reads == Counter([str(zoo[target]), str(drafter_dir)])
+
+
+def test_a_resolved_spec_says_where_what_and_its_config(zoo, real, config_reads):
+    spec = resolve_drafter(real["dflash"])
+    assert isinstance(spec, ModelSpec) and spec.local and spec.kind == "dflash" and spec.role == "drafter"
+    assert spec.config["dflash_config"]["target_layer_ids"] == [0, 2]
+    with pytest.raises(TypeError):  # read-only: loaders sharing the spec cannot change it
+        spec.config["hidden_size"] = 1
+    assert resolve_drafter(spec) is spec and config_reads == Counter([str(real["dflash"])])
+    assert resolve_drafter("none").kind == "none" and sum(config_reads.values()) == 1
 
 
 def test_logit_shift_convention(zoo, real):

@@ -4,9 +4,33 @@ the format readers alike, so it imports none of them."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
+from typing import Any
 
 from huggingface_hub import hf_hub_download
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model spec (a folder or a Hub id, as given or as a preset names it) resolved once: where the model lives, what
+    kind it is and its config.json, read once (``models.resolve_model``). The loaders take it, so no step asks again."""
+
+    role: str  # how messages name it: "target", "drafter", "AR drafter"
+    name: str  # the folder or Hub id
+    local: bool  # a folder on this machine (or a path meant to be one), else a Hub repository
+    kind: str  # "causal-lm" for a target; a drafter's kind (models.DRAFTER_KINDS, resolved) or "none"
+    config: Mapping[str, Any] | None  # config.json, read-only; None when absent or unreadable
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def frozen_config(config: dict | None) -> Mapping[str, Any] | None:
+    """A read-only view of a config.json, so a resolved spec cannot change under the loaders that share it."""
+    return None if config is None else MappingProxyType(config)
 
 
 def is_local(spec: str) -> bool:

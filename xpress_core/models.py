@@ -6,7 +6,7 @@ Nothing here runs at import time; every loader is called by the CLI, the app, th
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -23,7 +23,7 @@ from .drafters.diffusion import TargetConditionedDrafter, diffusion_drafter
 from .drafters.diffusion_lm import FAMILIES, DiffusionLMDrafter, family_convention, resolve_mask_token_id
 from .drafters.diffusion_model import XpressDrafter, XpressDrafterConfig, default_tapped_layers
 from .errors import XpressError
-from .hub import is_local, read_config_json
+from .hub import ModelSpec, frozen_config, is_local, read_config_json
 from .packing import pack_linears
 from .presets import Access, check_known, remote_code_allowed
 
@@ -36,6 +36,7 @@ NO_DRAFTER = "none"
 # How a drafter is loaded: "auto" reads its config.json. xpress = our target-conditioned drafter; dflash = a published
 # DFlash checkpoint loaded into it; diffusion-lm = a standalone masked-diffusion LM; autoregressive = a small causal LM.
 DRAFTER_KINDS = ("auto", "xpress", "dflash", "diffusion-lm", "autoregressive")
+CAUSAL_LM = "causal-lm"  # the kind of a target (and of the benchmark's AR drafter)
 
 
 @dataclass(frozen=True)
@@ -124,44 +125,44 @@ def load_tokenizer(spec: str):
         raise _describe_missing("tokenizer for", spec, error) from error
 
 
+def resolve_model(role: str, spec: str | Path | ModelSpec, access: Access, kind: str = CAUSAL_LM) -> ModelSpec:
+    """``spec`` resolved once: a Hub id must be known or allowed, and its config.json is read here, once."""
+    if isinstance(spec, ModelSpec):
+        return spec
+    name = str(spec)
+    check_known(role, name, access)
+    return ModelSpec(role, name, is_local(name), kind, frozen_config(read_config_json(name)))
+
+
 def load_pretrained(
-    auto_class,
-    kind: str,
-    spec: str,
-    device: torch.device,
-    dtype: torch.dtype,
-    device_map=None,
-    access=None,
-    config=None,
-    config_json: dict | None = None,
+    auto_class, spec: ModelSpec, device: torch.device, dtype: torch.dtype, device_map=None, access=None, config=None
 ):
-    """Any HF model class from a directory or a Hub id, after the opt-in checks; frozen, on ``device`` or spread
-    over the GPUs by accelerate (``device_map="auto"``, for a model larger than one GPU). ``config``: read the
-    weights into transformers' own class for this config (no remote code runs then). ``config_json``: the
-    repository's config.json when the caller has read it already (read here otherwise)."""
+    """Any HF model class from a resolved spec, after the remote-code opt-in; frozen, on ``device`` or spread over the
+    GPUs by accelerate (``device_map="auto"``, for a model larger than one GPU). ``config``: read the weights into
+    transformers' own class for this config (no remote code runs then)."""
     access = access or Access.from_env()
-    check_known(kind, spec, access)
-    config_json = read_config_json(spec) if config_json is None else config_json
-    trust = config is None and remote_code_allowed(kind, spec, config_json, access)
+    trust = config is None and remote_code_allowed(spec.role, spec.name, spec.config, access)
     extra = {"device_map": device_map} if device_map else {}
     if config is not None:
         extra["config"] = config
     try:
-        model = auto_class.from_pretrained(spec, dtype=dtype, trust_remote_code=trust, **extra)
+        model = auto_class.from_pretrained(spec.name, dtype=dtype, trust_remote_code=trust, **extra)
     except (OSError, ValueError) as error:
-        raise _describe_missing(kind, spec, error) from error
+        raise _describe_missing(spec.role, spec.name, error) from error
     return freeze(model if device_map else model.to(device))
 
 
 def load_causal_lm(
-    kind: str, spec: str, device: torch.device, dtype: torch.dtype, device_map=None, access=None, config_json=None
+    kind: str, spec: str | Path | ModelSpec, device: torch.device, dtype: torch.dtype, device_map=None, access=None
 ):
-    return load_pretrained(AutoModelForCausalLM, kind, spec, device, dtype, device_map, access, config_json=config_json)
+    access = access or Access.from_env()
+    return load_pretrained(AutoModelForCausalLM, resolve_model(kind, spec, access), device, dtype, device_map, access)
 
 
-def load_target(spec: str | Path, device: torch.device, dtype: torch.dtype, device_map=None, access=None):
-    spec = str(spec)
-    return load_causal_lm("target", spec, device, dtype, device_map, access), load_tokenizer(spec)
+def load_target(spec: str | Path | ModelSpec, device: torch.device, dtype: torch.dtype, device_map=None, access=None):
+    access = access or Access.from_env()
+    spec = resolve_model("target", spec, access)
+    return load_causal_lm("target", spec, device, dtype, device_map, access), load_tokenizer(spec.name)
 
 
 def same_vocabulary(a, b) -> bool:
@@ -178,18 +179,20 @@ def check_tokenizer_match(kind: str, spec: str, target_tokenizer) -> None:
         raise XpressError(f"{kind} {spec!r} uses a different tokenizer than the target: drafts would be meaningless")
 
 
-def check_tokenizer_extends(kind: str, spec: str, target_tokenizer):
+def check_tokenizer_extends(spec: ModelSpec, target_tokenizer):
     """A diffusion LM may add tokens (its mask) to the target's tokenizer, but every target token must keep its id.
     Returns the drafter's tokenizer, or None when it has none (MDLM: its vocabulary size is still checked)."""
-    if is_local(spec) and not ships_tokenizer(spec):
+    if spec.local and not ships_tokenizer(spec.name):
         return None
     try:
-        tokenizer = load_tokenizer(spec)
+        tokenizer = load_tokenizer(spec.name)
     except XpressError:  # a Hub repository without a tokenizer
         return None
     vocab = tokenizer.get_vocab()
     if any(vocab.get(token) != i for token, i in target_tokenizer.get_vocab().items()):
-        raise XpressError(f"{kind} {spec!r} uses a different tokenizer than the target: drafts would be meaningless")
+        raise XpressError(
+            f"{spec.role} {spec.name!r} uses a different tokenizer than the target: drafts would be meaningless"
+        )
     return tokenizer
 
 
@@ -231,8 +234,27 @@ def drafter_kind(config: dict | None) -> str:
     return "autoregressive"
 
 
+def resolve_drafter(
+    spec: str | Path | ModelSpec, options: DrafterOptions = DrafterOptions(), access: Access | None = None
+) -> ModelSpec:
+    """The drafter spec resolved once: its kind from ``options`` or, for ``auto``, from its config.json."""
+    if isinstance(spec, ModelSpec):
+        return spec
+    name = str(spec)
+    if name == NO_DRAFTER:
+        return ModelSpec("drafter", name, True, NO_DRAFTER, None)
+    if options.kind not in DRAFTER_KINDS:
+        raise XpressError(f"drafter kind must be one of {DRAFTER_KINDS}, got {options.kind!r}")
+    resolved = resolve_model("drafter", name, access or Access.from_env(), options.kind)
+    if options.kind == "auto":
+        resolved = replace(resolved, kind=drafter_kind(resolved.config))
+    if resolved.kind == "dflash" and resolved.config is None:
+        raise XpressError(f"drafter {name!r} has no readable config.json, so it cannot be read as a DFlash checkpoint")
+    return resolved
+
+
 def load_drafter(
-    spec: str | Path,
+    spec: str | Path | ModelSpec,
     target,
     tokenizer,
     device: torch.device,
@@ -240,32 +262,25 @@ def load_drafter(
     options: DrafterOptions = DrafterOptions(),
     access: Access | None = None,
 ) -> Drafter:
-    spec = str(spec)
-    if spec == NO_DRAFTER:
-        return NoDrafter()
-    if options.kind not in DRAFTER_KINDS:
-        raise XpressError(f"drafter kind must be one of {DRAFTER_KINDS}, got {options.kind!r}")
     access = access or Access.from_env()
-    check_known("drafter", spec, access)
+    spec = resolve_drafter(spec, options, access)
+    if spec.kind == NO_DRAFTER:
+        return NoDrafter()
     banned = target_banned_ids(target, tokenizer)
-    config = read_config_json(spec)
-    kind = drafter_kind(config) if options.kind == "auto" else options.kind
-    if kind == "dflash" and config is None:
-        raise XpressError(f"drafter {spec!r} has no readable config.json, so it cannot be read as a DFlash checkpoint")
-    if kind == "xpress":  # its config class holds the tree sharpness
-        return load_conditioned_drafter(spec, None, target, tokenizer, device, dtype, banned)
-    if kind in ("dflash", "diffusion-lm"):  # their configs are not ours: the field rides along in config.json
-        if kind == "dflash":
-            drafter = load_conditioned_drafter(spec, config, target, tokenizer, device, dtype, banned)
+    if spec.kind == "xpress":  # its config class holds the tree sharpness
+        return load_conditioned_drafter(spec.name, None, target, tokenizer, device, dtype, banned)
+    if spec.kind in ("dflash", "diffusion-lm"):  # their configs are not ours: the field rides along in config.json
+        if spec.kind == "dflash":
+            drafter = load_conditioned_drafter(spec.name, spec.config, target, tokenizer, device, dtype, banned)
         else:
-            drafter = load_diffusion_lm(spec, config, options, target, tokenizer, device, dtype, banned, access)
-        drafter.tree_sharpness = tree_sharpness(config, spec)
+            drafter = load_diffusion_lm(spec, options, target, tokenizer, device, dtype, banned, access)
+        drafter.tree_sharpness = tree_sharpness(spec.config, spec.name)
         return drafter
-    check_tokenizer_match("drafter", spec, tokenizer)
-    model = load_causal_lm("drafter", spec, device, dtype, access=access, config_json=config)
+    check_tokenizer_match("drafter", spec.name, tokenizer)
+    model = load_causal_lm("drafter", spec, device, dtype, access=access)
     if model.config.vocab_size != target.config.vocab_size:
         raise XpressError(
-            f"drafter {spec!r} has vocabulary size {model.config.vocab_size}, the target {target.config.vocab_size}"
+            f"drafter {spec.name!r} has vocabulary size {model.config.vocab_size}, the target {target.config.vocab_size}"
         )
     return AutoregressiveDrafter(model, banned)
 
@@ -316,26 +331,25 @@ def diffusion_lm_class(config: dict | None):
 
 
 def load_diffusion_lm(
-    spec, config, options: DrafterOptions, target, tokenizer, device, dtype, banned, access
+    spec: ModelSpec, options: DrafterOptions, target, tokenizer, device, dtype, banned, access
 ) -> DiffusionLMDrafter:
-    drafter_tokenizer = check_tokenizer_extends("drafter", spec, tokenizer)
+    drafter_tokenizer = check_tokenizer_extends(spec, tokenizer)
+    config = spec.config
     convention = family_convention((config or {}).get("model_type", ""), options.logit_shift)
     if convention.architecture:  # an A2D model: its weights in transformers' class of the causal original
         fields = {k: v for k, v in config.items() if k not in ("model_type", "auto_map", "architectures")}
         own = AutoConfig.for_model(convention.architecture, **fields)
-        model = load_pretrained(AutoModelForCausalLM, "drafter", spec, device, dtype, access=access, config=own)
+        model = load_pretrained(AutoModelForCausalLM, spec, device, dtype, access=access, config=own)
     else:
-        model = load_pretrained(
-            diffusion_lm_class(config), "drafter", spec, device, dtype, access=access, config_json=config
-        )
+        model = load_pretrained(diffusion_lm_class(config), spec, device, dtype, access=access)
     width = model.config.vocab_size
     if width < len(tokenizer):
         raise XpressError(
-            f"drafter {spec!r} has vocabulary size {width}; the target's tokenizer has {len(tokenizer)} tokens"
+            f"drafter {spec.name!r} has vocabulary size {width}; the target's tokenizer has {len(tokenizer)} tokens"
         )
     mask_id = resolve_mask_token_id(convention, options.mask_token_id, drafter_tokenizer, model.config)
     if not 0 <= mask_id < width:
-        raise XpressError(f"drafter {spec!r}: mask token id {mask_id} is outside its vocabulary of {width}")
+        raise XpressError(f"drafter {spec.name!r}: mask token id {mask_id} is outside its vocabulary of {width}")
     # Drafts hold only ids the target can verify (its embedding rows); the drafter may know more (its mask).
     vocab = min(width, target.get_input_embeddings().weight.shape[0])
     return DiffusionLMDrafter(model, convention, mask_id, vocab, banned)
@@ -363,9 +377,11 @@ def load_models(
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     access = access or Access.from_env()
-    target_model, tokenizer = load_target(target, dev, dt, device_map, access)
+    target_spec = resolve_model("target", target, access)
+    drafter_spec = resolve_drafter(drafter, drafter_options, access)
+    target_model, tokenizer = load_target(target_spec, dev, dt, device_map, access)
     drafter_device = target_model.device if device_map else dev
-    drafter_model = load_drafter(drafter, target_model, tokenizer, drafter_device, dt, drafter_options, access)
+    drafter_model = load_drafter(drafter_spec, target_model, tokenizer, drafter_device, dt, drafter_options, access)
     return Models(target_model, tokenizer, drafter_model)
 
 

@@ -92,14 +92,8 @@ def two_panels(left_title: str, right_title: str, split: float) -> dict:
 EVOLUTION_TITLE = "Draft evolution"
 
 
-def draft_evolution_figure(trace: RoundTrace, token_text: TokenText, step: int | None = None) -> go.Figure:
-    """K drafts x L positions after denoise step ``step`` (0-based; None = the last one) of one round.
-
-    Cells show the token text coloured by the drafter's confidence; masked cells are grey. With the gaussian drafter
-    no cell is masked: each shows its position's nearest token at that step's noise level. After the last step (the
-    drafts as the verifier saw them) the cells on the accepted path get a green frame and each draft's first
-    rejected token a red one.
-    """
+def evolution_message(trace: RoundTrace) -> go.Figure | None:
+    """The panel for a round with no drafts to show (the prefill, a plain step, no drafter), else None."""
     if trace.index == 0:
         return message_figure(
             EVOLUTION_TITLE,
@@ -114,116 +108,171 @@ def draft_evolution_figure(trace: RoundTrace, token_text: TokenText, step: int |
         )
     if not trace.drafts:
         return message_figure(EVOLUTION_TITLE, "No drafter: plain decoding verifies one token per round.")
+    return None
+
+
+@dataclass(frozen=True)
+class EvolutionView:
+    """What the draft panel shows of one round at one denoise step."""
+
+    trace: RoundTrace
+    tokens: tuple[tuple[int, ...], ...]  # (K, <= L) the drafts at this step; MASKED where still masked
+    confidence: tuple[tuple[float, ...], ...]
+    noise_level: float | None  # the gaussian drafter's noise level at this step, else None
+    shown: int  # 0-based denoise step shown
+    last: int  # 0-based last denoise step
+    length: int  # the longest draft's length: a tree's shorter paths leave cells empty
+    accept_lens: tuple[int, ...]
+    chosen: int  # the draft on the chosen path
+    bonus: int | None  # the target's own token after the accepted path
+
+    @property
+    def verified(self) -> bool:
+        """After the last step the drafts are what the verifier saw: accepted / rejected cells get frames."""
+        return self.shown == self.last
+
+
+def evolution_view(trace: RoundTrace, step: int | None) -> EvolutionView:
     states = list(trace.steps)
     if not states:  # a drafter that reports no intermediate steps: show its final drafts, confidence unknown
         states = [DenoiseStep(trace.drafts, tuple(tuple(1.0 for _ in row) for row in trace.drafts))]
     last = len(states) - 1
     shown = last if step is None else min(max(step, 0), last)
-    tokens, confidence, noise_level = states[shown].tokens, states[shown].confidence, states[shown].noise_level
-    token_kind = "token" if noise_level is None else f"nearest token at noise t={noise_level:.2f}:"
-    verified = shown == last
-    # A tree's paths (diversity "tree") differ in length: a shorter row's cells past its end stay empty.
-    k_drafts, length = len(tokens), max(len(row) for row in tokens)
-    bonus = trace.emitted[len(trace.accepted)] if len(trace.emitted) > len(trace.accepted) else None
-    accept_lens = trace.draft_accept_lens or (0,) * k_drafts
-    chosen = accept_lens.index(max(accept_lens))
-
-    rows = [f"<b>★ draft {k + 1}</b>" if verified and k == chosen else f"draft {k + 1}" for k in range(k_drafts)]
-    cols = [str(j + 1) for j in range(length)]
-    # Two layers: grey masked cells below, confidence-coloured committed cells above (each labels only its own cells).
-    z, masked, text, masked_text, hover = [], [], [], [], []
-    for k in range(k_drafts):
-        z_row, masked_row, text_row, masked_text_row, hover_row = [], [], [], [], []
-        for j in range(length):
-            where = f"draft {k + 1} · position {j + 1}"
-            if j >= len(tokens[k]):  # no value and no text (a None text would print "null")
-                z_row.append(None)
-                masked_row.append(None)
-                for row in (text_row, masked_text_row, hover_row):
-                    row.append("")
-                continue
-            token = tokens[k][j]
-            if token == MASKED:
-                z_row.append(None)
-                masked_row.append(1)
-                text_row.append("")
-                masked_text_row.append("MASK")
-                hover_row.append(f"{where}<br>still masked")
-                continue
-            masked_text_row.append("")
-            note = ""
-            if verified and j < accept_lens[k]:
-                note = "<br>accepted by the target"
-            elif verified and j == accept_lens[k]:
-                note = "<br>first rejected"
-                if bonus is not None and k == chosen:
-                    note += f": the target chose {visible_text(repr(token_text(bonus)))}"
-            z_row.append(confidence[k][j])
-            masked_row.append(None)
-            text_row.append(cell_label(token_text(token)))
-            hover_row.append(
-                f"{where}<br>{token_kind} {visible_text(repr(token_text(token)))} (id {token})"
-                f"<br>confidence {confidence[k][j]:.2f}{note}"
-            )
-        z.append(z_row)
-        masked.append(masked_row)
-        text.append(text_row)
-        masked_text.append(masked_text_row)
-        hover.append(hover_row)
-
-    fig = go.Figure()
-    fig.add_trace(
-        go.Heatmap(
-            z=masked,
-            x=cols,
-            y=rows,
-            colorscale=[[0, MASK_COLOUR], [1, MASK_COLOUR]],
-            showscale=False,
-            text=masked_text,
-            texttemplate="%{text}",
-            customdata=hover,
-            hovertemplate="%{customdata}<extra></extra>",
-            xgap=2,
-            ygap=2,
-            name="masked",
-        )
+    tokens = states[shown].tokens
+    accept_lens = trace.draft_accept_lens or (0,) * len(tokens)
+    return EvolutionView(
+        trace=trace,
+        tokens=tokens,
+        confidence=states[shown].confidence,
+        noise_level=states[shown].noise_level,
+        shown=shown,
+        last=last,
+        length=max(len(row) for row in tokens),
+        accept_lens=accept_lens,
+        chosen=accept_lens.index(max(accept_lens)),
+        bonus=trace.emitted[len(trace.accepted)] if len(trace.emitted) > len(trace.accepted) else None,
     )
-    fig.add_trace(
-        go.Heatmap(
-            z=z,
-            x=cols,
-            y=rows,
-            zmin=0.0,
-            zmax=1.0,
-            colorscale=CONFIDENCE_SCALE,
-            colorbar={"title": "confidence", "thickness": 12},
-            text=text,
-            texttemplate="%{text}",
-            textfont={"family": FONT},
-            customdata=hover,
-            hovertemplate="%{customdata}<extra></extra>",
-            xgap=2,
-            ygap=2,
-            name="drafts",
-        )
+
+
+@dataclass(frozen=True)
+class EvolutionCell:
+    z: float | None  # confidence of a committed cell
+    masked: int | None  # 1 for a masked cell
+    text: str
+    masked_text: str
+    hover: str
+
+
+EMPTY_CELL = EvolutionCell(None, None, "", "", "")  # no value and no text (a None text would print "null")
+
+
+def evolution_cell(view: EvolutionView, token_text: TokenText, k: int, j: int) -> EvolutionCell:
+    """One grid cell: draft ``k``, position ``j``."""
+    where = f"draft {k + 1} · position {j + 1}"
+    if j >= len(view.tokens[k]):
+        return EMPTY_CELL
+    token = view.tokens[k][j]
+    if token == MASKED:
+        return EvolutionCell(None, 1, "", "MASK", f"{where}<br>still masked")
+    note = ""
+    if view.verified and j < view.accept_lens[k]:
+        note = "<br>accepted by the target"
+    elif view.verified and j == view.accept_lens[k]:
+        note = "<br>first rejected"
+        if view.bonus is not None and k == view.chosen:
+            note += f": the target chose {visible_text(repr(token_text(view.bonus)))}"
+    token_kind = "token" if view.noise_level is None else f"nearest token at noise t={view.noise_level:.2f}:"
+    confidence = view.confidence[k][j]
+    hover = (
+        f"{where}<br>{token_kind} {visible_text(repr(token_text(token)))} (id {token})"
+        f"<br>confidence {confidence:.2f}{note}"
     )
+    return EvolutionCell(confidence, None, cell_label(token_text(token)), "", hover)
+
+
+def evolution_heatmaps(view: EvolutionView, token_text: TokenText) -> list[go.Heatmap]:
+    """Two layers: grey masked cells below, confidence-coloured committed cells above (each labels its own cells)."""
+    k_drafts = len(view.tokens)
+    grid = [[evolution_cell(view, token_text, k, j) for j in range(view.length)] for k in range(k_drafts)]
+    rows = [
+        f"<b>★ draft {k + 1}</b>" if view.verified and k == view.chosen else f"draft {k + 1}" for k in range(k_drafts)
+    ]
+    cols = [str(j + 1) for j in range(view.length)]
+    hover = [[cell.hover for cell in row] for row in grid]
+    masked = go.Heatmap(
+        z=[[cell.masked for cell in row] for row in grid],
+        x=cols,
+        y=rows,
+        colorscale=[[0, MASK_COLOUR], [1, MASK_COLOUR]],
+        showscale=False,
+        text=[[cell.masked_text for cell in row] for row in grid],
+        texttemplate="%{text}",
+        customdata=hover,
+        hovertemplate="%{customdata}<extra></extra>",
+        xgap=2,
+        ygap=2,
+        name="masked",
+    )
+    drafts = go.Heatmap(
+        z=[[cell.z for cell in row] for row in grid],
+        x=cols,
+        y=rows,
+        zmin=0.0,
+        zmax=1.0,
+        colorscale=CONFIDENCE_SCALE,
+        colorbar={"title": "confidence", "thickness": 12},
+        text=[[cell.text for cell in row] for row in grid],
+        texttemplate="%{text}",
+        textfont={"family": FONT},
+        customdata=hover,
+        hovertemplate="%{customdata}<extra></extra>",
+        xgap=2,
+        ygap=2,
+        name="drafts",
+    )
+    return [masked, drafts]
+
+
+def verdict_frames(view: EvolutionView) -> list[dict]:
+    """Green frames on each draft's accepted cells, red on its first rejected one (after the last step only)."""
     frames = []
-    if verified:
-        for k in range(k_drafts):
-            width = 3 if k == chosen else 2
-            frames += [cell_frame(j, k, ACCEPTED_COLOUR, width) for j in range(min(accept_lens[k], length))]
-            if accept_lens[k] < len(tokens[k]):
-                frames.append(cell_frame(accept_lens[k], k, REJECTED_COLOUR, width))
+    if view.verified:
+        for k in range(len(view.tokens)):
+            width = 3 if k == view.chosen else 2
+            frames += [cell_frame(j, k, ACCEPTED_COLOUR, width) for j in range(min(view.accept_lens[k], view.length))]
+            if view.accept_lens[k] < len(view.tokens[k]):
+                frames.append(cell_frame(view.accept_lens[k], k, REJECTED_COLOUR, width))
+    return frames
+
+
+def evolution_title(view: EvolutionView) -> str:
+    trace = view.trace
     details = [setting_label(trace)]  # a second, smaller title line: the panel sits in half the page's width
-    if noise_level is not None:
-        details.append(f"nearest tokens from noise t={noise_level:.2f}")
-    if verified:
-        details.append(f"accepted {trace.accept_len} of {length} + 1 from the target")
-    title = f"{EVOLUTION_TITLE} · round {trace.index} · denoise step {shown + 1}/{last + 1}"
-    title += f"<br><sup>{' · '.join(details)}</sup>"
+    if view.noise_level is not None:
+        details.append(f"nearest tokens from noise t={view.noise_level:.2f}")
+    if view.verified:
+        details.append(f"accepted {trace.accept_len} of {view.length} + 1 from the target")
+    title = f"{EVOLUTION_TITLE} · round {trace.index} · denoise step {view.shown + 1}/{view.last + 1}"
+    return title + f"<br><sup>{' · '.join(details)}</sup>"
+
+
+def draft_evolution_figure(trace: RoundTrace, token_text: TokenText, step: int | None = None) -> go.Figure:
+    """K drafts x L positions after denoise step ``step`` (0-based; None = the last one) of one round.
+
+    Cells show the token text coloured by the drafter's confidence; masked cells are grey. With the gaussian drafter
+    no cell is masked: each shows its position's nearest token at that step's noise level. After the last step (the
+    drafts as the verifier saw them) the cells on the accepted path get a green frame and each draft's first
+    rejected token a red one.
+    """
+    message = evolution_message(trace)
+    if message is not None:
+        return message
+    view = evolution_view(trace, step)
+    k_drafts = len(view.tokens)
+    fig = go.Figure(data=evolution_heatmaps(view, token_text))
     fig.update_layout(
-        title=title,
-        shapes=frames,
+        title=evolution_title(view),
+        shapes=verdict_frames(view),
         # A tree can have dozens of paths: past a dozen rows they share the height a dozen would take (18 px at least).
         height=max(220, 90 + (42 * k_drafts if k_drafts <= 12 else max(18 * k_drafts, 504))),
         margin={"l": 20, "r": 20, "t": 64, "b": 40},

@@ -25,7 +25,9 @@ from ..models import (
     load_target,
     resolve_device,
     resolve_dtype,
+    resolve_model,
 )
+from ..presets import Access
 from .grid import FULL_GRID, QUICK_GRID, parse_grid
 from .measure import RunPlan
 from .methods import (
@@ -167,8 +169,9 @@ def load_bench_models(args: argparse.Namespace, settings: Sequence[Setting]) -> 
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     methods = {s.method for s in settings}
-    target, tokenizer = load_target(args.target, device, dtype)
-    others = {s.dtype: load_target(args.target, device, resolve_dtype(s.dtype, device))[0] for s in settings if s.dtype}
+    target_spec = resolve_model("target", args.target, Access.from_env())  # read once, loaded in every dtype asked
+    target, tokenizer = load_target(target_spec, device, dtype)
+    others = {s.dtype: load_target(target_spec, device, resolve_dtype(s.dtype, device))[0] for s in settings if s.dtype}
     drafting = any(m in methods for m in DRAFTING)
     drafter = load_drafter(args.drafter, target, tokenizer, device, dtype) if drafting else None
     costs = calibrate(Models(target, tokenizer, drafter)) if XPRESS_AUTO in methods else None

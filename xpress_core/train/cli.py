@@ -58,101 +58,110 @@ def add_drafter_steps(steps: argparse._SubParsersAction) -> None:
         ("ar-drafter", "the classic autoregressive drafter, distilled on the same data"),
     ):
         step = steps.add_parser(name, help=help_text)
-        step.add_argument("--target", default=str(Path("assets") / "target"), help="HF causal LM: directory or Hub id")
-        step.add_argument(
-            "--data",
-            type=Path,
-            nargs="+",
-            default=[DEFAULT_WORK / "corpus"],
-            help="text files, or a corpus directory with train.bin in the target's tokenizer",
-        )
-        step.add_argument("--workdir", type=Path, default=DEFAULT_WORK / name)
-        step.add_argument(
-            "--distill-dir",
-            type=Path,
-            default=DEFAULT_WORK / "distill",
-            help="target-written sequences, shared by both drafters (written once, resumable)",
-        )
-        step.add_argument("--out", type=Path, default=Path("assets") / name.replace("-", "_"))
-        step.add_argument("--sequences", type=int, default=8192, help="distilled sequences to write")
-        step.add_argument(
-            "--distill-seed",
-            type=int,
-            default=0,
-            help="seed of the distillation's prompts and samples (another seed: other sequences, in another --distill-dir)",
-        )
-        step.add_argument(
-            "--sample-fraction",
-            type=float,
-            default=0.5,
-            help="share of the distilled sequences the target writes by sampling (the rest greedy)",
-        )
-        step.add_argument("--prompt-len", type=int, default=96)
-        step.add_argument("--new-tokens", type=int, default=96)
-        step.add_argument("--steps", type=int, default=2000)
-        step.add_argument("--batch-size", type=int, default=16)
-        step.add_argument("--lr", type=float, default=1e-3)
-        step.add_argument("--layers", type=int, help="model depth (default 2; with --init, the init drafter's or more)")
-        step.add_argument("--no-bf16", action="store_true")
-        step.add_argument(
-            "--soft",
-            type=float,
-            default=1.0,
-            help="weight of the KL to the target's distribution (soft labels) against the CE on the token",
-        )
+        add_distillation_args(step, name)
+        add_training_args(step)
         if name == "drafter":
-            step.add_argument(
-                "--block", type=int, help="trained block size L (default 8; with --init, the init drafter's)"
-            )
-            step.add_argument("--anchors", type=int, default=48, help="blocks per sequence per step")
-            step.add_argument(
-                "--full-share",
-                type=float,
-                default=0.5,
-                help="share of blocks masked whole (what a one-step draft reads); the rest at a random ratio",
-            )
-            step.add_argument(
-                "--decay", type=float, default=8.0, help="loss weight of block position j: exp(-(j-1)/decay)"
-            )
-            step.add_argument(
-                "--taps",
-                type=int,
-                nargs="+",
-                help="target layers (0-based) whose hidden states the drafter reads (default: spread, last included)",
-            )
-            step.add_argument(
-                "--tau-prompts",
-                type=int,
-                default=20,
-                help="held-out sgd_dev chats on which each evaluation measures tau at (1, 1, 8) (0 = none)",
-            )
-            step.add_argument(
-                "--eval-data", type=Path, default=DEFAULT_DATA, help="the data folder holding sgd/sgd_dev.txt"
-            )
-            step.add_argument(
-                "--root-predicts-next",
-                action="store_true",
-                help="the root's output predicts the first block token (else the first masked position's)",
-            )
-            step.add_argument(
-                "--fuse-previous",
-                action="store_true",
-                help="block inputs also read the target features of the token before the root (EAGLE's input); "
-                "with --init, added at zero so the drafter starts as it was",
-            )
-            step.add_argument("--init", help="start from this drafter directory instead of a fresh one")
-            step.add_argument(
-                "--noise",
-                choices=NOISE_TYPES,
-                default="mask",
-                help="mask: discrete masked diffusion; gaussian: noised token embeddings (the continuous variant)",
-            )
-            step.add_argument(
-                "--clean-rms",
-                type=float,
-                default=1.0,
-                help="gaussian: RMS per coordinate of the clean embeddings against unit noise (lower = noisier steps)",
-            )
+            add_diffusion_drafter_args(step)
+
+
+def add_distillation_args(step: argparse.ArgumentParser, name: str) -> None:
+    """The target, the text it continues, and the target-written sequences both drafters train on."""
+    step.add_argument("--target", default=str(Path("assets") / "target"), help="HF causal LM: directory or Hub id")
+    step.add_argument(
+        "--data",
+        type=Path,
+        nargs="+",
+        default=[DEFAULT_WORK / "corpus"],
+        help="text files, or a corpus directory with train.bin in the target's tokenizer",
+    )
+    step.add_argument("--workdir", type=Path, default=DEFAULT_WORK / name)
+    step.add_argument(
+        "--distill-dir",
+        type=Path,
+        default=DEFAULT_WORK / "distill",
+        help="target-written sequences, shared by both drafters (written once, resumable)",
+    )
+    step.add_argument("--out", type=Path, default=Path("assets") / name.replace("-", "_"))
+    step.add_argument("--sequences", type=int, default=8192, help="distilled sequences to write")
+    step.add_argument(
+        "--distill-seed",
+        type=int,
+        default=0,
+        help="seed of the distillation's prompts and samples (another seed: other sequences, in another --distill-dir)",
+    )
+    step.add_argument(
+        "--sample-fraction",
+        type=float,
+        default=0.5,
+        help="share of the distilled sequences the target writes by sampling (the rest greedy)",
+    )
+    step.add_argument("--prompt-len", type=int, default=96)
+    step.add_argument("--new-tokens", type=int, default=96)
+
+
+def add_training_args(step: argparse.ArgumentParser) -> None:
+    """The optimisation, shared by both drafters."""
+    step.add_argument("--steps", type=int, default=2000)
+    step.add_argument("--batch-size", type=int, default=16)
+    step.add_argument("--lr", type=float, default=1e-3)
+    step.add_argument("--layers", type=int, help="model depth (default 2; with --init, the init drafter's or more)")
+    step.add_argument("--no-bf16", action="store_true")
+    step.add_argument(
+        "--soft",
+        type=float,
+        default=1.0,
+        help="weight of the KL to the target's distribution (soft labels) against the CE on the token",
+    )
+
+
+def add_diffusion_drafter_args(step: argparse.ArgumentParser) -> None:
+    """The diffusion drafter's shape, recipe, evaluation and noise type."""
+    step.add_argument("--block", type=int, help="trained block size L (default 8; with --init, the init drafter's)")
+    step.add_argument("--anchors", type=int, default=48, help="blocks per sequence per step")
+    step.add_argument(
+        "--full-share",
+        type=float,
+        default=0.5,
+        help="share of blocks masked whole (what a one-step draft reads); the rest at a random ratio",
+    )
+    step.add_argument("--decay", type=float, default=8.0, help="loss weight of block position j: exp(-(j-1)/decay)")
+    step.add_argument(
+        "--taps",
+        type=int,
+        nargs="+",
+        help="target layers (0-based) whose hidden states the drafter reads (default: spread, last included)",
+    )
+    step.add_argument(
+        "--tau-prompts",
+        type=int,
+        default=20,
+        help="held-out sgd_dev chats on which each evaluation measures tau at (1, 1, 8) (0 = none)",
+    )
+    step.add_argument("--eval-data", type=Path, default=DEFAULT_DATA, help="the data folder holding sgd/sgd_dev.txt")
+    step.add_argument(
+        "--root-predicts-next",
+        action="store_true",
+        help="the root's output predicts the first block token (else the first masked position's)",
+    )
+    step.add_argument(
+        "--fuse-previous",
+        action="store_true",
+        help="block inputs also read the target features of the token before the root (EAGLE's input); "
+        "with --init, added at zero so the drafter starts as it was",
+    )
+    step.add_argument("--init", help="start from this drafter directory instead of a fresh one")
+    step.add_argument(
+        "--noise",
+        choices=NOISE_TYPES,
+        default="mask",
+        help="mask: discrete masked diffusion; gaussian: noised token embeddings (the continuous variant)",
+    )
+    step.add_argument(
+        "--clean-rms",
+        type=float,
+        default=1.0,
+        help="gaussian: RMS per coordinate of the clean embeddings against unit noise (lower = noisier steps)",
+    )
 
 
 def add_report_steps(steps: argparse._SubParsersAction) -> None:
