@@ -266,3 +266,26 @@ def test_passes_are_priced_and_fitted_and_auto_refines_when_the_measured_gain_pa
         gained.observe(first, 0)
     assert gained.acceptance(pair)[0] < 0.3 < prior
     assert gained.choose(100) != first
+
+
+def test_the_draft_panel_marks_what_each_pass_changed(refining):
+    from xpress_core.plots import draft_evolution_figure
+
+    models, prompts, _ = refining
+    traces, _ = run(models, prompts[0], DecodeConfig(drafts=3, steps=4, block=8, diversity="branch-first"))
+    changed_somewhere = False
+    for trace in traces[1:]:
+        for shown in range(1, len(trace.steps)):
+            before, now = trace.steps[shown - 1].tokens, trace.steps[shown].tokens
+            expected = {(k, j) for k in range(3) for j in range(8) if before[k][j] != now[k][j]}
+            fig = draft_evolution_figure(trace, lambda t: f"t{t}", step=shown)
+            assert f"refinement pass {shown}/{len(trace.steps) - 1}" in fig.layout.title.text
+            hovers = fig.data[1].customdata
+            marked = {(k, j) for k in range(3) for j in range(8) if "changed by this pass" in hovers[k][j]}
+            assert marked == expected
+            if shown < len(trace.steps) - 1:  # before the verdict: a blue frame on each changed cell
+                assert len(fig.layout.shapes) == len(expected)
+            changed_somewhere |= bool(expected)
+    assert changed_somewhere
+    tree_traces, _ = run(models, prompts[0], DecodeConfig(drafts=2, steps=3, block=8))
+    assert "draft tree after" in draft_evolution_figure(tree_traces[1], str).layout.title.text

@@ -27,6 +27,7 @@ FROM_TARGET = "target's own token"
 CONFIDENCE_SCALE = "YlGnBu"
 MASK_COLOUR = "#d9d9d9"
 ACCEPTED_COLOUR = "#2ca02c"
+CHANGED_COLOUR = "#1f77b4"  # a cell a refinement pass changed
 REJECTED_COLOUR = "#d62728"
 DRAFT_COLOUR = "#b0b0b0"
 STAGE_COLOURS = {"draft": "#ff7f0e", "verify": "#1f77b4", "other": "#7f7f7f"}
@@ -125,6 +126,9 @@ class EvolutionView:
     accept_lens: tuple[int, ...]
     chosen: int  # the draft on the chosen path
     bonus: int | None  # the target's own token after the accepted path
+    kind: str = "denoise"  # the shown step's kind: "denoise", a refinement "pass", or the "tree" after passes
+    # (draft, position) cells whose token this refinement pass changed, and the token each held before it
+    changed: tuple[tuple[tuple[int, int], int], ...] = ()
 
     @property
     def verified(self) -> bool:
@@ -151,6 +155,22 @@ def evolution_view(trace: RoundTrace, step: int | None) -> EvolutionView:
         accept_lens=accept_lens,
         chosen=accept_lens.index(max(accept_lens)),
         bonus=trace.emitted[len(trace.accepted)] if len(trace.emitted) > len(trace.accepted) else None,
+        kind=states[shown].kind,
+        changed=pass_changes(states, shown),
+    )
+
+
+def pass_changes(states: list[DenoiseStep], shown: int) -> tuple[tuple[tuple[int, int], int], ...]:
+    """The cells a refinement pass changed against the pass before, with their old tokens (none for pass 0, a
+    denoise step, or a draft tree built after the passes, whose rows are other drafts)."""
+    if shown == 0 or states[shown].kind != "pass" or states[shown - 1].kind != "pass":
+        return ()
+    before, now = states[shown - 1].tokens, states[shown].tokens
+    return tuple(
+        ((k, j), old)
+        for k, (row_before, row_now) in enumerate(zip(before, now))
+        for j, (old, new) in enumerate(zip(row_before, row_now))
+        if old != new
     )
 
 
@@ -181,6 +201,9 @@ def evolution_cell(view: EvolutionView, token_text: TokenText, k: int, j: int) -
         note = "<br>first rejected"
         if view.bonus is not None and k == view.chosen:
             note += f": the target chose {visible_text(repr(token_text(view.bonus)))}"
+    was = dict(view.changed).get((k, j))
+    if was is not None:
+        note += f"<br>changed by this pass (was {visible_text(repr(token_text(was)))})"
     token_kind = "token" if view.noise_level is None else f"nearest token at noise t={view.noise_level:.2f}:"
     confidence = view.confidence[k][j]
     hover = (
@@ -234,8 +257,9 @@ def evolution_heatmaps(view: EvolutionView, token_text: TokenText) -> list[go.He
 
 
 def verdict_frames(view: EvolutionView) -> list[dict]:
-    """Green frames on each draft's accepted cells, red on its first rejected one (after the last step only)."""
-    frames = []
+    """Green frames on each draft's accepted cells, red on its first rejected one (after the last step only); before
+    that, on a refinement pass, blue frames on the cells the pass changed."""
+    frames = [] if view.verified else [cell_frame(j, k, CHANGED_COLOUR, 3) for (k, j), _ in view.changed]
     if view.verified:
         for k in range(len(view.tokens)):
             width = 3 if k == view.chosen else 2
@@ -252,7 +276,13 @@ def evolution_title(view: EvolutionView) -> str:
         details.append(f"nearest tokens from noise t={view.noise_level:.2f}")
     if view.verified:
         details.append(f"accepted {trace.accept_len} of {view.length} + 1 from the target")
-    title = f"{EVOLUTION_TITLE} · round {trace.index} · denoise step {view.shown + 1}/{view.last + 1}"
+    if view.kind == "tree":  # the tree the last refinement pass shaped (drafts/diffusion.py)
+        step = f"draft tree after {view.last} refinement passes"
+    elif view.kind == "pass":  # pass 0 is the drafter's own forward
+        step = f"refinement pass {view.shown}/{view.last}" + (f" · {len(view.changed)} changed" if view.shown else "")
+    else:
+        step = f"denoise step {view.shown + 1}/{view.last + 1}"
+    title = f"{EVOLUTION_TITLE} · round {trace.index} · {step}"
     return title + f"<br><sup>{' · '.join(details)}</sup>"
 
 

@@ -401,7 +401,10 @@ class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
                 break
         if tree:
             blank = torch.full((cfg.block,), MASKED, device=self.device)
-            return self.tree_drafts(logits[0].to(self.device), blank, blank >= 0, cfg, randomness, steps[:-1], watch)
+            tree = self.tree_drafts(logits[0].to(self.device), blank, blank >= 0, cfg, randomness, steps[:-1], watch)
+            if watch:  # its last step is the tree the passes' last distributions shaped
+                return replace(tree, steps=(*tree.steps[:-1], replace(tree.steps[-1], kind="tree")))
+            return tree
         return Drafts(tokens=as_rows(tokens), steps=tuple(steps))
 
     def denoise(self, state: DiffusionState, root: int, tokens: torch.Tensor, committed: torch.Tensor) -> torch.Tensor:
