@@ -126,7 +126,7 @@ class EvolutionView:
     accept_lens: tuple[int, ...]
     chosen: int  # the draft on the chosen path
     bonus: int | None  # the target's own token after the accepted path
-    kind: str = "denoise"  # the shown step's kind: "denoise", a refinement "pass", or the "tree" after passes
+    kind: str = "denoise"  # the shown step's kind: "denoise", a refinement "pass", or the grafted "tree" after passes
     # (draft, position) cells whose token this refinement pass changed, and the token each held before it
     changed: tuple[tuple[tuple[int, int], int], ...] = ()
 
@@ -276,8 +276,8 @@ def evolution_title(view: EvolutionView) -> str:
         details.append(f"nearest tokens from noise t={view.noise_level:.2f}")
     if view.verified:
         details.append(f"accepted {trace.accept_len} of {view.length} + 1 from the target")
-    if view.kind == "tree":  # the tree the last refinement pass shaped (drafts/diffusion.py)
-        step = f"draft tree after {view.last} refinement passes"
+    if view.kind == "tree":  # the T = 1 tree with the refined chain grafted on (drafters/diffusion.py)
+        step = f"draft tree after {view.last - 1} refinement passes"
     elif view.kind == "pass":  # pass 0 is the drafter's own forward
         step = f"refinement pass {view.shown}/{view.last}" + (f" · {len(view.changed)} changed" if view.shown else "")
     else:

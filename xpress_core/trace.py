@@ -29,7 +29,7 @@ class DenoiseStep:
     # nearest token (the LM head's argmax of the step's clean estimate), none masked. None for the masked drafter.
     noise_level: float | None = None
     # "denoise": a denoise step; "pass": a refinement pass (pass 0 the drafter's forward; refiner.py), whose tokens
-    # the panel compares with the pass before; "tree": the draft tree built from the last pass's distributions.
+    # the panel compares with the pass before; "tree": the draft tree with the refined chain grafted on.
     kind: str = "denoise"
 
 

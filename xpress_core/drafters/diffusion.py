@@ -374,12 +374,12 @@ class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
         """Pass 0: one drafter forward on ``[root, MASK x L]`` and its token choice (branches and all, as a one-step
         masked draft makes them). Passes 1..T-1: the K rows together, as one batch, through the refiner, each reading
         the tokens the pass before drafted (``refiner.py``); branch tokens stay. A pass that changes no token is a
-        fixed point: the rest would change nothing, so they are not run. A draft tree refines its main row and takes
-        the last pass's distributions, each position's given the tokens drafted before it (``tree_drafts``)."""
+        fixed point: the rest would change nothing, so they are not run. A draft tree refines its main row and grafts
+        it onto the tree of pass 0's distributions (``grafted_tree``)."""
         tree = cfg.diversity == TREE
         rows = replace(cfg, drafts=1) if tree else cfg
         hidden = self.block_hidden(state, self.model.embed_block(*masked_block(root, cfg.block, self.device)))
-        logits = self.model.head_logits(hidden).to(self.device)  # (1, L, V) pass 0
+        first = logits = self.model.head_logits(hidden).to(self.device)  # (1, L, V) pass 0
         noise = row_gumbel(rows, logits.shape[1:], randomness, self.device)
         tokens, confidence, forced = self.choose_tokens(logits, rows, 1, randomness, watch, noise)
         forced = torch.zeros_like(tokens, dtype=torch.bool) if forced is None else forced
@@ -400,12 +400,32 @@ class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
             if settled:
                 break
         if tree:
-            blank = torch.full((cfg.block,), MASKED, device=self.device)
-            tree = self.tree_drafts(logits[0].to(self.device), blank, blank >= 0, cfg, randomness, steps[:-1], watch)
-            if watch:  # its last step is the tree the passes' last distributions shaped
-                return replace(tree, steps=(*tree.steps[:-1], replace(tree.steps[-1], kind="tree")))
-            return tree
+            return self.grafted_tree(first, tokens[0], cfg, randomness, steps, watch)
         return Drafts(tokens=as_rows(tokens), steps=tuple(steps))
+
+    def grafted_tree(self, logits, chain, cfg: DecodeConfig, randomness, steps: list[DenoiseStep], watch: bool):
+        """Pass 0's draft tree (``tree_drafts``) with the refined chain as one more path where the tree lacks it.
+
+        Why not a tree of the last pass's distributions: each of them is conditioned on the refined chain's tokens
+        before it, so the siblings that the tree adds off the chain are scored in a context that is not theirs
+        (measured with an early head on 16 held-out chats, greedy (4, 3, 8): tau 3.08 against 3.14 at T = 1). The
+        graft keeps every node of the T = 1 tree and adds at most L: the chain's nodes the tree lacks come after its
+        K x L in the drafter's order, so ``accepted_with_fewer`` counts them for no smaller tree."""
+        blank = torch.full((cfg.block,), MASKED, device=self.device)
+        tree = self.tree_drafts(logits[0], blank, blank >= 0, cfg, randomness, steps, watch)
+        chain = tuple(chain.tolist())
+        orders = {path[: j + 1]: order[j] for path, order in zip(tree.tokens, tree.order) for j in range(len(path))}
+        if chain in orders:
+            return tree
+        extra = iter(range(cfg.drafts * cfg.block, cfg.drafts * cfg.block + cfg.block))
+        order = tuple(orders[chain[: j + 1]] if chain[: j + 1] in orders else next(extra) for j in range(len(chain)))
+        grafted = replace(tree, tokens=(*tree.tokens, chain), order=(*tree.order, order))
+        if watch:  # the last step shows the tree as verified, the refined chain its last row
+            last = replace(
+                tree.steps[-1], tokens=grafted.tokens, confidence=(*tree.steps[-1].confidence, (1.0,) * len(chain))
+            )
+            grafted = replace(grafted, steps=(*tree.steps[:-1], replace(last, kind="tree")))
+        return grafted
 
     def denoise(self, state: DiffusionState, root: int, tokens: torch.Tensor, committed: torch.Tensor) -> torch.Tensor:
         """One drafter forward on the rows' blocks ``[root, tokens or MASK]`` -> (R, L, V) logits."""
