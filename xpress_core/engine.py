@@ -451,8 +451,8 @@ def calibrate(models: Models, repeats: int = 5) -> CostModel:
             return clock.now() - start
 
         def drafting(setting: RoundSetting) -> Callable[[], object]:
-            # K separate rows: the work the drafter declares (``draft_work``); a tree drafts one row a step, the same
-            # work at T = 1, the only T auto picks.
+            # K separate rows: the work the drafter declares (``draft_work``, ``refine_passes``); a tree drafts one
+            # row a step (its refinement passes too), the same work at T = 1.
             cfg = round_config(DecodeConfig(diversity="branch-first"), setting)
             return lambda: draft(models, state, cfg, setting, False)
 
@@ -470,19 +470,25 @@ def calibrate(models: Models, repeats: int = 5) -> CostModel:
     verify_s = {0: seconds["one"], short: seconds["few"], wide: seconds["many"]} | (
         {widest: seconds["most"]} if "most" in seconds else {}
     )
+    return fitted_costs(models.drafter, verify_s, {s: seconds[s] for s in drafts}, other)
+
+
+def fitted_costs(drafter, verify_s: dict[int, float], draft_s: dict[RoundSetting, float], other_s: float) -> CostModel:
+    """The ``CostModel`` of timed verify forwards (by tokens drafted), timed drafts and a round's acceptance and
+    commit: the verify in pieces (``fit_verify_costs``), drafting per unit of the work the drafter declares
+    (``fit_draft_costs``)."""
     forward_s, token_s, step_s, wide_from, wide_token_s = fit_verify_costs(verify_s)
-    drafter = models.drafter
-    draft_s = fit_draft_costs(round_draft_work(drafter), {s: seconds[s] for s in drafts}) if drafts else (0.0,) * 3
+    per_unit = fit_draft_costs(round_draft_work(drafter), draft_s) if draft_s else (0.0,) * 3
     return CostModel(
-        *draft_s[:2],
+        *per_unit[:2],
         forward_s,
         token_s,
-        other,
+        other_s,
         step_s,
         verify_wide=wide_from,
         verify_wide_token_s=wide_token_s,
         draft_work=drafter.draft_work,
-        pass_s=draft_s[2],
+        pass_s=per_unit[2],
         refine_passes=drafter.refine_passes,
     )
 
