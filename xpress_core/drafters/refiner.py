@@ -1,4 +1,4 @@
-"""The refiner: a small causal head that lets each block position see the tokens drafted before it (docs/DESIGN.md §3.4).
+"""The refiner: a small causal head that lets each block position see the tokens drafted before it (docs/DESIGN.md §3.5).
 
 A one-forward block drafter picks every position from its own marginal, blind to the token drafted one position
 earlier. The refiner corrects position j's logits from what the block says at positions up to j:

@@ -100,10 +100,29 @@ def training_time(summary: dict) -> str:
     return f"{steps} steps{split}, {minutes(wall)} of wall time"
 
 
+def refiner_text(summary: dict, cfg: dict) -> str:
+    """The refiner head's paragraph (``train refiner``): its rank, recipe and learning curve per pass, from its run's
+    summary; empty for a drafter without a head."""
+    if not cfg.get("refiner_rank"):
+        return ""
+    recipe, curve = summary.get("refiner_recipe", {}), summary.get("heldout_refiner", {}).get("greedy", {})
+    accepted = " -> ".join(f"{p['accepted']:.2f}" for p in curve.get("passes", []))
+    return (
+        f"\n\nA causal refiner head of rank {cfg['refiner_rank']} (`train refiner`, docs/DESIGN.md §3.5) turns `T > 1`"
+        " into refinement passes: each block position re-reads the tokens drafted before it. Trained on the frozen"
+        f" drafter for {summary.get('steps')} steps ({recipe.get('passes')} free-running passes, KL to the target's"
+        " distribution). On held-out greedy rows, the draft tokens a chain gets accepted per block after 0, 1, 2, ..."
+        f" passes: {accepted}; given a right prefix, agreement at positions 1-4"
+        f" {', '.join(f'{x:.2f}' for x in curve.get('teacher_forced', [])[:4])}."
+    )
+
+
 def drafter_card(asset: Path, command: str, kind: str) -> str:
-    s = read_json(asset / "training_summary.json")
+    whole = read_json(asset / "training_summary.json")
     scores = read_json(asset / "eval.json")
     cfg = read_json(asset / "config.json")
+    # A drafter given a refiner head: its own training is the stage the head's run continued.
+    s = whole.get("continued_from", {}) if "refiner_recipe" in whole else whole
     recipe = s.get("recipe", {})
     root_text = (
         " The root's own output predicts the block's first token (`root_predicts_next`)."
@@ -144,7 +163,7 @@ self-distillation: the target wrote {s.get("distilled_sequences")} continuations
 ({distillation_text(s)}), each read once by the frozen target; {recipe.get("anchors", "random")} anchors per
 sequence, each block masked at a random ratio (a share of {recipe.get("full_share", 0.5):g} of the blocks fully
 masked); the loss is
-{loss_text(recipe)}.{root_text}{sharpness_text}"""
+{loss_text(recipe)}.{root_text}{sharpness_text}{refiner_text(whole, cfg)}"""
     else:
         head = f"""# xPress embedded autoregressive drafter
 
@@ -160,8 +179,8 @@ the target's token embedding. transformers' assisted generation takes it as `ass
 
 | | |
 |---|---|
-| parameters (own) | {s.get("parameters", 0) / 1e6:.2f} M |
-| training | {training_time(s)} on a shared 2-core CPU |
+| parameters (own) | {whole.get("parameters", 0) / 1e6:.2f} M |
+| training | {training_time(whole)} on a shared 2-core CPU |
 
 Command: `{command}`
 

@@ -1,4 +1,4 @@
-"""Step 5: train the drafter's refiner head (docs/DESIGN.md §3.4; the head itself is ``drafters/refiner.py``).
+"""Step 5: train the drafter's refiner head (docs/DESIGN.md §3.5; the head itself is ``drafters/refiner.py``).
 
 Per batch, as the drafter's own training reads it (``train/drafter.py``): the frozen target reads whole distilled
 sequences once; ``anchors`` random positions per sequence each open a block ``[x_a, MASK x L]``, masked whole (pass
