@@ -24,6 +24,7 @@ from xpress_core.models import (
     load_target,
     resolve_device,
     resolve_dtype,
+    warm_kernels,
 )
 from xpress_core.presets import Access, ModelPreset
 from xpress_core.verdict import CALIBRATION_TOKENS, calibrate_plain_step
@@ -178,8 +179,9 @@ class ModelCache:
 
 def calibrated(speculative: Models, plain: Models, token_text: TokenTexts) -> Loaded:
     """The loaded models with the controller's stage costs measured and one plain decoding step timed (the verdict's
-    unit), after a short speculative run at the default settings: the first run pays one-off costs (first shapes,
-    kernel choices), here and not in a reply."""
+    unit), after building the kernels of the shapes replies meet (``warm_kernels``) and a short speculative run at
+    the default settings: the first run pays one-off costs, here and not in a reply."""
+    warm_kernels(speculative)  # no reply pays for a forward shape it meets first (packing.py)
     speculative = engine.calibrated(speculative)  # the controller auto's stage costs, measured once
     prompt = encode_prompt(plain.tokenizer, CALIBRATION_TEXT, chat=False)
     default = DEFAULTS.decode_config()

@@ -24,7 +24,7 @@ from .drafters.diffusion_lm import FAMILIES, DiffusionLMDrafter, family_conventi
 from .drafters.diffusion_model import XpressDrafter, XpressDrafterConfig, default_tapped_layers
 from .errors import XpressError
 from .hub import ModelSpec, frozen_config, is_local, read_config_json
-from .packing import pack_linears
+from .packing import pack_linears, warm_packed
 from .presets import Access, check_known, remote_code_allowed
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -383,6 +383,20 @@ def load_models(
     drafter_device = target_model.device if device_map else dev
     drafter_model = load_drafter(drafter_spec, target_model, tokenizer, drafter_device, dt, drafter_options, access)
     return Models(target_model, tokenizer, drafter_model)
+
+
+# Row counts whose kernels ``warm_kernels`` builds at load: every plain step, verify and draft, and prompts of up to
+# this many tokens (a chat's first turns; longer prompts pay once for each new bucket, packing.py).
+WARM_ROWS = 256
+
+
+def warm_kernels(models: Models, rows: int = WARM_ROWS) -> int:
+    """Build the packed layers' kernels of target and drafter for every row count a forward of up to ``rows`` tokens
+    runs at (``packing.warm_packed``), so that no reply pays for a first shape; the products run (0 outside bf16 on a
+    CPU, where nothing is packed). For a server or a benchmark: a single request would pay more than it saves."""
+    drafter = getattr(models.drafter, "model", None)
+    modules = [models.target] + ([drafter] if isinstance(drafter, torch.nn.Module) else [])
+    return warm_packed(modules, min(rows, context_limit(models.target) or rows))
 
 
 def encode_prompt(tokenizer, prompt: str | list[dict[str, str]], chat: bool) -> torch.Tensor:

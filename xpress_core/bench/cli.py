@@ -17,6 +17,7 @@ from ..models import (
     EMBEDDED_DRAFTER,
     EMBEDDED_GAUSS_DRAFTER,
     EMBEDDED_TARGET,
+    WARM_ROWS,
     Models,
     check_tokenizer_match,
     eos_ids,
@@ -27,6 +28,7 @@ from ..models import (
     resolve_dtype,
     resolve_model,
 )
+from ..packing import warm_packed
 from ..presets import Access
 from .grid import FULL_GRID, QUICK_GRID, parse_grid
 from .measure import RunPlan
@@ -174,7 +176,6 @@ def load_bench_models(args: argparse.Namespace, settings: Sequence[Setting]) -> 
     others = {s.dtype: load_target(target_spec, device, resolve_dtype(s.dtype, device))[0] for s in settings if s.dtype}
     drafting = any(m in methods for m in DRAFTING)
     drafter = load_drafter(args.drafter, target, tokenizer, device, dtype) if drafting else None
-    costs = calibrate(Models(target, tokenizer, drafter)) if XPRESS_AUTO in methods else None
     assistant = None
     if HF_ASSISTED in methods:
         check_tokenizer_match("AR drafter", args.ar_drafter, tokenizer)
@@ -186,6 +187,10 @@ def load_bench_models(args: argparse.Namespace, settings: Sequence[Setting]) -> 
             )
         # transformers stops the assistant where the target stops; give it the target's end tokens.
         assistant.generation_config.eos_token_id = sorted(eos_ids(target, tokenizer))
+    # As the app does at load: no method pays for a forward shape it meets first (packing.py), every method alike.
+    drafter_model = getattr(drafter, "model", None)
+    warm_packed([m for m in (target, *others.values(), drafter_model, assistant) if m is not None], WARM_ROWS)
+    costs = calibrate(Models(target, tokenizer, drafter)) if XPRESS_AUTO in methods else None
     return BenchModels(target, tokenizer, drafter, assistant, costs=costs, targets=others)
 
 
