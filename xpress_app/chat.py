@@ -179,7 +179,7 @@ class Board:
                 f"· stop: {result.stop_reason}"
             )
             lines.append(f"Rounds: {verdict.settings_summary(traces)}.")
-            lines.append(exactness(self.loaded.speculative.target.dtype))
+            lines.append(exactness(self.loaded.speculative.target.dtype, self.loaded.speculative.dtype_choice))
             if self.wall_s and not self.race:  # with Race the wall clock holds both runs
                 lines.append(f"Wall clock with the UI: {result.new_tokens / self.wall_s:.1f} tokens/s.")
         elif traces:

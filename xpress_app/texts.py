@@ -3,16 +3,18 @@
 EMPTY_MESSAGE = "Type a message first: an empty or blank message has nothing to answer."
 
 
-def exactness(dtype) -> str:
-    """Which dtype the reply ran in and what exactness means there (docs/DESIGN.md §2.5)."""
+def exactness(dtype, choice=None) -> str:
+    """Which dtype the reply ran in, why (``precision.DtypeChoice``), and what exactness means there (docs/DESIGN.md
+    §2.5)."""
     name = str(dtype).removeprefix("torch.")
+    why = f" ({choice.reason})" if choice else ""
     if name == "float32":
         return (
-            "Ran in float32: the reply is plain decoding's token for token (greedy), and the same tokens at the same "
-            "seed when sampling."
+            f"Ran in float32{why}: the reply is plain decoding's token for token (greedy), and the same tokens at the "
+            "same seed when sampling."
         )
     return (
-        f"Ran in {name}, faster here: the reply equals plain {name} decoding up to rounding (a forward over many "
+        f"Ran in {name}{why}: the reply equals plain {name} decoding up to rounding (a forward over many "
         "tokens rounds differently from a one-token forward, so a reply may part from it at a near-tie). "
         "`--dtype float32` (or `XPRESS_DTYPE=float32`) gives plain decoding's tokens exactly."
     )

@@ -25,6 +25,7 @@ from .drafters.diffusion_model import XpressDrafter, XpressDrafterConfig, defaul
 from .errors import XpressError
 from .hub import ModelSpec, frozen_config, is_local, read_config_json
 from .packing import pack_linears, warm_packed
+from .precision import DtypeChoice, fastest, unmeasured
 from .presets import Access, check_known, remote_code_allowed
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -47,6 +48,7 @@ class Models:
     tokenizer: object
     drafter: Drafter
     costs: CostModel | None = None  # stage costs the controller auto plans with; None: measured for each request
+    dtype_choice: DtypeChoice | None = None  # the dtype they run in and why (precision.py)
 
     @property
     def device(self) -> torch.device:
@@ -365,24 +367,36 @@ def freeze(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def load_models(
-    target: str | Path = EMBEDDED_TARGET,
-    drafter: str | Path = EMBEDDED_DRAFTER,
+    target: str | Path | ModelSpec = EMBEDDED_TARGET,
+    drafter: str | Path | ModelSpec = EMBEDDED_DRAFTER,
     device: str = "auto",
     dtype: str = "auto",
     device_map: str | None = None,
     drafter_options: DrafterOptions = DrafterOptions(),
     access: Access | None = None,
 ) -> Models:
-    """``device_map="auto"`` spreads the target over the GPUs (accelerate); the drafter goes where its input is."""
+    """``device_map="auto"`` spreads the target over the GPUs (accelerate); the drafter goes where its input is.
+    ``dtype="auto"`` on a CPU with native bf16: loaded in both dtypes and the faster kept (``precision.fastest``)."""
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     access = access or Access.from_env()
     target_spec = resolve_model("target", target, access)
     drafter_spec = resolve_drafter(drafter, drafter_options, access)
+    if measures_dtype(dtype, dev):
+        models, choice = fastest(
+            lambda name: load_models(target_spec, drafter_spec, device, name, None, drafter_options, access)
+        )
+        return replace(models, dtype_choice=choice)
     target_model, tokenizer = load_target(target_spec, dev, dt, device_map, access)
     drafter_device = target_model.device if device_map else dev
     drafter_model = load_drafter(drafter_spec, target_model, tokenizer, drafter_device, dt, drafter_options, access)
-    return Models(target_model, tokenizer, drafter_model)
+    return Models(target_model, tokenizer, drafter_model, dtype_choice=unmeasured(dtype, dt, dev))
+
+
+def measures_dtype(dtype: str, device: torch.device) -> bool:
+    """Whether ``auto`` times the dtypes (``precision.py``): on a CPU that computes bf16 natively (elsewhere the
+    answer is known: bf16 on CUDA, fp32 on a CPU that would emulate bf16)."""
+    return dtype == "auto" and device.type == "cpu" and native_bf16()
 
 
 # Row counts whose kernels ``warm_kernels`` builds at load: every plain step, verify and draft, and prompts of up to
