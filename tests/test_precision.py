@@ -8,7 +8,7 @@ import torch
 
 from xpress_core import precision
 from xpress_core.models import load_models
-from xpress_core.precision import BF16_MARGIN, DtypeTiming, choose_dtype, fastest, time_dtypes
+from xpress_core.precision import BF16_MARGIN, DtypeTiming, choose_dtype, fastest, load_fastest, time_dtypes
 
 
 def timing(plain_token_ms: float, round_token_ms: float | None) -> DtypeTiming:
@@ -49,23 +49,25 @@ def test_fastest_keeps_the_chosen_models_and_says_how_long_choosing_took(monkeyp
     assert choice.dtype == "bfloat16" and choice.threads == 3 and "loading and timing both took" in choice.reason
 
 
-def test_load_models_auto_times_both_dtypes_on_a_native_bf16_cpu_and_keeps_the_faster(zoo, monkeypatch):
+def test_load_fastest_times_both_dtypes_on_a_native_bf16_cpu_and_keeps_the_faster(zoo, monkeypatch):
     """The loader's wiring, with the timings injected: each way the choice goes, the models returned are in that
-    dtype (target and drafter), and carry the choice; pinned and emulated-bf16 loads say why without timing."""
+    dtype (target and drafter), and carry the choice; pinned, untimed and emulated-bf16 loads say why."""
     monkeypatch.setattr("xpress_core.models.native_bf16", lambda: True)
     for timings, want in (
         ({"float32": timing(4.0, 2.0), "bfloat16": timing(5.0, 1.0)}, torch.bfloat16),
         ({"float32": timing(4.0, 1.0), "bfloat16": timing(5.0, 2.0)}, torch.float32),
     ):
         monkeypatch.setattr(precision, "time_dtypes", lambda candidates, timings=timings: timings)
-        models = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu")
+        models = load_fastest(zoo["llama"], zoo["drafter_llama"], device="cpu")
         assert models.target.dtype == want and next(models.drafter.model.parameters()).dtype == want
         assert models.dtype_choice.dtype == str(want).removeprefix("torch.")
         assert models.dtype_choice.reason.startswith("measured at load")
-    pinned = load_models(zoo["llama"], "none", device="cpu", dtype="float32")
-    assert pinned.dtype_choice.reason == "pinned by --dtype float32"
+    pinned = load_fastest(zoo["llama"], "none", device="cpu", dtype="float32")
+    assert pinned.dtype_choice.reason == "pinned by --dtype float32" and pinned.target.dtype == torch.float32
+    untimed = load_models(zoo["llama"], "none", device="cpu")  # the plain loader goes by the CPU's flags
+    assert untimed.target.dtype == torch.bfloat16 and "not timed" in untimed.dtype_choice.reason
     monkeypatch.setattr("xpress_core.models.native_bf16", lambda: False)
-    emulated = load_models(zoo["llama"], "none", device="cpu")
+    emulated = load_fastest(zoo["llama"], "none", device="cpu")
     assert emulated.target.dtype == torch.float32 and "no native bf16" in emulated.dtype_choice.reason
 
 

@@ -25,9 +25,10 @@ from xpress_core.models import (
     measures_dtype,
     resolve_device,
     resolve_dtype,
+    unmeasured,
     warm_kernels,
 )
-from xpress_core.precision import fastest, unmeasured
+from xpress_core.precision import fastest
 from xpress_core.presets import Access, ModelPreset
 from xpress_core.verdict import CALIBRATION_TOKENS, calibrate_plain_step
 
@@ -213,7 +214,7 @@ def calibrated(speculative: Models, plain: Models, token_text: TokenTexts) -> Lo
 
 
 def dtype_note(choice) -> str:
-    """Which dtype the models run in and why (``precision.DtypeChoice``)."""
+    """Which dtype the models run in and why (``models.DtypeChoice``)."""
     return f"Runs in {choice.dtype}: {choice.reason}." if choice else ""
 
 

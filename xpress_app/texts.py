@@ -4,7 +4,7 @@ EMPTY_MESSAGE = "Type a message first: an empty or blank message has nothing to 
 
 
 def exactness(dtype, choice=None) -> str:
-    """Which dtype the reply ran in, why (``precision.DtypeChoice``), and what exactness means there (docs/DESIGN.md
+    """Which dtype the reply ran in, why (``models.DtypeChoice``), and what exactness means there (docs/DESIGN.md
     §2.5)."""
     name = str(dtype).removeprefix("torch.")
     why = f" ({choice.reason})" if choice else ""

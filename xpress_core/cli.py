@@ -169,11 +169,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_generate(args: argparse.Namespace) -> int:
     from .engine import decode
-    from .models import encode_prompt, load_models
+    from .models import encode_prompt
+    from .precision import load_fastest
     from .trace import DecodeResult, RoundTrace, write_jsonl
 
     cfg = check_generate_args(args)
-    models = load_models(**model_choice(args))
+    models = load_fastest(**model_choice(args))
     prompt_ids = encode_prompt(models.tokenizer, args.prompt, chat=args.chat)
     traces: list[RoundTrace] = []
     result: DecodeResult | None = None

@@ -25,7 +25,6 @@ from .drafters.diffusion_model import XpressDrafter, XpressDrafterConfig, defaul
 from .errors import XpressError
 from .hub import ModelSpec, frozen_config, is_local, read_config_json
 from .packing import pack_linears, warm_packed
-from .precision import DtypeChoice, fastest, unmeasured
 from .presets import Access, check_known, remote_code_allowed
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -41,6 +40,45 @@ CAUSAL_LM = "causal-lm"  # the kind of a target (and of the benchmark's AR draft
 
 
 @dataclass(frozen=True)
+class DtypeTiming:
+    """One dtype's speed on these models: seconds per token of plain decoding and of speculative decoding's rounds
+    (the prefill excluded), and seconds per plain step and per round."""
+
+    plain_step_s: float
+    round_s: float | None  # None without a drafter
+    plain_token_s: float
+    round_token_s: float | None
+
+
+@dataclass(frozen=True)
+class DtypeChoice:
+    """The dtype the models run in, and why: measured (``timings``), pinned by the user, or the device's."""
+
+    dtype: str
+    reason: str
+    threads: int
+    timings: dict[str, DtypeTiming] | None = None
+
+    def to_json(self) -> dict:
+        timings = {name: vars(t) for name, t in (self.timings or {}).items()}
+        return {"dtype": self.dtype, "reason": self.reason, "threads": self.threads, "timings": timings}
+
+
+def unmeasured(requested: str, dtype: torch.dtype, device: torch.device) -> DtypeChoice:
+    """The choice where nothing is timed: a dtype the user pinned, or ``auto`` on CUDA or on a CPU without native
+    bf16 (there bf16 is emulated, far slower)."""
+    if requested != "auto":
+        why = f"pinned by --dtype {requested}"
+    elif device.type == "cpu" and not native_bf16():
+        why = "auto: this CPU has no native bf16 arithmetic"
+    elif device.type == "cpu":
+        why = "auto: this CPU computes bf16 natively (not timed: precision.load_fastest times both dtypes)"
+    else:
+        why = f"auto on {device.type}: bf16 (a verify forward over many tokens costs barely more than one)"
+    return DtypeChoice(str(dtype).removeprefix("torch."), why, torch.get_num_threads())
+
+
+@dataclass(frozen=True)
 class Models:
     """Read-only models shared by every request."""
 
@@ -48,7 +86,7 @@ class Models:
     tokenizer: object
     drafter: Drafter
     costs: CostModel | None = None  # stage costs the controller auto plans with; None: measured for each request
-    dtype_choice: DtypeChoice | None = None  # the dtype they run in and why (precision.py)
+    dtype_choice: DtypeChoice | None = None  # the dtype they run in and why
 
     @property
     def device(self) -> torch.device:
@@ -376,17 +414,12 @@ def load_models(
     access: Access | None = None,
 ) -> Models:
     """``device_map="auto"`` spreads the target over the GPUs (accelerate); the drafter goes where its input is.
-    ``dtype="auto"`` on a CPU with native bf16: loaded in both dtypes and the faster kept (``precision.fastest``)."""
+    ``dtype="auto"`` here goes by the device (``resolve_dtype``); ``precision.load_fastest`` times both dtypes."""
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     access = access or Access.from_env()
     target_spec = resolve_model("target", target, access)
     drafter_spec = resolve_drafter(drafter, drafter_options, access)
-    if measures_dtype(dtype, dev):
-        models, choice = fastest(
-            lambda name: load_models(target_spec, drafter_spec, device, name, None, drafter_options, access)
-        )
-        return replace(models, dtype_choice=choice)
     target_model, tokenizer = load_target(target_spec, dev, dt, device_map, access)
     drafter_device = target_model.device if device_map else dev
     drafter_model = load_drafter(drafter_spec, target_model, tokenizer, drafter_device, dt, drafter_options, access)

@@ -1,8 +1,8 @@
 """``--dtype auto`` on a CPU: load the models in float32 and in bfloat16, time both, keep the faster.
 
 Why measure: which dtype is faster depends on the CPU, the thread count and the model's size, not on a CPU flag. On
-the project's 2-core CPU (native bf16) the embedded target decoded plain at 326 tokens/s in fp32 against 259 in bf16
-at 2 threads, while bf16 won at one thread (issue 30). So both are timed at the thread count this process runs with,
+the project's 2-core CPU (native bf16) the embedded pair decoded faster in fp32 than in bf16 at 2 threads and slower
+at one (issue 30). So both are timed at the thread count this process runs with,
 in turns (a machine whose speed drifts shifts both alike), and bf16 is kept only where it is clearly faster: fp32
 gives plain decoding's tokens exactly (docs/DESIGN.md §2.5), a margin worth a little speed.
 """
@@ -11,12 +11,25 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
 from .config import DecodeConfig
 from .drafters.base import NoDrafter
+from .engine import CALIBRATION_TEXT, decode_to_end
+from .models import (
+    DrafterOptions,
+    DtypeChoice,
+    DtypeTiming,
+    Models,
+    load_models,
+    measures_dtype,
+    resolve_device,
+    resolve_drafter,
+    resolve_model,
+)
+from .presets import Access
 
 CANDIDATES = ("float32", "bfloat16")
 # bf16 must be this much faster (per token) to be kept: below it fp32's exactness wins.
@@ -24,31 +37,6 @@ BF16_MARGIN = 0.05
 TIMING_PROMPT_TOKENS = 32  # a short chat's prompt
 TIMING_TOKENS = 16  # tokens per timed request
 TIMING_TURNS = 3  # timed turns, after one that warms up
-
-
-@dataclass(frozen=True)
-class DtypeTiming:
-    """One dtype's speed on these models: seconds per token of plain decoding and of speculative decoding's rounds
-    (the prefill excluded), and seconds per plain step and per round."""
-
-    plain_step_s: float
-    round_s: float | None  # None without a drafter
-    plain_token_s: float
-    round_token_s: float | None
-
-
-@dataclass(frozen=True)
-class DtypeChoice:
-    """The dtype the models run in, and why: measured (``timings``), pinned by the user, or the device's."""
-
-    dtype: str
-    reason: str
-    threads: int
-    timings: dict[str, DtypeTiming] | None = None
-
-    def to_json(self) -> dict:
-        timings = {name: vars(t) for name, t in (self.timings or {}).items()}
-        return {"dtype": self.dtype, "reason": self.reason, "threads": self.threads, "timings": timings}
 
 
 def choose_dtype(timings: dict[str, DtypeTiming], threads: int) -> DtypeChoice:
@@ -82,23 +70,9 @@ def describe(t: DtypeTiming, drafting: bool) -> str:
     return f"round {1000 * t.round_s:.2f} ms, {plain}" if drafting else plain
 
 
-def unmeasured(requested: str, dtype: torch.dtype, device: torch.device) -> DtypeChoice:
-    """The choice where nothing is timed: a dtype the user pinned, or ``auto`` on CUDA or on a CPU without native
-    bf16 (there bf16 is emulated, far slower)."""
-    if requested != "auto":
-        why = f"pinned by --dtype {requested}"
-    elif device.type == "cpu":
-        why = "auto: this CPU has no native bf16 arithmetic"
-    else:
-        why = f"auto on {device.type}: bf16 (a verify forward over many tokens costs barely more than one)"
-    return DtypeChoice(str(dtype).removeprefix("torch."), why, torch.get_num_threads())
-
-
 def time_dtypes(candidates: dict, turns: int = TIMING_TURNS) -> dict[str, DtypeTiming]:
     """Each ``Models`` of ``candidates`` (by dtype name) timed on a short greedy request, plain (the target alone) and
     speculative at the default settings, the dtypes in turns; the first turn warms up (first shapes, kernel choice)."""
-    from .engine import CALIBRATION_TEXT, decode_to_end  # the engine imports the models module, which imports this
-
     first = next(iter(candidates.values()))
     prompt = first.tokenizer(CALIBRATION_TEXT * 8, return_tensors="pt")["input_ids"][:, :TIMING_PROMPT_TOKENS]
     cfg = DecodeConfig(max_new_tokens=TIMING_TOKENS)
@@ -130,7 +104,21 @@ def timing(plain: list, rounds: list) -> DtypeTiming:
     )
 
 
-def fastest(load, threads: int | None = None) -> tuple[object, DtypeChoice]:
+def load_fastest(
+    target, drafter, device: str = "auto", dtype: str = "auto", device_map=None, drafter_options=None, access=None
+) -> Models:
+    """``models.load_models``, except that ``auto`` on a CPU with native bf16 loads both dtypes and keeps the faster
+    (``fastest``): what the CLI and the app load with."""
+    options = drafter_options or DrafterOptions()
+    if not measures_dtype(dtype, resolve_device(device)):
+        return load_models(target, drafter, device, dtype, device_map, options, access)
+    access = access or Access.from_env()
+    target, drafter = resolve_model("target", target, access), resolve_drafter(drafter, options, access)
+    models, choice = fastest(lambda name: load_models(target, drafter, device, name, None, options, access))
+    return replace(models, dtype_choice=choice)
+
+
+def fastest(load, threads: int | None = None) -> tuple[Models, DtypeChoice]:
     """``load(dtype)`` -> Models in each candidate dtype; the faster kept (the other released), with its choice."""
     start = time.perf_counter()
     candidates = {name: load(name) for name in CANDIDATES}

@@ -28,6 +28,7 @@ from ..models import (
     EMBEDDED_GAUSS_DRAFTER,
     EMBEDDED_TARGET,
     WARM_ROWS,
+    DtypeChoice,
     Models,
     check_tokenizer_match,
     eos_ids,
@@ -39,9 +40,10 @@ from ..models import (
     resolve_drafter,
     resolve_dtype,
     resolve_model,
+    unmeasured,
 )
 from ..packing import warm_packed
-from ..precision import DtypeChoice, fastest, unmeasured
+from ..precision import fastest
 from ..presets import Access
 from .grid import FULL_GRID, QUICK_GRID, parse_grid
 from .measure import RunPlan

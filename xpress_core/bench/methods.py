@@ -12,7 +12,7 @@ from ..config import DecodeConfig
 from ..controller import CostModel
 from ..drafters.base import Drafter
 from ..errors import XpressError
-from ..precision import DtypeChoice
+from ..models import DtypeChoice
 from .grid import GRID_KEYS
 
 HF_GENERATE = "hf-generate"
