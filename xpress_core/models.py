@@ -26,6 +26,7 @@ from .errors import XpressError
 from .hub import ModelSpec, frozen_config, is_local, read_config_json
 from .packing import pack_linears, warm_packed
 from .presets import Access, check_known, remote_code_allowed
+from .records import json_record
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 EMBEDDED_TARGET = ASSETS / "target"
@@ -60,13 +61,14 @@ class DtypeChoice:
     timings: dict[str, DtypeTiming] | None = None
 
     def to_json(self) -> dict:
-        timings = {name: vars(t) for name, t in (self.timings or {}).items()}
+        timings = {name: json_record(vars(t)) for name, t in (self.timings or {}).items()}
         return {"dtype": self.dtype, "reason": self.reason, "threads": self.threads, "timings": timings}
 
 
 def unmeasured(requested: str, dtype: torch.dtype, device: torch.device) -> DtypeChoice:
-    """The choice where nothing is timed: a dtype the user pinned, or ``auto`` on CUDA or on a CPU without native
-    bf16 (there bf16 is emulated, far slower)."""
+    """The choice where nothing is timed: a dtype the user pinned, or ``auto`` by the device: bf16 on CUDA, fp32 on a
+    CPU without native bf16 (there bf16 is emulated, far slower), bf16 on one with it (``load_models``;
+    ``precision.load_fastest`` times both there)."""
     if requested != "auto":
         why = f"pinned by --dtype {requested}"
     elif device.type == "cpu" and not native_bf16():
