@@ -58,7 +58,8 @@ def choose_dtype(timings: dict[str, DtypeTiming], threads: int) -> DtypeChoice:
         why = f"bfloat16 was only {ratio:.2f}x faster per token (fp32 is exact; bf16 needs {1 + BF16_MARGIN:.2f}x)"
     else:
         why = f"float32 was {1 / ratio:.2f}x faster per token"
-    return DtypeChoice(dtype, f"measured at load, {threads} threads, {what}: {why} ({figures})", threads, timings)
+    where = f"{threads} thread" + ("" if threads == 1 else "s")
+    return DtypeChoice(dtype, f"measured at load, {where}, {what}: {why} ({figures})", threads, timings)
 
 
 def other(dtype: str) -> str:
