@@ -318,6 +318,18 @@ def test_empty_message_answers_without_loading_or_decoding(config, message):
     assert not fresh.is_loaded(TINY)
 
 
+def test_the_model_note_says_which_dtype_the_loaded_models_run_in_and_why(config):
+    """Before the preset loads, the note says where its models come from; once a reply has loaded them, also the
+    dtype they run in and why (here the tests' CPU default, conftest.py), as the status line does."""
+    fresh = ModelCache(config)
+    assert "Runs in" not in fresh.describe(TINY)
+    last = final(list(run_chat(fresh, "hello", [], settings())))
+    note = fresh.describe(TINY)
+    assert note.startswith(f"target `{fresh.presets[TINY].target}`")
+    assert note.endswith("\n\nRuns in float32: auto: this CPU has no native bf16 arithmetic.")
+    assert "Ran in float32 (auto: this CPU has no native bf16 arithmetic)" in last.status
+
+
 def test_unavailable_preset_gives_a_clear_message_and_the_next_request_works(cache, oracle_models):
     with pytest.raises(XpressError, match="“missing” is not available: the target directory /nonexistent"):
         list(run_chat(cache, "hello", [], settings(preset=MISSING)))
