@@ -136,8 +136,9 @@ def test_reply_is_what_the_engine_writes(cache, oracle_models, changes):
     assert [t.emitted for t in last.reply.traces] == [t.emitted for t in traces]
     assert [t.accepted for t in last.reply.traces] == [t.accepted for t in traces]
     assert f"τ = {result.tau:.2f}" in last.status
-    assert "Ran in float32: the reply is plain decoding's token for token" in last.status  # the tests' dtype
-    assert exactness(torch.bfloat16).startswith("Ran in bfloat16, faster here: the reply equals plain bfloat16")
+    assert "Ran in float32 (" in last.status  # the tests' dtype, and why it was chosen
+    assert "the reply is plain decoding's token for token" in last.status
+    assert exactness(torch.bfloat16).startswith("Ran in bfloat16: the reply equals plain bfloat16")
     assert views[0].message == ""  # the input box is cleared when the request starts
 
 
@@ -194,13 +195,16 @@ def test_the_verdict_is_the_replys_own_rounds_over_plain_steps_timed_right_after
     _, result = engine_run(
         oracle_models[TINY], [{"role": "user", "content": "I want to book a table"}], settings().decode_config()
     )
-    cost = verdict.round_cost(last.reply.traces, 0.004)
-    assert cost.tau == result.tau and cost.accept_lens == result.accept_lens
-    assert cost.draft_s + cost.verify_s + cost.other_s == pytest.approx(
+    cost = verdict.reply_cost(last.reply.traces, 0.004)
+    assert cost.rounds.tau == result.tau and cost.rounds.accept_lens == result.accept_lens
+    assert cost.rounds.draft_s + cost.rounds.verify_s + cost.rounds.other_s == pytest.approx(
         last.reply.result.draft_s + last.reply.result.verify_s + last.reply.result.other_s
     )
+    assert cost.prefill_s == last.reply.result.prefill_s and cost.tokens_after_prefill == result.new_tokens - 1
+    assert cost.time_s == pytest.approx(last.reply.result.time_s, rel=0.05)  # the engine's own total, whole
     source = f"{verdict.AFTER_REPLY_TOKENS} plain steps timed right after the reply"
-    assert last.verdict == f"**{verdict.headline(cost)}** · {verdict.breakdown(cost)} ({source})"
+    assert last.verdict == f"**{verdict.reply_headline(cost)}** · {verdict.breakdown(cost.rounds)} ({source})"
+    assert last.verdict.startswith("**whole reply (prefill ") and "· per round: τ " in last.verdict
 
 
 def test_auto_picks_each_rounds_setting_the_reply_stays_the_targets_and_the_status_counts_the_settings(
@@ -223,8 +227,8 @@ def test_auto_picks_each_rounds_setting_the_reply_stays_the_targets_and_the_stat
         else f"{verdict.AFTER_REPLY_TOKENS} plain steps timed right after the reply"
     )
     assert len(timed_after) == (0 if step_s else 1)
-    cost = verdict.round_cost(last.reply.traces, step_s or 0.004)
-    assert last.verdict == f"**{verdict.headline(cost)}** · {verdict.breakdown(cost)} ({source})"
+    cost = verdict.reply_cost(last.reply.traces, step_s or 0.004)
+    assert last.verdict == f"**{verdict.reply_headline(cost)}** · {verdict.breakdown(cost.rounds)} ({source})"
 
 
 def test_with_the_race_the_verdict_counts_in_the_races_own_plain_steps(cache):
@@ -233,6 +237,49 @@ def test_with_the_race_the_verdict_counts_in_the_races_own_plain_steps(cache):
     step_ms = 1000 * (plain.draft_s + plain.verify_s + plain.other_s) / plain.rounds
     shown = re.search(r"plain steps of ([\d.]+) ms", last.verdict)
     assert float(shown[1]) == pytest.approx(step_ms, abs=0.0006) and last.verdict.endswith("(measured by the Race)")
+
+
+# Held-out-like chats (short requests of the SGD dev set's kind, not its text), two turns each.
+REPLAYED_CHATS = (
+    ("I need a hotel in San Diego for three nights.", "Something cheaper, with a pool?"),
+    ("Can you find me a bus to Fresno next Friday?", "What time does the last one leave?"),
+    ("I'd like to see a movie tonight.", "Book two tickets for the later show."),
+    ("Find me a dentist in Berkeley.", "Does he open on Saturdays?"),
+)
+
+
+def test_replayed_chats_with_the_race_show_one_truth_about_the_speedup(cache):
+    """Several chats, replayed turn by turn with Race on: every finished reply's verdict names the whole reply
+    (prefill included) and the per-round figure, each labelled; the Race line says that its measured speedup agrees
+    with the verdict's whole-reply figure exactly when they are within 15 %, and otherwise why they are not, with the
+    two prefills; which run starts first alternates from turn to turn."""
+    started = []
+    real_race = app_chat.race
+
+    def watched(runs):
+        started.append(next(iter(runs)))
+        return real_race(runs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(app_chat, "race", watched)
+        for chat in REPLAYED_CHATS:
+            history: list[dict] = []
+            for message in chat:
+                last = final(list(run_chat(cache, message, history, settings(race=True, max_new_tokens=12))))
+                history = last.history
+                spec, plain = last.reply.result, last.reply.plain_result
+                step_s = (plain.draft_s + plain.verify_s + plain.other_s) / plain.rounds
+                cost = verdict.reply_cost(last.reply.traces, step_s)
+                assert last.verdict.startswith(f"**{verdict.reply_headline(cost)}**")
+                assert "whole reply (prefill" in last.verdict and "per round: τ" in last.verdict
+                measured = verdict.race_speedup(spec, plain)
+                assert measured == pytest.approx(spec.tokens_per_s / plain.tokens_per_s)
+                agrees = abs(measured / cost.speedup - 1) <= verdict.AGREEMENT
+                assert ("agrees with the verdict's whole reply" in last.status) == agrees
+                assert ("not a fair measurement this time" in last.status) == (not agrees)
+                if not agrees:
+                    assert f"{1000 * plain.prefill_s:.0f} ms in the plain one" in last.status
+    assert started == [app_chat.SPECULATIVE, app_chat.PLAIN] * len(REPLAYED_CHATS)
 
 
 @pytest.mark.parametrize(
@@ -269,6 +316,18 @@ def test_empty_message_answers_without_loading_or_decoding(config, message):
     assert len(views) == 1 and views[0].status == EMPTY_MESSAGE and views[0].notice == EMPTY_MESSAGE
     assert views[0].history is None  # the chat stays as it was
     assert not fresh.is_loaded(TINY)
+
+
+def test_the_model_note_says_which_dtype_the_loaded_models_run_in_and_why(config):
+    """Before the preset loads, the note says where its models come from; once a reply has loaded them, also the
+    dtype they run in and why (here the tests' CPU default, conftest.py), as the status line does."""
+    fresh = ModelCache(config)
+    assert "Runs in" not in fresh.describe(TINY)
+    last = final(list(run_chat(fresh, "hello", [], settings())))
+    note = fresh.describe(TINY)
+    assert note.startswith(f"target `{fresh.presets[TINY].target}`")
+    assert note.endswith("\n\nRuns in float32: auto: this CPU has no native bf16 arithmetic.")
+    assert "Ran in float32 (auto: this CPU has no native bf16 arithmetic)" in last.status
 
 
 def test_unavailable_preset_gives_a_clear_message_and_the_next_request_works(cache, oracle_models):

@@ -82,6 +82,8 @@ def bench_run(zoo, prompt_file, tmp_path_factory) -> Path:
             "1",
             "--finalists",
             "1",
+            "--threads",
+            "1",
             "--json",
             str(out),
             "--no-progress",
@@ -109,6 +111,10 @@ def test_bench_outputs_are_complete_and_valid(bench_run):
         "files",
     ):
         assert key in doc, key
+    assert doc["machine"]["cpu_threads"] == doc["args"]["threads"] == 1  # --threads: every method ran at it
+    # The tests' CPU default is fp32 without timing (conftest.py), and the run says why.
+    assert doc["machine"]["dtype_choice"]["dtype"] == doc["machine"]["dtype"] == "float32"
+    assert doc["machine"]["dtype_choice"]["reason"] == "auto: this CPU has no native bf16 arithmetic"
     assert doc["models"]["drafter_noise"] == "mask" and doc["models"]["drafter_tree_sharpness"] == 1.0  # its config's
     # search: every setting, greedy, on 1 prompt; final: generate (the run's fp32 and bf16), best assisted, lookup,
     # xpress-none, the one finalist xPress setting and xpress-auto, at both temperatures, on both prompts.
@@ -152,13 +158,19 @@ def test_bench_outputs_are_complete_and_valid(bench_run):
             )
             assert summary["speedup"] == pytest.approx(summary["tokens_per_s"] / reference["tokens_per_s"], rel=1e-2)
             assert set(summary["ms_per_token"]) == {"prefill", "draft", "verify", "other"}
+            shares = summary["ms_per_token"]
+            assert summary["prefill_share"] == pytest.approx(shares["prefill"] / sum(shares.values()), abs=2e-3)
     reference = [s for s in doc["summaries"] if s["method"] == REFERENCE and not s["setting"]]
     assert all(s["speedup"] == 1.0 for s in reference)
     for name in ("speedup", "tau_hist", "latency", "heatmap_tokens_per_s", "heatmap_tau"):
         html = Path(doc["files"][name])
         assert html.exists() and "plotly" in html.read_text()
     assert (bench_run.parent / "plotly.min.js").exists()  # the figures open offline
-    assert Path(doc["files"]["table"]).read_text().startswith("| method |")
+    table = Path(doc["files"]["table"]).read_text().splitlines()
+    assert table[0].startswith("| method |") and "| prefill share |" in table[0]
+    generate_row = next(line for line in table if line.startswith(f"| {REFERENCE} | - | 0 |"))
+    share = next(s["prefill_share"] for s in generate if not s["setting"])
+    assert generate_row.split(" | ")[6] == f"{share:.0%}"
     assert {"best_xpress", "engine_overhead", "refinement", "auto", "auto_over_best_fixed"} <= set(doc["goals"])
     over_fixed = doc["goals"]["auto_over_best_fixed"]
     auto, fixed = (
@@ -329,6 +341,13 @@ def test_prompt_sources(tmp_path, prompt_file):
     defaults = default_prompts(data, sgd=3, stories=2)
     assert [p.name for p in defaults] == ["sgd_dev-0", "sgd_dev-2", "sgd_dev-4", "story-0", "story-1"]
     assert [role for role, _ in defaults[0].content] == ["user", "assistant", "user"]
+    # The short chats: the same held-out dialogues' first user turn alone, a class of their own.
+    shorts = [p for p in default_prompts(data, sgd=3, stories=2, short=2) if p.name.startswith("sgd_short")]
+    assert [(p.name, p.content) for p in shorts] == [
+        ("sgd_short-0", (("user", "hello 0"),)),
+        ("sgd_short-3", (("user", "hello 3"),)),
+    ]
+    assert {prompt_class(p.name) for p in shorts} == {"sgd_short"}
     with pytest.raises(XpressError, match="shared data folder"):
         default_prompts(tmp_path / "missing")
 

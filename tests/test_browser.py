@@ -161,6 +161,7 @@ def test_after_an_example_reply_the_first_screen_shows_chat_drafts_and_the_engin
     # The verdict's numbers are the reply's own: τ and the stages from its round log, over the plain step shown.
     shown = VERDICT.search(screen.inner_text("#verdict"))
     assert shown, screen.inner_text("#verdict")
+    assert screen.inner_text("#verdict").startswith("whole reply (prefill ")  # the whole reply first, then per round
     assert shown[1] == f"{log_tau:.2f}"
     per_round, speedup, *stages, step_ms, break_even = (float(x) for x in shown.groups()[1:])
     within = {"rel": 2e-3, "abs": 0.006}  # the page rounds to 2 decimals, the plain step to 3 (in ms)
@@ -191,7 +192,8 @@ def test_more_drafts_and_a_race_then_scrubbing_the_rounds(page, models):
     traces, expected = engine_events(models, "Please find me a flight", drafts=6, steps=2, max_new_tokens=40)
     assert (int(done[1]), int(done[2])) == (expected.new_tokens, expected.rounds)
     page.wait_for_function("document.querySelector('#status').innerText.includes('same tokens ✓')")
-    assert "Race · plain decoding" in status(page)
+    assert "Race (measured, prefill included) · plain decoding" in status(page)
+    assert "agrees with the verdict's whole reply" in status(page) or "not a fair measurement" in status(page)
     assert page.input_value("#plain-reply textarea").strip()
     evolution = svg_text(page, "plot-evolution")
     assert shows_rows_of(evolution, traces[-1]) and len(traces[-1].drafts) > 1

@@ -445,16 +445,23 @@ def test_bfloat16_runs_and_plain_decoding_equals_generate(zoo):
             assert result.token_ids[0] == ref[0] and result.new_tokens == NEW
 
 
-def test_auto_dtype_is_bf16_on_cuda_and_on_cpus_with_native_bf16(zoo, monkeypatch):
+def test_auto_dtype_is_bf16_on_cuda_and_measured_on_cpus_with_native_bf16(zoo, monkeypatch):
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     for native, want in ((True, torch.bfloat16), (False, torch.float32)):
         monkeypatch.setattr("xpress_core.models.native_bf16", lambda native=native: native)
         assert resolve_dtype("auto", cpu) == want and resolve_dtype("auto", cuda) == torch.bfloat16
         assert resolve_dtype("float32", cpu) == torch.float32 and resolve_dtype("bf16", cpu) == torch.bfloat16
-    # The CLI's default on this machine, unpatched (a new process): the dtype that ran is in the result.
+    # The CLI's default on this machine, unpatched (a new process): the dtype that ran is in the result, and why.
     args = ["generate", "--prompt", "hello", "--target", str(zoo["llama"]), "--drafter", "none", "--json"]
     out = json.loads(cli(*args, "--max-new-tokens", "4").stdout)
-    assert out["dtype"] == ("bfloat16" if DETECTED_NATIVE_BF16 else "float32")
+    assert out["dtype"] == out["dtype_choice"]["dtype"]
+    if DETECTED_NATIVE_BF16:  # both dtypes timed at the process's threads, the faster kept
+        assert out["dtype_choice"]["reason"].startswith("measured at load")
+        assert set(out["dtype_choice"]["timings"]) == {"float32", "bfloat16"}
+    else:
+        assert out["dtype"] == "float32" and "no native bf16" in out["dtype_choice"]["reason"]
+    pinned = json.loads(cli(*args, "--max-new-tokens", "4", "--dtype", "bf16").stdout)
+    assert pinned["dtype"] == "bfloat16" and pinned["dtype_choice"]["reason"] == "pinned by --dtype bf16"
 
 
 def random_drafts(rng: random.Random) -> tuple[int, list[list[int]]]:

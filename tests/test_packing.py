@@ -13,7 +13,15 @@ from xpress_app.config import Hardware
 from xpress_core.config import DecodeConfig
 from xpress_core.engine import decode_to_end
 from xpress_core.models import EMBEDDED_DRAFTER, EMBEDDED_TARGET, encode_prompt, load_models
-from xpress_core.packing import PackedLinear, pack_linears, packed_linear, packing_available
+from xpress_core.packing import (
+    EXACT_ROWS,
+    PackedLinear,
+    bucket_rows,
+    pack_linears,
+    packed_linear,
+    packing_available,
+    warm_packed,
+)
 
 PROMPT = "I want to book a table for two at an Italian restaurant tonight."
 BF16_CPU = packing_available(torch.bfloat16, torch.device("cpu"))
@@ -114,3 +122,43 @@ def test_the_apps_memory_budget_counts_packed_weights_twice():
     the bytes: the app's preset check counts both so."""
     assert Hardware.detect("cpu", "float32", memory_gb=8.0).doubled
     assert Hardware.detect("cpu", "bfloat16", memory_gb=8.0).doubled == BF16_CPU
+
+
+@needs_bf16_packing
+def test_a_packed_product_runs_over_few_row_counts_and_gives_every_count_its_own_outputs():
+    """Any number of rows runs padded to its bucket (``bucket_rows``), and the rows' outputs are ``F.linear``'s bit for
+    bit at every count (a row's product does not depend on the rows beside it): the padding changes no output."""
+    torch.manual_seed(0)
+    for linear in (nn.Linear(256, 640), nn.Linear(48, 24, bias=True), nn.Linear(640, 256, bias=False)):
+        linear = linear.to(torch.bfloat16)
+        packed = packed_linear(linear)
+        assert packed is not None
+        x = torch.randn(1, 420, linear.in_features).to(torch.bfloat16)  # (batch, tokens, features), as in a model
+        with torch.no_grad():
+            for count in [*range(1, 150), *range(150, 421, 9)]:
+                assert torch.equal(packed(x[:, :count]), F.linear(x[:, :count], linear.weight, linear.bias))
+
+
+def test_bucket_rows_pads_less_than_an_eighth_over_a_few_dozen_counts():
+    buckets = [bucket_rows(count) for count in range(1, 2049)]
+    assert buckets[:EXACT_ROWS] == list(range(1, EXACT_ROWS + 1))  # a plain step, verify widths, blocks: exact
+    assert all(count <= b < count * 1.125 for count, b in enumerate(buckets, start=1))
+    assert buckets == sorted(buckets) and all(bucket_rows(b) == b for b in buckets)
+    assert len(set(buckets[:1024])) == 96  # every shape of a 1,024-token context (oneDNN keeps 1,024 kernels)
+
+
+@needs_bf16_packing
+def test_a_long_prompt_padded_to_its_bucket_decodes_the_tokens_of_the_unpacked_models(zoo, monkeypatch):
+    """A prompt of a length no bucket holds (its forwards run padded): the same prompt logits, the same speculative
+    tokens as the unpacked models; after ``warm_packed`` too (it builds kernels, it changes no weight)."""
+    packed = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu", dtype="bfloat16")
+    plain = unpacked_models(monkeypatch, zoo["llama"], zoo["drafter_llama"], device="cpu", dtype="bfloat16")
+    prompt_ids = encode_prompt(packed.tokenizer, PROMPT * 4, chat=False)[:, : EXACT_ROWS + 13]
+    assert bucket_rows(prompt_ids.shape[1]) > prompt_ids.shape[1]
+    layers = [m for m in packed.target.modules() if isinstance(m, PackedLinear)]
+    shapes = {(m.in_features, m.out_features, m.bias is not None) for m in layers}
+    assert warm_packed([packed.target], 100) == len(shapes) * len({bucket_rows(c) for c in range(1, 101)})
+    with torch.no_grad():
+        assert torch.equal(packed.target(prompt_ids).logits, plain.target(prompt_ids).logits)
+    cfg = DecodeConfig(drafts=2, steps=1, block=4, max_new_tokens=16)
+    assert decode_to_end(packed, prompt_ids, cfg).token_ids == decode_to_end(plain, prompt_ids, cfg).token_ids

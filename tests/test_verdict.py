@@ -11,7 +11,7 @@ from xpress_core import verdict
 from xpress_core.config import DecodeConfig
 from xpress_core.engine import decode
 from xpress_core.models import encode_prompt, load_models
-from xpress_core.trace import RoundTrace
+from xpress_core.trace import DecodeResult, RoundTrace
 
 PREFILL = round_trace(index=0, draft_s=0.0, verify_s=0.050, other_s=0.0)
 # Two rounds at 2 ms a plain step: draft 1 + verify 2.5 + other 0.5 ms = 2 plain steps each; 1 then 3 accepted.
@@ -33,6 +33,65 @@ def test_a_rounds_cost_in_plain_steps_the_break_even_and_the_speedup():
     assert verdict.breakdown(cost) == (
         "a round = draft 0.50 + verify 1.25 + other 0.25 plain steps of 2.000 ms · break-even τ 2.00"
     )
+
+
+def test_the_whole_reply_counts_the_prefill_that_plain_decoding_pays_alike():
+    """50 ms prefill, then 2 rounds of 4 ms emitting 2 and 4 tokens; plain decoding: the same prefill, then 6 steps of
+    2 ms: 62 ms against 58 ms, while the rounds alone are 1.5x plain's speed."""
+    rounds = [
+        PREFILL,
+        round_trace(index=1, accepted=(5,), emitted=(5, 8), draft_s=0.001, verify_s=0.0025, other_s=0.0005),
+        round_trace(index=2, accepted=(5, 6, 7), emitted=(5, 6, 7, 9), draft_s=0.001, verify_s=0.0025, other_s=5e-4),
+    ]
+    cost = verdict.reply_cost(rounds, plain_step_s=0.002)
+    assert cost.prefill_s == 0.050 and cost.tokens_after_prefill == 6
+    assert cost.time_s == pytest.approx(0.058) and cost.plain_s == pytest.approx(0.062)
+    assert cost.speedup == pytest.approx(0.062 / 0.058) and cost.rounds.speedup == pytest.approx(1.5)
+    assert verdict.reply_headline(cost) == (
+        "whole reply (prefill 50 ms included): 1.07× faster than plain · "
+        "per round: τ 3.00 × (1 / 2.00 plain steps per round) → 1.50× faster than plain"
+    )
+    assert verdict.reply_cost(rounds[:1], 0.002) is None and verdict.reply_cost(rounds[1:], 0.002) is None
+
+
+def race_result(prefill_s: float, time_s: float, tokens: int = 7) -> DecodeResult:
+    return DecodeResult(
+        text="",
+        token_ids=(1,) * tokens,
+        rounds=2,
+        accept_lens=(1, 3),
+        time_s=time_s,
+        draft_s=0.0,
+        verify_s=0.0,
+        other_s=0.0,
+        prefill_s=prefill_s,
+        peak_mem_mb=0.0,
+        stop_reason="eos",
+        target_forwards=3,
+    )
+
+
+def test_the_race_agrees_with_the_verdict_within_15_percent_or_says_why_not():
+    """The verdict predicts 62 / 58 ms; a Race whose plain run took 62 ms agrees, one whose plain prefill took
+    10 ms (plain run 22 ms) does not, and the line names both prefills."""
+    cost = verdict.reply_cost(
+        [
+            PREFILL,
+            round_trace(index=1, accepted=(5,), emitted=(5, 8), draft_s=0.001, verify_s=0.0025, other_s=0.0005),
+            round_trace(
+                index=2, accepted=(5, 6, 7), emitted=(5, 6, 7, 9), draft_s=0.001, verify_s=0.0025, other_s=5e-4
+            ),
+        ],
+        plain_step_s=0.002,
+    )
+    spec = race_result(0.050, 0.058)
+    ok, line = verdict.agreement(cost, spec, race_result(0.050, 0.062))
+    assert ok and line == "agrees with the verdict's whole reply (×1.07) ✓"
+    assert verdict.agreement(cost, spec, race_result(0.050, 0.062 * 1.14))[0]
+    assert not verdict.agreement(cost, spec, race_result(0.050, 0.062 * 1.16))[0]
+    ok, line = verdict.agreement(cost, spec, race_result(0.010, 0.022))
+    assert not ok and "the verdict's whole reply says ×1.07, the Race ×0.38" in line
+    assert "prefill took 50 ms in the speculative run and 10 ms in the plain one" in line
 
 
 def test_a_slower_reply_says_so_and_nothing_is_claimed_before_the_first_round():

@@ -156,13 +156,17 @@ class Board:
         if self.plain_step()[1] == "timed when the models loaded":
             self.plain_after_s = verdict.time_plain_steps(self.loaded.plain, prompt_ids)
 
+    def reply_cost(self) -> verdict.ReplyCost | None:
+        step_s, _ = self.plain_step()
+        return verdict.reply_cost(self.traces[SPECULATIVE], step_s) if step_s else None
+
     def why(self) -> str:
-        """The verdict: τ against what a round cost in plain steps, so far."""
-        step_s, source = self.plain_step()
-        cost = verdict.round_cost(self.traces[SPECULATIVE], step_s) if step_s else None
+        """The verdict: the whole reply against plain decoding of its tokens, and τ against what a round cost in
+        plain steps, so far."""
+        cost = self.reply_cost()
         if cost is None:
             return VERDICT_PENDING
-        return f"**{verdict.headline(cost)}** · {verdict.breakdown(cost)} ({source})"
+        return f"**{verdict.reply_headline(cost)}** · {verdict.breakdown(cost.rounds)} ({self.plain_step()[1]})"
 
     def status(self) -> str:
         traces = self.traces[SPECULATIVE]
@@ -179,7 +183,7 @@ class Board:
                 f"· stop: {result.stop_reason}"
             )
             lines.append(f"Rounds: {verdict.settings_summary(traces)}.")
-            lines.append(exactness(self.loaded.speculative.target.dtype))
+            lines.append(exactness(self.loaded.speculative.target.dtype, self.loaded.speculative.dtype_choice))
             if self.wall_s and not self.race:  # with Race the wall clock holds both runs
                 lines.append(f"Wall clock with the UI: {result.new_tokens / self.wall_s:.1f} tokens/s.")
         elif traces:
@@ -197,13 +201,23 @@ class Board:
             return "Race · plain decoding: starting"
         plain_speed = plain[-1].tokens_per_s
         spec_speed = spec[-1].tokens_per_s if spec else 0.0
-        line = f"Race · plain decoding: {plain_speed:.1f} tokens/s"
+        line = f"Race (measured, prefill included) · plain decoding: {plain_speed:.1f} tokens/s"
         if plain_speed > 0 and spec_speed > 0:
             line += f" → speculative is ×{spec_speed / plain_speed:.2f}"
         if len(self.results) == 2:
             same = self.results[SPECULATIVE].token_ids == self.results[PLAIN].token_ids
             line += " · same tokens ✓" if same else " · the outputs differ ✗"
+            cost = self.reply_cost()
+            if cost is not None:
+                line += " · " + verdict.agreement(cost, self.results[SPECULATIVE], self.results[PLAIN])[1]
         return line
+
+
+def race_order(runs: dict[str, Iterator], past: list[dict]) -> dict[str, Iterator]:
+    """The Race's runs in the order they start: the speculative run first on a chat's odd turns, the plain run on its
+    even turns, so that neither is always the one that meets the machine (and any shape it has not seen) first."""
+    turn = sum(m["role"] == "user" for m in past)
+    return runs if turn % 2 == 0 else {PLAIN: runs[PLAIN], SPECULATIVE: runs[SPECULATIVE]}
 
 
 def time_split(result: DecodeResult) -> dict[str, float]:
@@ -269,7 +283,7 @@ def run_chat(
     text = chat.messages[-1]["content"]
     runs = {SPECULATIVE: decode(loaded.speculative, prompt.ids, cfg, watch=True)}
     if settings.race:
-        runs[PLAIN] = decode(loaded.plain, prompt.ids, cfg)
+        runs = race_order(runs | {PLAIN: decode(loaded.plain, prompt.ids, cfg)}, past)
     board = Board(loaded, past, text, settings.race, prompt.notice)
     panels, text_only = Throttle(PANELS_INTERVAL_S), Throttle(TEXT_INTERVAL_S)
     with panels.rendering():

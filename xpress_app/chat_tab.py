@@ -322,6 +322,8 @@ def wire_chat(demo: gr.Blocks, tab: ChatTab, cache: ModelCache, log_dir: Path) -
     race.change(lambda on: gr.update(visible=on), race, tab.plain, **private)
     preset.change(cache.describe, preset, tab.preset_note, **private)
     demo.load(cache.describe, preset, tab.preset_note, **private)
+    for reply in replies:  # once a reply has loaded the models, the note says which dtype they run in and why
+        reply.then(cache.describe, preset, tab.preset_note, **private)
     # Block L never offers more than the drafter was trained for: capped whenever the preset's models may have just
     # loaded (a reply, a page load, another preset).
     for cap_trigger in (*(reply.then for reply in replies), preset.change, demo.load):

@@ -22,9 +22,13 @@ from xpress_core.models import (
     encode_prompt,
     load_drafter,
     load_target,
+    measures_dtype,
     resolve_device,
     resolve_dtype,
+    unmeasured,
+    warm_kernels,
 )
+from xpress_core.precision import fastest
 from xpress_core.presets import Access, ModelPreset
 from xpress_core.verdict import CALIBRATION_TOKENS, calibrate_plain_step
 
@@ -123,7 +127,10 @@ class ModelCache:
         hub = not (is_local(preset.target) and (preset.drafter == NO_DRAFTER or is_local(preset.drafter)))
         where = "downloaded from the Hub and loaded on first use" if hub else "loaded on first use"
         needs = f" · needs: {preset.hardware}" if preset.hardware else ""
-        return f"target `{preset.target}` · drafter `{preset.drafter}` · {where}{needs}"
+        line = f"target `{preset.target}` · drafter `{preset.drafter}` · {where}{needs}"
+        with self._index_lock:
+            loaded = self._loaded.get(name)
+        return f"{line}\n\n{dtype_note(loaded.speculative.dtype_choice)}" if loaded else line
 
     def get(self, name: str) -> Loaded:
         preset = self.preset(name)
@@ -164,22 +171,36 @@ class ModelCache:
             torch.cuda.empty_cache()
 
     def _load(self, preset: ModelPreset) -> Loaded:
+        """The preset's models: a target another preset loaded already keeps its dtype; else ``auto`` on a CPU with
+        native bf16 loads and times both dtypes and keeps the faster (``precision.py``)."""
         device = resolve_device(self.device)
-        dtype = resolve_dtype(self.dtype, device)
-        if preset.target not in self._targets:
-            self._targets[preset.target] = load_target(preset.target, device, dtype, self.device_map, self.access)
-        target, tokenizer = self._targets[preset.target]
+        if preset.target in self._targets:
+            target, tokenizer, choice = self._targets[preset.target]
+            drafter = self._drafter(preset, target, tokenizer, target.dtype)
+            models = Models(target, tokenizer, drafter, dtype_choice=choice)
+        elif measures_dtype(self.dtype, device):
+            models, choice = fastest(lambda name: self._fresh(preset, device, resolve_dtype(name, device)))
+            models = replace(models, dtype_choice=choice)
+        else:
+            dtype = resolve_dtype(self.dtype, device)
+            models = replace(self._fresh(preset, device, dtype), dtype_choice=unmeasured(self.dtype, dtype, device))
+        self._targets[preset.target] = (models.target, models.tokenizer, models.dtype_choice)
+        return calibrated(models, replace(models, drafter=NoDrafter()), TokenTexts(models.tokenizer))
+
+    def _fresh(self, preset: ModelPreset, device, dtype) -> Models:
+        target, tokenizer = load_target(preset.target, device, dtype, self.device_map, self.access)
+        return Models(target, tokenizer, self._drafter(preset, target, tokenizer, dtype))
+
+    def _drafter(self, preset: ModelPreset, target, tokenizer, dtype):
         options = DrafterOptions(kind=preset.drafter_kind)
-        drafter = load_drafter(preset.drafter, target, tokenizer, target.device, dtype, options, self.access)
-        return calibrated(
-            Models(target, tokenizer, drafter), Models(target, tokenizer, NoDrafter()), TokenTexts(tokenizer)
-        )
+        return load_drafter(preset.drafter, target, tokenizer, target.device, dtype, options, self.access)
 
 
 def calibrated(speculative: Models, plain: Models, token_text: TokenTexts) -> Loaded:
     """The loaded models with the controller's stage costs measured and one plain decoding step timed (the verdict's
-    unit), after a short speculative run at the default settings: the first run pays one-off costs (first shapes,
-    kernel choices), here and not in a reply."""
+    unit), after building the kernels of the shapes replies meet (``warm_kernels``) and a short speculative run at
+    the default settings: the first run pays one-off costs, here and not in a reply."""
+    warm_kernels(speculative)  # no reply pays for a forward shape it meets first (packing.py)
     speculative = engine.calibrated(speculative)  # the controller auto's stage costs, measured once
     prompt = encode_prompt(plain.tokenizer, CALIBRATION_TEXT, chat=False)
     default = DEFAULTS.decode_config()
@@ -190,6 +211,11 @@ def calibrated(speculative: Models, plain: Models, token_text: TokenTexts) -> Lo
         replace(default, block=block, steps=min(default.steps, block), max_new_tokens=CALIBRATION_TOKENS),
     )
     return Loaded(speculative, plain, token_text, calibrate_plain_step(plain, prompt))
+
+
+def dtype_note(choice) -> str:
+    """Which dtype the models run in and why (``models.DtypeChoice``)."""
+    return f"Runs in {choice.dtype}: {choice.reason}." if choice else ""
 
 
 def check_block(block: int, loaded: Loaded, preset: str) -> None:

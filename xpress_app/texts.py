@@ -3,16 +3,18 @@
 EMPTY_MESSAGE = "Type a message first: an empty or blank message has nothing to answer."
 
 
-def exactness(dtype) -> str:
-    """Which dtype the reply ran in and what exactness means there (docs/DESIGN.md §2.5)."""
+def exactness(dtype, choice=None) -> str:
+    """Which dtype the reply ran in, why (``models.DtypeChoice``), and what exactness means there (docs/DESIGN.md
+    §2.5)."""
     name = str(dtype).removeprefix("torch.")
+    why = f" ({choice.reason})" if choice else ""
     if name == "float32":
         return (
-            "Ran in float32: the reply is plain decoding's token for token (greedy), and the same tokens at the same "
-            "seed when sampling."
+            f"Ran in float32{why}: the reply is plain decoding's token for token (greedy), and the same tokens at the "
+            "same seed when sampling."
         )
     return (
-        f"Ran in {name}, faster here: the reply equals plain {name} decoding up to rounding (a forward over many "
+        f"Ran in {name}{why}: the reply equals plain {name} decoding up to rounding (a forward over many "
         "tokens rounds differently from a one-token forward, so a reply may part from it at a near-tie). "
         "`--dtype float32` (or `XPRESS_DTYPE=float32`) gives plain decoding's tokens exactly."
     )
@@ -57,8 +59,9 @@ HELP = {
         "batch: K rows over copies of the cache (simpler, K x the memory)."
     ),
     "race": (
-        "Also decode the request plainly (no drafter) and compare speeds. The two runs take turns; "
-        "each one's timings count only its own work."
+        "Also decode the request plainly (no drafter) and compare speeds, each from its own start (prefill "
+        "included). The two runs take turns, each one's timings count only its own work, and which starts first "
+        "alternates from one message to the next."
     ),
     "auto": (
         "Before every round the controller picks drafts K, steps T and block L (or a plain step) for the most expected "
@@ -91,8 +94,8 @@ EXAMPLES = {
 }
 
 VERDICT_PENDING = (
-    "After a reply, this line says why it was faster or slower than plain decoding: τ (tokens per round) against "
-    "what a round cost, counted in plain decoding steps."
+    "After a reply, this line says how much faster or slower it was than plain decoding, whole (the prompt's "
+    "prefill included) and per round: τ (tokens per round) against what a round cost, counted in plain decoding steps."
 )
 
 PANEL_HELP = """
@@ -108,8 +111,10 @@ PANEL_HELP = """
   it), beside the tokens the round emitted. The dashed line is the break-even τ (a round's mean cost): rounds that
   emit more tokens than they cost beat plain decoding. Right: tokens/s so far, beside plain decoding when Race is on.
   Times are the engine's own: rendering is excluded; the prompt's prefill (the same for both) is in the status line.
-- **The verdict** above the draft panel: τ × (1 / plain steps per round) = the speedup over plain decoding, the
-  prefill aside.
+- **The verdict** above the draft panel: first the whole reply against plain decoding of the same tokens (the same
+  prefill, then one plain step per token), which is what the Race measures; then the rounds' own speedup, the
+  prefill aside: τ × (1 / plain steps per round). A short reply's whole speedup is below its rounds': both wait for
+  the prefill. With Race on, the Race line says whether its measurement agrees (within 15 %), or why not.
 - **Token provenance**: the reply, each token coloured by where it came from: an accepted draft token or the target's
   own token (the one each round adds after the accepted path). Shades alternate with the round.
 """

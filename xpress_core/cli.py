@@ -169,11 +169,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_generate(args: argparse.Namespace) -> int:
     from .engine import decode
-    from .models import encode_prompt, load_models
+    from .models import encode_prompt
+    from .precision import load_fastest
     from .trace import DecodeResult, RoundTrace, write_jsonl
 
     cfg = check_generate_args(args)
-    models = load_models(**model_choice(args))
+    models = load_fastest(**model_choice(args))
     prompt_ids = encode_prompt(models.tokenizer, args.prompt, chat=args.chat)
     traces: list[RoundTrace] = []
     result: DecodeResult | None = None
@@ -194,12 +195,13 @@ def run_generate(args: argparse.Namespace) -> int:
         except OSError as error:  # checked writable before decoding, yet a disk can fill up meanwhile
             raise XpressError(f"--log {str(args.log)!r} could not be written: {error.strerror or error}") from None
     if args.json:
-        print(json.dumps(result.to_json()))
+        print(json.dumps(result.to_json() | {"dtype_choice": models.dtype_choice.to_json()}))
     else:
         print(
             f"\n[{result.new_tokens} tokens, {result.rounds} rounds, tau {result.tau:.2f}, "
-            f"{result.tokens_per_s:.1f} tok/s, stop: {result.stop_reason}, {result.dtype}, "
-            f"{'auto: ' + str(sum(s[2] == 0 for s in result.settings)) + ' plain steps' if cfg.auto else 'fixed'}]",
+            f"{result.tokens_per_s:.1f} tok/s, stop: {result.stop_reason}, "
+            f"{'auto: ' + str(sum(s[2] == 0 for s in result.settings)) + ' plain steps' if cfg.auto else 'fixed'}, "
+            f"{result.dtype}: {models.dtype_choice.reason}]",
             file=sys.stderr,
         )
     return 0

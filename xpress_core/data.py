@@ -59,6 +59,9 @@ SGD_DEV = Path("sgd") / "sgd_dev.txt"
 SGD_PROMPTS = 50
 
 
+SHORT_CHATS = 20  # the benchmark's single-turn chats (``short_chat``), beside the 50 longer ones
+
+
 SGD_CONTEXT_TURNS = 3
 
 
@@ -104,10 +107,15 @@ class Prompt:
         return encode_prompt(tokenizer, [{"role": r, "content": c} for r, c in self.content], chat=True)
 
 
-def default_prompts(data_dir: Path, sgd: int = SGD_PROMPTS, stories: int = len(HELD_OUT_STORIES)) -> tuple[Prompt, ...]:
+def default_prompts(
+    data_dir: Path, sgd: int = SGD_PROMPTS, stories: int = len(HELD_OUT_STORIES), short: int = 0
+) -> tuple[Prompt, ...]:
+    """``sgd`` held-out chats cut after their second user turn, ``short`` single-turn ones (``short_chat``), then
+    ``stories`` story requests."""
     dialogues = dev_dialogues(data_dir)
     chats = [dev_chat(i, dialogues[i]) for i in default_chat_indices(len(dialogues), sgd)]
-    return tuple(chats) + story_prompts(stories)
+    shorts = [short_chat(i, dialogues[i]) for i in default_chat_indices(len(dialogues), short)] if short else []
+    return tuple(chats) + tuple(shorts) + story_prompts(stories)
 
 
 def default_chat_indices(dialogues: int, sgd: int = SGD_PROMPTS) -> range:
@@ -131,6 +139,12 @@ def dev_chat(index: int, dialogue: Chat) -> Prompt:
     while turns[-1]["role"] != "user":
         turns = turns[:-1]
     return Prompt(f"sgd_dev-{index}", tuple((m["role"], m["content"]) for m in turns), chat=True)
+
+
+def short_chat(index: int, dialogue: Chat) -> Prompt:
+    """A held-out request as a user types it into the app: the dialogue's first user turn alone. Its reply is short
+    (the assistant's first answer: a question back, a few facts), so the prefill is a large part of what it costs."""
+    return Prompt(f"sgd_short-{index}", ((dialogue[0]["role"], dialogue[0]["content"]),), chat=True)
 
 
 def fitting_prompts(data_dir: Path, chats: int = 30, stories: int = len(FITTING_STORIES)) -> tuple[Prompt, ...]:

@@ -24,8 +24,9 @@ from .drafters.diffusion_lm import FAMILIES, DiffusionLMDrafter, family_conventi
 from .drafters.diffusion_model import XpressDrafter, XpressDrafterConfig, default_tapped_layers
 from .errors import XpressError
 from .hub import ModelSpec, frozen_config, is_local, read_config_json
-from .packing import pack_linears
+from .packing import pack_linears, warm_packed
 from .presets import Access, check_known, remote_code_allowed
+from .records import json_record
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 EMBEDDED_TARGET = ASSETS / "target"
@@ -40,6 +41,46 @@ CAUSAL_LM = "causal-lm"  # the kind of a target (and of the benchmark's AR draft
 
 
 @dataclass(frozen=True)
+class DtypeTiming:
+    """One dtype's speed on these models: seconds per token of plain decoding and of speculative decoding's rounds
+    (the prefill excluded), and seconds per plain step and per round."""
+
+    plain_step_s: float
+    round_s: float | None  # None without a drafter
+    plain_token_s: float
+    round_token_s: float | None
+
+
+@dataclass(frozen=True)
+class DtypeChoice:
+    """The dtype the models run in, and why: measured (``timings``), pinned by the user, or the device's."""
+
+    dtype: str
+    reason: str
+    threads: int
+    timings: dict[str, DtypeTiming] | None = None
+
+    def to_json(self) -> dict:
+        timings = {name: json_record(vars(t)) for name, t in (self.timings or {}).items()}
+        return {"dtype": self.dtype, "reason": self.reason, "threads": self.threads, "timings": timings}
+
+
+def unmeasured(requested: str, dtype: torch.dtype, device: torch.device) -> DtypeChoice:
+    """The choice where nothing is timed: a dtype the user pinned, or ``auto`` by the device: bf16 on CUDA, fp32 on a
+    CPU without native bf16 (there bf16 is emulated, far slower), bf16 on one with it (``load_models``;
+    ``precision.load_fastest`` times both there)."""
+    if requested != "auto":
+        why = f"pinned by --dtype {requested}"
+    elif device.type == "cpu" and not native_bf16():
+        why = "auto: this CPU has no native bf16 arithmetic"
+    elif device.type == "cpu":
+        why = "auto: this CPU computes bf16 natively (not timed: precision.load_fastest times both dtypes)"
+    else:
+        why = f"auto on {device.type}: bf16 (a verify forward over many tokens costs barely more than one)"
+    return DtypeChoice(str(dtype).removeprefix("torch."), why, torch.get_num_threads())
+
+
+@dataclass(frozen=True)
 class Models:
     """Read-only models shared by every request."""
 
@@ -47,6 +88,7 @@ class Models:
     tokenizer: object
     drafter: Drafter
     costs: CostModel | None = None  # stage costs the controller auto plans with; None: measured for each request
+    dtype_choice: DtypeChoice | None = None  # the dtype they run in and why
 
     @property
     def device(self) -> torch.device:
@@ -365,15 +407,16 @@ def freeze(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def load_models(
-    target: str | Path = EMBEDDED_TARGET,
-    drafter: str | Path = EMBEDDED_DRAFTER,
+    target: str | Path | ModelSpec = EMBEDDED_TARGET,
+    drafter: str | Path | ModelSpec = EMBEDDED_DRAFTER,
     device: str = "auto",
     dtype: str = "auto",
     device_map: str | None = None,
     drafter_options: DrafterOptions = DrafterOptions(),
     access: Access | None = None,
 ) -> Models:
-    """``device_map="auto"`` spreads the target over the GPUs (accelerate); the drafter goes where its input is."""
+    """``device_map="auto"`` spreads the target over the GPUs (accelerate); the drafter goes where its input is.
+    ``dtype="auto"`` here goes by the device (``resolve_dtype``); ``precision.load_fastest`` times both dtypes."""
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     access = access or Access.from_env()
@@ -382,7 +425,27 @@ def load_models(
     target_model, tokenizer = load_target(target_spec, dev, dt, device_map, access)
     drafter_device = target_model.device if device_map else dev
     drafter_model = load_drafter(drafter_spec, target_model, tokenizer, drafter_device, dt, drafter_options, access)
-    return Models(target_model, tokenizer, drafter_model)
+    return Models(target_model, tokenizer, drafter_model, dtype_choice=unmeasured(dtype, dt, dev))
+
+
+def measures_dtype(dtype: str, device: torch.device) -> bool:
+    """Whether ``auto`` times the dtypes (``precision.py``): on a CPU that computes bf16 natively (elsewhere the
+    answer is known: bf16 on CUDA, fp32 on a CPU that would emulate bf16)."""
+    return dtype == "auto" and device.type == "cpu" and native_bf16()
+
+
+# Row counts whose kernels ``warm_kernels`` builds at load: every plain step, verify and draft, and prompts of up to
+# this many tokens (a chat's first turns; longer prompts pay once for each new bucket, packing.py).
+WARM_ROWS = 256
+
+
+def warm_kernels(models: Models, rows: int = WARM_ROWS) -> int:
+    """Build the packed layers' kernels of target and drafter for every row count a forward of up to ``rows`` tokens
+    runs at (``packing.warm_packed``), so that no reply pays for a first shape; the products run (0 outside bf16 on a
+    CPU, where nothing is packed). For a server or a benchmark: a single request would pay more than it saves."""
+    drafter = getattr(models.drafter, "model", None)
+    modules = [models.target] + ([drafter] if isinstance(drafter, torch.nn.Module) else [])
+    return warm_packed(modules, min(rows, context_limit(models.target) or rows))
 
 
 def encode_prompt(tokenizer, prompt: str | list[dict[str, str]], chat: bool) -> torch.Tensor:

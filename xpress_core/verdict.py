@@ -2,8 +2,10 @@
 
 A drafting round emits τ tokens on average and costs as much as ``c`` plain steps (draft + verify + other, from the
 engine's own timings, over the time of one plain decoding step). Plain decoding emits one token per step, so the
-rounds pay off when τ > c: ``c`` is the break-even τ and τ / c the speedup over plain decoding, the prefill aside
-(both pay the same). Pure functions of the engine's events and one measured plain step; nothing here imports Gradio.
+rounds pay off when τ > c: ``c`` is the break-even τ and τ / c the rounds' speedup over plain decoding. The whole
+reply also waits for the prefill, which plain decoding pays alike: a short reply's speedup is the rounds' diluted by
+it (``ReplyCost``), and that is what a Race measures. Pure functions of the engine's events and one measured plain
+step; nothing here imports Gradio.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 
 from .config import DecodeConfig
 from .engine import Models, decode
-from .trace import RoundTrace, tokens_per_round
+from .trace import DecodeResult, RoundTrace, tokens_per_round
 
 STAGES = ("draft", "verify", "other")
 CALIBRATION_TOKENS = 16  # plain steps timed per calibration run
@@ -59,6 +61,39 @@ class RoundCost:
         return self.tau / self.plain_steps
 
 
+@dataclass(frozen=True)
+class ReplyCost:
+    """A whole reply against plain decoding of the same tokens: the same prefill (it gives the first token), then one
+    plain step for each token after it."""
+
+    rounds: RoundCost
+    prefill_s: float
+    tokens_after_prefill: int  # the tokens the rounds emitted
+
+    @property
+    def time_s(self) -> float:
+        r = self.rounds
+        return self.prefill_s + r.draft_s + r.verify_s + r.other_s
+
+    @property
+    def plain_s(self) -> float:
+        """What plain decoding would take for these tokens, at the measured plain step."""
+        return self.prefill_s + self.tokens_after_prefill * self.rounds.plain_step_s
+
+    @property
+    def speedup(self) -> float:
+        return self.plain_s / self.time_s
+
+
+def reply_cost(traces: Sequence[RoundTrace], plain_step_s: float) -> ReplyCost | None:
+    """The reply so far (``traces``, the prefill first) against plain decoding; None before the first round."""
+    rounds = round_cost(traces, plain_step_s)
+    if rounds is None or traces[0].index != 0:
+        return None
+    emitted = sum(len(t.emitted) for t in traces if t.index > 0)
+    return ReplyCost(rounds, traces[0].verify_s, emitted)
+
+
 def round_cost(traces: Sequence[RoundTrace], plain_step_s: float) -> RoundCost | None:
     """The cost of the drafting rounds in ``traces`` (round 0, the prefill, is left out); None before the first."""
     rounds = [t for t in traces if t.index > 0]
@@ -73,10 +108,21 @@ def round_cost(traces: Sequence[RoundTrace], plain_step_s: float) -> RoundCost |
     )
 
 
+def speed(speedup: float) -> str:
+    return f"{speedup:.2f}× faster than plain" if speedup >= 1 else f"{speedup:.2f}× plain's speed"
+
+
 def headline(cost: RoundCost) -> str:
-    """τ, a round's cost in plain steps, and the speedup they give."""
-    speed = f"{cost.speedup:.2f}× faster than plain" if cost.speedup >= 1 else f"{cost.speedup:.2f}× plain's speed"
-    return f"τ {cost.tau:.2f} × (1 / {cost.plain_steps:.2f} plain steps per round) → {speed}"
+    """τ, a round's cost in plain steps, and the speedup they give (the prefill aside)."""
+    return f"τ {cost.tau:.2f} × (1 / {cost.plain_steps:.2f} plain steps per round) → {speed(cost.speedup)}"
+
+
+def reply_headline(cost: ReplyCost) -> str:
+    """The whole reply's speedup, then the rounds' own, each labelled."""
+    return (
+        f"whole reply (prefill {1000 * cost.prefill_s:.0f} ms included): {speed(cost.speedup)} · "
+        f"per round: {headline(cost.rounds)}"
+    )
 
 
 def breakdown(cost: RoundCost) -> str:
@@ -129,3 +175,28 @@ def time_plain_steps(plain: Models, prompt_ids: torch.Tensor, tokens: int = AFTE
 def plain_rounds(plain: Models, prompt_ids: torch.Tensor, tokens: int) -> list[RoundTrace]:
     """The rounds of a greedy plain run of at most ``tokens`` tokens."""
     return [e for e in decode(plain, prompt_ids, DecodeConfig(max_new_tokens=tokens)) if isinstance(e, RoundTrace)]
+
+
+# The Race's measured speedup and the verdict's predicted one agree within this share of the prediction.
+AGREEMENT = 0.15
+
+
+def race_speedup(speculative: DecodeResult, plain: DecodeResult) -> float:
+    """Tokens/s of the speculative run over the plain run's, each from its own start (prefill included)."""
+    return speculative.tokens_per_s / plain.tokens_per_s if plain.tokens_per_s > 0 else 0.0
+
+
+def agreement(predicted: ReplyCost, speculative: DecodeResult, plain: DecodeResult) -> tuple[bool, str]:
+    """Whether the Race's measured speedup is the verdict's prediction (within ``AGREEMENT``), and a line saying so or
+    why not. Both count the plain run's own steps, so for the same tokens they differ only by the two prefills of
+    the same prompt: apart, the machine ran at different speeds for the two runs, and neither figure is the
+    speedup."""
+    measured = race_speedup(speculative, plain)
+    if predicted.speedup > 0 and abs(measured / predicted.speedup - 1) <= AGREEMENT:
+        return True, f"agrees with the verdict's whole reply (×{predicted.speedup:.2f}) ✓"
+    return False, (
+        f"⚠ not a fair measurement this time: the verdict's whole reply says ×{predicted.speedup:.2f}, the Race "
+        f"×{measured:.2f}, because the same prompt's prefill took {1000 * speculative.prefill_s:.0f} ms in the "
+        f"speculative run and {1000 * plain.prefill_s:.0f} ms in the plain one: the machine's speed changed between "
+        "them (other work on it, or a prompt length met for the first time). Send it again for a fair race."
+    )

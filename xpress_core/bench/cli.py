@@ -8,8 +8,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import torch
+
 from .. import validation
-from ..data import DEFAULT_DATA, default_prompts, read_prompt_file, spread
+from ..data import (
+    DEFAULT_DATA,
+    HELD_OUT_STORIES,
+    SGD_PROMPTS,
+    SHORT_CHATS,
+    default_prompts,
+    read_prompt_file,
+    spread,
+)
 from ..engine import calibrate
 from ..errors import XpressError
 from ..models import (
@@ -17,16 +27,23 @@ from ..models import (
     EMBEDDED_DRAFTER,
     EMBEDDED_GAUSS_DRAFTER,
     EMBEDDED_TARGET,
+    WARM_ROWS,
+    DtypeChoice,
     Models,
     check_tokenizer_match,
     eos_ids,
     load_causal_lm,
     load_drafter,
     load_target,
+    measures_dtype,
     resolve_device,
+    resolve_drafter,
     resolve_dtype,
     resolve_model,
+    unmeasured,
 )
+from ..packing import warm_packed
+from ..precision import fastest
 from ..presets import Access
 from .grid import FULL_GRID, QUICK_GRID, parse_grid
 from .measure import RunPlan
@@ -52,7 +69,7 @@ SAMPLING_TEMPERATURE = 0.7
 TEMPERATURES = (0.0, SAMPLING_TEMPERATURE)
 
 
-QUICK_PROMPTS = (2, 2)  # (sgd chats, story requests) in --quick
+QUICK_PROMPTS = (2, 2, 2)  # (sgd chats, story requests, short chats) in --quick
 
 
 @dataclass(frozen=True)
@@ -64,11 +81,13 @@ class BenchPreset:
     lookup_tokens: tuple[int | None, ...]
     max_new_tokens: int
     repeats: int
-    prompts: tuple[int, int] | None  # (sgd chats, story requests); None = all
+    prompts: tuple[int, int, int]  # (sgd chats, story requests, short single-turn chats)
     search_prompts: int
 
 
-FULL = BenchPreset(FULL_GRID, ASSISTED_TOKENS, LOOKUP_TOKENS, 128, 3, None, SEARCH_PROMPTS)
+FULL = BenchPreset(
+    FULL_GRID, ASSISTED_TOKENS, LOOKUP_TOKENS, 128, 3, (SGD_PROMPTS, len(HELD_OUT_STORIES), SHORT_CHATS), SEARCH_PROMPTS
+)
 
 
 QUICK = BenchPreset(QUICK_GRID, ASSISTED_TOKENS_QUICK, LOOKUP_TOKENS_QUICK, 64, 1, QUICK_PROMPTS, 0)
@@ -85,6 +104,13 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--ar-drafter", default=str(EMBEDDED_AR_DRAFTER), help="assistant model for hf-assisted")
     bench.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     bench.add_argument(
+        "--threads",
+        type=int,
+        default=torch.get_num_threads(),
+        help="CPU threads every method runs with (default: this process's, which the app and the CLI also use: "
+        f"{torch.get_num_threads()} here)",
+    )
+    bench.add_argument(
         "--dtype", default="auto", help="auto (bf16 on CUDA and on CPUs with native bf16, else fp32), float32, bfloat16"
     )
     bench.add_argument(
@@ -96,7 +122,7 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--prompts", type=Path, help='JSONL: {"messages": [...]} or {"prompt": "..."} a line')
     bench.add_argument("--data", type=Path, default=DEFAULT_DATA, help="shared data folder (default prompts)")
     bench.add_argument(
-        "--num-prompts", type=int, help="use only the first N prompts (the defaults: chats, then stories)"
+        "--num-prompts", type=int, help="use only the first N prompts (the defaults: chats, short chats, then stories)"
     )
     bench.add_argument("--methods", default=",".join(METHODS), help=f"comma list of {', '.join(METHODS)}")
     bench.add_argument(
@@ -165,7 +191,28 @@ def generate_dtypes(raw: str, run_dtype: str, device) -> tuple[str, ...]:
     return tuple(dict.fromkeys(d for d in names if d != run_dtype))
 
 
-def load_bench_models(args: argparse.Namespace, settings: Sequence[Setting]) -> BenchModels:
+def bench_dtype(args: argparse.Namespace, device: torch.device) -> DtypeChoice:
+    """The dtype the run measures in: ``--dtype``, or with ``auto`` on a CPU with native bf16 the one the app would
+    choose (``precision.fastest``: target and drafter timed in both at ``--threads``), so that the benchmark measures
+    what users run."""
+    if not measures_dtype(args.dtype, device):
+        return unmeasured(args.dtype, resolve_dtype(args.dtype, device), device)
+
+    access = Access.from_env()
+    target_spec, drafter_spec = (
+        resolve_model("target", args.target, access),
+        resolve_drafter(args.drafter, access=access),
+    )
+
+    def load(name: str) -> Models:
+        dtype = resolve_dtype(name, device)
+        target, tokenizer = load_target(target_spec, device, dtype)
+        return Models(target, tokenizer, load_drafter(drafter_spec, target, tokenizer, device, dtype))
+
+    return fastest(load)[1]
+
+
+def load_bench_models(args: argparse.Namespace, settings: Sequence[Setting], choice: DtypeChoice) -> BenchModels:
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     methods = {s.method for s in settings}
@@ -174,7 +221,6 @@ def load_bench_models(args: argparse.Namespace, settings: Sequence[Setting]) -> 
     others = {s.dtype: load_target(target_spec, device, resolve_dtype(s.dtype, device))[0] for s in settings if s.dtype}
     drafting = any(m in methods for m in DRAFTING)
     drafter = load_drafter(args.drafter, target, tokenizer, device, dtype) if drafting else None
-    costs = calibrate(Models(target, tokenizer, drafter)) if XPRESS_AUTO in methods else None
     assistant = None
     if HF_ASSISTED in methods:
         check_tokenizer_match("AR drafter", args.ar_drafter, tokenizer)
@@ -186,7 +232,11 @@ def load_bench_models(args: argparse.Namespace, settings: Sequence[Setting]) -> 
             )
         # transformers stops the assistant where the target stops; give it the target's end tokens.
         assistant.generation_config.eos_token_id = sorted(eos_ids(target, tokenizer))
-    return BenchModels(target, tokenizer, drafter, assistant, costs=costs, targets=others)
+    # As the app does at load: no method pays for a forward shape it meets first (packing.py), every method alike.
+    drafter_model = getattr(drafter, "model", None)
+    warm_packed([m for m in (target, *others.values(), drafter_model, assistant) if m is not None], WARM_ROWS)
+    costs = calibrate(Models(target, tokenizer, drafter)) if XPRESS_AUTO in methods else None
+    return BenchModels(target, tokenizer, drafter, assistant, costs=costs, targets=others, dtype_choice=choice)
 
 
 def check_run_args(args: argparse.Namespace, temperatures: Sequence[float]) -> None:
@@ -206,32 +256,29 @@ def run_bench(args: argparse.Namespace) -> int:
     grid = parse_grid(args.grid or preset.grid)
     assisted = _int_list(args.assisted_tokens, "--assisted-tokens") if args.assisted_tokens else preset.assisted_tokens
     lookup = _int_list(args.lookup_tokens, "--lookup-tokens") if args.lookup_tokens else preset.lookup_tokens
-    device = resolve_device(args.device)
-    run_dtype = dtype_name(resolve_dtype(args.dtype, device))
-    settings = method_settings(
-        methods, grid, assisted, lookup, generate_dtypes(args.generate_dtypes, run_dtype, device)
-    )
     temperatures = _float_list(args.temperatures, "--temperatures") if args.temperatures else TEMPERATURES
     search_prompts = preset.search_prompts if args.search_prompts is None else args.search_prompts
-    plan = RunPlan(
-        settings,
-        temperatures,
-        args.max_new_tokens or preset.max_new_tokens,
-        args.repeats or preset.repeats,
-        args.warmup,
-        args.seed,
-    )
-    if min(plan.repeats, plan.max_new_tokens, args.num_prompts or 1, args.finalists) < 1:
-        raise XpressError("--repeats, --max-new-tokens, --num-prompts and --finalists must be >= 1")
-    if min(plan.warmup, search_prompts) < 0:
+    repeats, max_new_tokens = args.repeats or preset.repeats, args.max_new_tokens or preset.max_new_tokens
+    if min(repeats, max_new_tokens, args.num_prompts or 1, args.finalists, args.threads) < 1:
+        raise XpressError("--repeats, --max-new-tokens, --num-prompts, --finalists and --threads must be >= 1")
+    if min(args.warmup, search_prompts) < 0:
         raise XpressError("--warmup and --search-prompts must be >= 0")
     check_run_args(args, temperatures)
     if args.prompts:
         prompts = read_prompt_file(args.prompts)
     else:
-        prompts = default_prompts(args.data, *preset.prompts) if preset.prompts else default_prompts(args.data)
+        prompts = default_prompts(args.data, *preset.prompts)
     prompts = prompts[: args.num_prompts] if args.num_prompts else prompts
-    models = load_bench_models(args, settings)
+    torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
+    resolve_dtype(args.dtype, device)  # an unknown --dtype fails before the models load
+    choice = bench_dtype(args, device)
+    args.dtype = choice.dtype
+    settings = method_settings(
+        methods, grid, assisted, lookup, generate_dtypes(args.generate_dtypes, choice.dtype, device)
+    )
+    plan = RunPlan(settings, temperatures, max_new_tokens, repeats, args.warmup, args.seed)
+    models = load_bench_models(args, settings, choice)
 
     stages = []
     if search_prompts and len(grid) > args.finalists:

@@ -12,6 +12,7 @@ from ..config import DecodeConfig
 from ..controller import CostModel
 from ..drafters.base import Drafter
 from ..errors import XpressError
+from ..models import DtypeChoice
 from .grid import GRID_KEYS
 
 HF_GENERATE = "hf-generate"
@@ -160,6 +161,7 @@ class BenchModels:
     drafters: dict[str, Drafter] = field(default_factory=dict)  # more, by name, to compare (``train eval``)
     costs: CostModel | None = None  # xpress-auto: the drafter's stage costs, measured once at load (engine.calibrate)
     targets: dict[str, torch.nn.Module] = field(default_factory=dict)  # the target in other dtypes, by name
+    dtype_choice: DtypeChoice | None = None  # the run's dtype and why (precision.py)
 
     @property
     def device(self) -> torch.device:

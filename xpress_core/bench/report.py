@@ -204,6 +204,7 @@ def machine_info(models: BenchModels) -> dict:
         "transformers": transformers.__version__,
         "device": str(models.device),
         "dtype": str(models.target.dtype).removeprefix("torch."),
+        "dtype_choice": models.dtype_choice.to_json() if models.dtype_choice else None,
     }
     if models.device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(models.device)
@@ -278,8 +279,8 @@ def markdown_table(summaries: Sequence[Summary]) -> str:
     """``generate`` in every dtype measured and the best setting of every other method, at every temperature: what
     the README's Results table shows."""
     lines = [
-        "| method | setting | temperature | tokens/s | speedup | tau | greedy/same-seed mismatches |",
-        "|---|---|---|---|---|---|---|",
+        "| method | setting | temperature | tokens/s | speedup | tau | prefill share | greedy/same-seed mismatches |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for temperature in sorted({s.temperature for s in summaries}):
         generate = [s for s in summaries if s.setting.method == REFERENCE and s.temperature == temperature]
@@ -289,6 +290,6 @@ def markdown_table(summaries: Sequence[Summary]) -> str:
             checked = f"{s.mismatches}/{s.checked}" if s.checked else "n/a"
             lines.append(
                 f"| {s.setting.method} | {s.setting.label or '-'} | {temperature:g} | {s.tokens_per_s:.1f} | "
-                f"{speedup} | {s.tau:.2f} | {checked} |"
+                f"{speedup} | {s.tau:.2f} | {s.prefill_share:.0%} | {checked} |"
             )
     return "\n".join(lines)

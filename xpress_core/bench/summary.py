@@ -93,12 +93,20 @@ class Summary:
     checked: int  # calls compared with a reference
     mismatches: int
 
+    @property
+    def prefill_share(self) -> float:
+        """The prefill's share of the time the calls took: large for short replies, where speculation can win only
+        the rest."""
+        total = sum(self.ms_per_token.values())
+        return self.ms_per_token.get("prefill", 0.0) / total if total > 0 else 0.0
+
     def to_json(self) -> dict:
         return json_record(
             {
                 **self.setting.params(),
                 "temperature": self.temperature,
                 "calls": self.calls,
+                "prefill_share": self.prefill_share,
                 "new_tokens": self.new_tokens,
                 "tokens_per_s": self.tokens_per_s,
                 "tokens_per_s_min": self.tokens_per_s_min,

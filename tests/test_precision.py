@@ -1,0 +1,83 @@
+"""``--dtype auto`` on a CPU (precision.py): the choice from injected timings, and the loaders keeping the chosen
+models. Real timings are never asserted: the benchmark measures speed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from xpress_core import precision
+from xpress_core.models import load_models
+from xpress_core.precision import BF16_MARGIN, DtypeTiming, choose_dtype, fastest, load_fastest, time_dtypes
+
+
+def timing(plain_token_ms: float, round_token_ms: float | None) -> DtypeTiming:
+    rounds = None if round_token_ms is None else round_token_ms / 1000
+    return DtypeTiming(plain_token_ms / 1000, None if rounds is None else 3 * rounds, plain_token_ms / 1000, rounds)
+
+
+@pytest.mark.parametrize(
+    "fp32,bf16,want,says",
+    [
+        ((4.0, 2.0), (5.0, 1.5), "bfloat16", "bfloat16 was 1.33x faster per token"),  # the rounds decide, not plain
+        ((4.0, 2.0), (3.0, 2.0 / 1.03), "float32", "only 1.03x faster"),  # within the margin
+        ((3.0, 1.5), (2.0, 2.0), "float32", "float32 was 1.33x faster per token"),
+        ((4.0, None), (3.0, None), "bfloat16", "a plain step: bfloat16 was 1.33x"),  # no drafter: plain decides
+        ((3.0, None), (3.1, None), "float32", "a plain step: float32 was 1.03x"),
+    ],
+)
+def test_the_faster_dtype_per_token_is_kept_and_bf16_only_past_the_margin(fp32, bf16, want, says):
+    assert 1.03 < 1 + BF16_MARGIN
+    choice = choose_dtype({"float32": timing(*fp32), "bfloat16": timing(*bf16)}, threads=2)
+    assert choice.dtype == want
+    assert says in choice.reason and "measured at load, 2 threads" in choice.reason
+    assert f"{want} " in choice.reason.split("(", 1)[1]  # the figures name the kept dtype first
+    assert choice.to_json()["timings"]["bfloat16"]["plain_token_s"] == bf16[0] / 1000
+
+
+def test_fastest_keeps_the_chosen_models_and_says_how_long_choosing_took(monkeypatch):
+    loaded = {}
+
+    def load(name):
+        loaded[name] = object()
+        return loaded[name]
+
+    timings = {"float32": timing(4.0, 2.0), "bfloat16": timing(5.0, 1.0)}
+    monkeypatch.setattr(precision, "time_dtypes", lambda candidates: timings)
+    models, choice = fastest(load, threads=3)
+    assert set(loaded) == {"float32", "bfloat16"} and models is loaded["bfloat16"]
+    assert choice.dtype == "bfloat16" and choice.threads == 3 and "loading and timing both took" in choice.reason
+
+
+def test_load_fastest_times_both_dtypes_on_a_native_bf16_cpu_and_keeps_the_faster(zoo, monkeypatch):
+    """The loader's wiring, with the timings injected: each way the choice goes, the models returned are in that
+    dtype (target and drafter), and carry the choice; pinned, untimed and emulated-bf16 loads say why."""
+    monkeypatch.setattr("xpress_core.models.native_bf16", lambda: True)
+    for timings, want in (
+        ({"float32": timing(4.0, 2.0), "bfloat16": timing(5.0, 1.0)}, torch.bfloat16),
+        ({"float32": timing(4.0, 1.0), "bfloat16": timing(5.0, 2.0)}, torch.float32),
+    ):
+        monkeypatch.setattr(precision, "time_dtypes", lambda candidates, timings=timings: timings)
+        models = load_fastest(zoo["llama"], zoo["drafter_llama"], device="cpu")
+        assert models.target.dtype == want and next(models.drafter.model.parameters()).dtype == want
+        assert models.dtype_choice.dtype == str(want).removeprefix("torch.")
+        assert models.dtype_choice.reason.startswith("measured at load")
+    pinned = load_fastest(zoo["llama"], "none", device="cpu", dtype="float32")
+    assert pinned.dtype_choice.reason == "pinned by --dtype float32" and pinned.target.dtype == torch.float32
+    untimed = load_models(zoo["llama"], "none", device="cpu")  # the plain loader goes by the CPU's flags
+    assert untimed.target.dtype == torch.bfloat16 and "not timed" in untimed.dtype_choice.reason
+    monkeypatch.setattr("xpress_core.models.native_bf16", lambda: False)
+    emulated = load_fastest(zoo["llama"], "none", device="cpu")
+    assert emulated.target.dtype == torch.float32 and "no native bf16" in emulated.dtype_choice.reason
+
+
+def test_time_dtypes_times_plain_steps_and_rounds_of_each_candidate(zoo):
+    """The real timing, on tiny models: every figure is there and positive (their sizes are the benchmark's job)."""
+    candidates = {
+        name: load_models(zoo["llama"], zoo["drafter_llama"], device="cpu", dtype=name) for name in ("float32", "bf16")
+    }
+    timings = time_dtypes(candidates, turns=1)
+    assert set(timings) == {"float32", "bf16"}
+    for t in timings.values():
+        assert min(t.plain_step_s, t.round_s, t.plain_token_s, t.round_token_s) > 0
+        assert t.round_token_s <= t.round_s  # a round emits at least one token
