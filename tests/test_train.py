@@ -13,7 +13,7 @@ import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from xpress_core.config import DecodeConfig
-from xpress_core.engine import decode
+from xpress_core.engine import decode, decode_to_end
 from xpress_core.models import encode_prompt, load_models
 from xpress_core.train.corpus import render_chat
 
@@ -132,6 +132,12 @@ def pipeline(tmp_path_factory):
             "3e-3",
         ]
         out[name] = train_cli(step, *args, *extra)
+    out["refiner"] = train_cli(
+        "refiner",
+        *["--target", str(root / "target"), "--drafter", str(root / "drafter"), "--distill-dir", str(root / "distill")],
+        *["--workdir", str(root / "refiner_w"), "--out", str(root / "refined"), "--prompt-len", "24"],
+        *["--steps", "40", "--batch-size", "8", "--rank", "16", "--anchors", "4", "--lr", "3e-3", "--eval-every", "20"],
+    )
     return out
 
 
@@ -506,3 +512,25 @@ def test_train_sharpness_writes_the_best_into_the_drafter_and_refuses_other_draf
     own.write_text(json.dumps({"prompt": "Once upon a time"}) + "\n" + json.dumps({"prompt": "I want to book"}) + "\n")
     fit = train_cli("sharpness", *common, "--drafter", str(drafter), "--prompts", str(own), "--grid", "1", "2")
     assert fit["prompts"] == 2 and fit["written"] is None
+
+
+def test_a_refiner_head_trains_logs_a_curve_per_pass_and_decodes_exactly(pipeline):
+    """``train refiner`` on the pipeline's drafter: the loss goes down, every evaluation logs each pass's agreement per
+    position, the config keeps the head and its measured pass gains, and decoding with passes is the target's."""
+    root = pipeline["root"]
+    log = losses(root / "refiner_w")
+    assert log[-1] < log[0]
+    curves = [json.loads(line) for line in (root / "refiner_w" / "train_log.jsonl").read_text().splitlines()]
+    evaluated = [c for c in curves if "greedy" in c]
+    assert [c["step"] for c in evaluated] == [20, 40]
+    passes = evaluated[-1]["greedy"]["passes"]
+    assert len(passes) == 5 and all(len(p["agreement"]) == 8 and len(p["leading"]) == 8 for p in passes)
+    config = json.loads((root / "refined" / "config.json").read_text())
+    assert config["refiner_rank"] == 16 and len(config["refiner_gains"]) == 4
+    assert pipeline["refiner"]["continued_from"]["recipe"]["anchors"] == 8  # the drafter's own run, for the card
+    models = load_models(root / "target", root / "refined", device="cpu")
+    prompt_ids = encode_prompt(models.tokenizer, "I want to book a table", chat=True)
+    reference = models.target.generate(prompt_ids, max_new_tokens=20, do_sample=False)[0, prompt_ids.shape[1] :]
+    for diversity in ("tree", "none"):
+        cfg = DecodeConfig(drafts=2, steps=3, block=8, diversity=diversity, max_new_tokens=20)
+        assert list(decode_to_end(models, prompt_ids, cfg).token_ids) == reference.tolist()
