@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from xpress_core import plots, verdict
+from xpress_core.chat import cap_chars, fit_prompt
 from xpress_core.engine import decode
 from xpress_core.models import context_limit
 from xpress_core.race import race
@@ -22,7 +23,7 @@ from xpress_core.trace import DecodeResult, RoundTrace, write_jsonl
 
 from .models import Loaded, ModelCache, TokenTexts, check_block
 from .session import never
-from .settings import Settings, conversation, fit_prompt, history_messages, user_message
+from .settings import Settings, history_messages, user_message
 from .texts import EMPTY_MESSAGE, VERDICT_PENDING, exactness
 from .zerogpu import on_gpu
 
@@ -265,7 +266,7 @@ def run_chat(
         yield View(message="", status=EMPTY_MESSAGE, notice=EMPTY_MESSAGE)
         return
     cfg = settings.decode_config()
-    chat = conversation(text, history_messages(history))
+    chat = cap_chars([*history_messages(history), {"role": "user", "content": text}])
     if stop_requested():  # stopped or cleared while waiting in the queue
         return
     if not cache.is_loaded(settings.preset):
@@ -274,13 +275,14 @@ def run_chat(
     check_block(cfg.block, loaded, settings.preset)
     prompt = fit_prompt(
         loaded.speculative.tokenizer,
-        list(chat.messages),
+        chat.prompt,
+        True,
         context_limit(loaded.speculative.target),
         cfg.max_new_tokens,
         chat.cuts,
     )
-    past = list(chat.messages[:-1])
-    text = chat.messages[-1]["content"]
+    past = list(chat.prompt[:-1])
+    text = chat.prompt[-1]["content"]
     runs = {SPECULATIVE: decode(loaded.speculative, prompt.ids, cfg, watch=True)}
     if settings.race:
         runs = race_order(runs | {PLAIN: decode(loaded.plain, prompt.ids, cfg)}, past)

@@ -14,17 +14,20 @@ from xpress_core.bench.figures import heatmap
 from xpress_core.bench.measure import BenchRun, Progress
 from xpress_core.bench.methods import REFERENCE, XPRESS
 from xpress_core.bench.summary import Summary
+from xpress_core.chat import cap_chars, fit_prompt
 from xpress_core.config import DecodeConfig
-from xpress_core.data import DEFAULT_DATA, SGD_DEV, default_prompts, spread, story_prompts
+from xpress_core.data import DEFAULT_DATA, SGD_DEV, Prompt, default_prompts, spread, story_prompts
 from xpress_core.drafters.base import NoDrafter
 from xpress_core.errors import XpressError
+from xpress_core.models import context_limit
 
-from .models import ModelCache, check_block
+from .models import Loaded, ModelCache, check_block
 from .session import never
 from .settings import UI_MAX_BLOCK, UI_MAX_DRAFTS, check_whole_numbers, user_message
 from .zerogpu import on_gpu
 
 HELD_OUT, CHAT_BOX = "held-out prompts", "the chat box text"
+CHAT_BOX_PROMPT = "chat-box"  # its name in the benchmark's records
 SWEEP_SOURCES = (HELD_OUT, CHAT_BOX)
 SWEEP_MAX_PROMPTS = 8
 SWEEP_MAX_NEW_TOKENS = 256
@@ -102,15 +105,18 @@ def values(name: str, chosen) -> tuple:
     return tuple(chosen)
 
 
-def sweep_prompts(request: SweepRequest, message: str | None, data_dir: Path) -> tuple[tuple, str | None]:
-    """The prompts to sweep on, and a note when the held-out chats are not there (a Space has no data folder)."""
+def sweep_prompts(request: SweepRequest, message: str | None, data_dir: Path) -> tuple[tuple[Prompt, ...], str | None]:
+    """The prompts to sweep on, and a note when the held-out chats are not there (a Space has no data folder). The
+    chat box text is held to the character caps here, before anything loads, and fitted to the tokens later, as
+    every prompt is (``xpress_core.chat.fit_prompt``)."""
     if request.source == CHAT_BOX:
         text = user_message(message)
         if not text:
             raise XpressError(
                 "The chat box is empty: type a prompt there (no need to send it), or use held-out prompts."
             )
-        return (text,), None
+        capped = cap_chars([{"role": "user", "content": text}])
+        return (Prompt(CHAT_BOX_PROMPT, (("user", capped.prompt[-1]["content"]),), chat=True),), None
     if (data_dir / SGD_DEV).exists():
         return spread(default_prompts(data_dir), request.prompts), None
     note = f"no held-out chats here ({data_dir / SGD_DEV} is missing): the built-in story requests stand in"
@@ -136,6 +142,8 @@ def run_sweep(
     check_block(request.block, loaded, request.preset)
     if isinstance(loaded.speculative.drafter, NoDrafter):
         raise XpressError(f"“{request.preset}” has no drafter: there is nothing to sweep.")
+    if request.source == CHAT_BOX:
+        note = fitted_notice(loaded, message, int(request.max_new_tokens))
     reached = [0, 0]
 
     def report(done: int, total: int, label: str) -> None:
@@ -158,6 +166,15 @@ def run_sweep(
         table=sweep_table(run),
         run=run,
     )
+
+
+def fitted_notice(loaded: Loaded, message: str, max_new_tokens: int) -> str | None:
+    """What the caps and the target's context leave out of the chat box text (the sweep measures what is left)."""
+    models = loaded.speculative
+    limit = context_limit(models.target)
+    chat = [{"role": "user", "content": user_message(message)}]
+    notice = fit_prompt(models.tokenizer, chat, True, limit, max_new_tokens).notice
+    return notice and notice.rstrip(".")
 
 
 def sweep_status(run: BenchRun, prompts: int, note: str | None) -> str:
