@@ -17,6 +17,7 @@ from xpress_core.errors import XpressError
 
 from .chat import Reply, View, chat_turn, log_file, scrub_figure
 from .figures import empty_panels
+from .log import refusal
 from .models import ModelCache
 from .session import CLEAR_WAIT_S, Controls
 from .settings import DEFAULTS, MAX_SEED, MAX_TEMPERATURE, UI_MAX_BLOCK, UI_MAX_DRAFTS, UI_MAX_NEW_TOKENS, Settings
@@ -251,7 +252,7 @@ def reply_updates(tab: ChatTab, cache: ModelCache, log_dir: Path, message, histo
         for view in chat_turn(cache, message, history, Settings(**settings), lambda: controls.stop):
             yield view_update(tab, log_dir, view)
     except XpressError as error:
-        raise gr.Error(str(error)) from error
+        raise refusal("/chat", error) from None
     finally:
         controls.running -= 1
 

@@ -9,6 +9,7 @@ import sys
 from xpress_core.errors import XpressError
 
 from .config import DEFAULT_HOST, DEFAULT_PORT, MAX_UPLOAD, parse_args
+from .log import log_to_stderr
 from .models import ModelCache
 from .ui import build_app
 from .zerogpu import is_zero_gpu
@@ -16,6 +17,7 @@ from .zerogpu import is_zero_gpu
 
 def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
+    log_to_stderr()
     cache = ModelCache(config)
     if is_zero_gpu():
         # ZeroGPU runs each request in a short-lived worker: models must be in place (on CUDA) before it forks.

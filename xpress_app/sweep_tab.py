@@ -11,6 +11,7 @@ from xpress_core.errors import XpressError
 
 from .chat_tab import ChatTab
 from .figures import empty_heatmaps
+from .log import refusal
 from .models import ModelCache
 from .session import Controls
 from .settings import UI_MAX_BLOCK, UI_MAX_DRAFTS
@@ -149,7 +150,7 @@ def wire_sweep(demo: gr.Blocks, tab: SweepTab, tab_block: gr.Tab, chat: ChatTab,
                 lambda: controls.stop,
             )
         except XpressError as error:
-            raise gr.Error(str(error)) from error
+            raise refusal("/sweep", error) from None
         return view_update(tab, view)
 
     started = tab.run.click(Controls.arm, tab.controls, None, **private)
