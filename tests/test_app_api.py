@@ -4,11 +4,15 @@ get a 4xx; and the README's gradio_client example runs."""
 
 from __future__ import annotations
 
+import json
+import urllib.error
+import urllib.request
+
 import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-from tests.app_server import OUTPUT, serve_app, zoo_env
+from tests.app_server import OUTPUT, ROOT, serve_app, zoo_env
 from tests.test_app_server import request
 from xpress_app.config import CUSTOM_PRESET
 
@@ -56,3 +60,72 @@ def test_a_refused_request_logs_one_line_and_no_traceback(server):
     assert "refused /chat: drafts K must be a whole number in 1..8, got '4'" in log
     assert "refused /sweep: The chat box is empty" in log
     assert "Traceback" not in log
+
+
+def endpoint_parameters(client: Client, name: str) -> list[dict]:
+    return client.view_api(print_info=False, return_format="dict")["named_endpoints"][name]["parameters"]
+
+
+def test_every_advertised_endpoint_works_with_its_advertised_example_inputs(server):
+    """view_api's types and examples are what the handlers accept: each endpoint called with exactly the example
+    inputs it advertises answers (the sweep's K and T are integers, the history a list of messages)."""
+    client = Client(server, verbose=False)
+    chat = {p["parameter_name"]: p["example_input"] for p in endpoint_parameters(client, "/chat")}
+    assert isinstance(chat["history"], list) and chat["history"][0]["role"] == "user"
+    outputs = client.predict(api_name="/chat", **chat)
+    assert "✓" in outputs[2]
+    sweep = {p["parameter_name"]: p["example_input"] for p in endpoint_parameters(client, "/sweep")}
+    types = {p["parameter_name"]: p["type"] for p in endpoint_parameters(client, "/sweep")}
+    assert types["drafts"]["items"]["type"] == types["steps"]["items"]["type"] == "integer"
+    assert sweep["drafts"] == [1] and sweep["steps"] == [1]
+    status = client.predict(api_name="/sweep", **sweep)[0]
+    assert "✓ **settings: 1" in status
+    assert "Traceback" not in server_log()
+
+
+def raw(url: str, path: str, body: dict | None = None) -> tuple[int, str]:
+    data = None if body is None else json.dumps(body).encode()
+    call = urllib.request.Request(url + "gradio_api/" + path, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(call, timeout=60) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_raw_routes_answer_unknown_names_and_ids_with_a_clean_404(server):
+    values = list(request("hello", max_new_tokens=4).values())  # /chat's 16 advertised inputs, in order
+    refused = {
+        "run/chat": (values, "join the queue"),  # the page's hidden state needs the queue, which fills it in
+        "run/predict": ({"data": values, "fn_index": 999}, "no function with fn_index 999"),
+        "queue/join": ({"data": values, "fn_index": -1, "session_hash": "abc"}, "no function with fn_index -1"),
+        "call/nosuch": (values, "no endpoint /nosuch; the API has /chat, /sweep"),
+        "run/nosuch": (values, "no endpoint /nosuch"),
+        "call/chat/0123456789abcdef": (None, "no such event"),
+        "queue/data?session_hash=nope": (None, "no such session"),
+    }
+    for path, (data, message) in refused.items():
+        body = data if data is None or isinstance(data, dict) else {"data": data}
+        status, text = raw(server, path, body)
+        assert status == 404 and message in text, (path, status, text)
+    status, text = raw(server, "call/chat", {"data": values})  # the queue's own route works with the 16 inputs
+    assert status == 200
+    status, events = raw(server, "call/chat/" + json.loads(text)["event_id"])
+    assert status == 200
+    complete = events[events.index("event: complete") :].splitlines()[1]
+    assert "✓" in json.loads(complete.removeprefix("data: "))[2]
+    assert "Traceback" not in server_log()
+
+
+def readme_example() -> str:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("**Calling the app from Python.**") :]
+    return section[section.index("```python\n") + len("```python\n") : section.index("\n```\n")]
+
+
+def test_the_readme_example_runs(server, capsys):
+    code = readme_example().replace("http://127.0.0.1:7860/", server)
+    assert code != readme_example()  # the example names the default address
+    exec(compile(code, "README example", "exec"), {})  # noqa: S102 - the README's own example, as a reader runs it
+    printed = capsys.readouterr().out
+    assert "✓ **" in printed and "best K=" in printed

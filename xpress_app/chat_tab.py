@@ -20,9 +20,18 @@ from .figures import empty_panels
 from .log import refusal
 from .models import ModelCache
 from .session import CLEAR_WAIT_S, Controls
-from .settings import DEFAULTS, MAX_SEED, MAX_TEMPERATURE, UI_MAX_BLOCK, UI_MAX_DRAFTS, UI_MAX_NEW_TOKENS, Settings
+from .settings import (
+    CHAT_ROLES,
+    DEFAULTS,
+    MAX_SEED,
+    MAX_TEMPERATURE,
+    UI_MAX_BLOCK,
+    UI_MAX_DRAFTS,
+    UI_MAX_NEW_TOKENS,
+    Settings,
+)
 from .texts import DEFAULTS_NOTE, EXAMPLES, HELP, INTRO, PANEL_HELP, VERDICT_PENDING
-from .widgets import block_slider, int_slider
+from .widgets import block_slider, history_json, int_slider
 
 CHAT_HEIGHT = 300  # px: with the header, the message box and its buttons, inside a 720-pixel-high first screen
 
@@ -101,7 +110,7 @@ def conversation_column() -> dict:
     # The history the chat endpoint reads: the chat's messages, kept beside the Chatbot, which would check an API
     # client's history against its data model before any handler runs and answer a wrong shape with Gradio's generic
     # error. JSON takes any value; the handler checks it (settings.history_messages) and says what is wrong.
-    history = gr.JSON([], visible=False, elem_id="history")
+    history = history_json(CHAT_ROLES, visible=False, elem_id="history")
     message = gr.Textbox(
         show_label=False, placeholder="Type a message and press Enter", lines=1, max_lines=6, elem_id="message"
     )

@@ -26,7 +26,7 @@ from .sweep import (
     values,
 )
 from .texts import SWEEP_HELP
-from .widgets import block_slider, int_slider
+from .widgets import block_slider, int_slider, whole_number_choices
 
 
 @dataclass(frozen=True)
@@ -53,10 +53,10 @@ def sweep_layout() -> SweepTab:
     defaults = SweepRequest()
     gr.Markdown(SWEEP_HELP)
     with gr.Row():
-        drafts = gr.CheckboxGroup(
+        drafts = whole_number_choices(
             list(range(1, UI_MAX_DRAFTS + 1)), value=list(defaults.drafts), label="Drafts K", elem_id="sweep-drafts"
         )
-        steps = gr.CheckboxGroup(
+        steps = whole_number_choices(
             list(range(1, UI_MAX_BLOCK + 1)),
             value=list(defaults.steps),
             label="Denoise steps T",
