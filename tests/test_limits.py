@@ -4,12 +4,16 @@ never sees more than the character caps allow (the oracle: what the tokenizer wa
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 
 import pytest
 from transformers import PreTrainedTokenizerBase
 
+from xpress_app import budget as budget_module
+from xpress_app import chat as app_chat
+from xpress_app.budget import Budget
 from xpress_app.chat import run_chat
 from xpress_app.config import AppConfig
 from xpress_app.models import ModelCache
@@ -18,7 +22,8 @@ from xpress_app.sweep import CHAT_BOX, SweepRequest, run_sweep
 from xpress_core.chat import MAX_HISTORY_CHARS, MAX_MESSAGE_CHARS, MAX_PROMPT_TOKENS, fit_prompt, prompt_budget
 from xpress_core.cli import main
 from xpress_core.data import read_prompt_file
-from xpress_core.models import context_limit, load_models
+from xpress_core.engine import decode
+from xpress_core.models import context_limit, encode_prompt, load_models
 from xpress_core.presets import ModelPreset
 
 TINY = "tiny"
@@ -156,3 +161,50 @@ def test_the_token_cap_holds_without_a_context_limit(models):
     fitted = fit_prompt(models.tokenizer, text, False, None, 16)
     assert MAX_PROMPT_TOKENS - 2 <= fitted.ids.shape[1] <= MAX_PROMPT_TOKENS
     assert "the prompt was cut" in fitted.notice and ends_text(models, fitted.ids, text)
+
+
+# --- the budget per request ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def growing_memory(monkeypatch):
+    """The server's memory as the budget reads it: 100 MB more at every reading."""
+    readings = itertools.count()
+    monkeypatch.setattr(budget_module, "rss_mb", lambda: 1000.0 + 100.0 * next(readings))
+
+
+def full_reply(models, text: str, settings: Settings) -> list[int]:
+    prompt = encode_prompt(models.tokenizer, [{"role": "user", "content": text}], chat=True)
+    return list(list(decode(models, prompt, settings.decode_config()))[-1].token_ids)
+
+
+def test_a_reply_past_its_time_budget_ends_with_a_message_and_the_next_is_served(cache, models, monkeypatch):
+    monkeypatch.setattr(app_chat, "ANIMATION_FRAME_S", 0.05)  # animation paces the reply: it outlasts the budget
+    slow = Settings(preset=TINY, auto=False, drafts=2, steps=3, block=4, max_new_tokens=400, animate=True)
+    started = time.perf_counter()
+    views = list(run_chat(cache, "Once upon a time", [], slow, budget=Budget(wall_s=0.5)))
+    timed("a reply with a 0.5 s budget", started)
+    status = views[-1].status
+    assert "■ Stopped after" in status and "the request's time budget is spent" in status and "s of 0.5 s)" in status
+    emitted = [token for trace in views[-1].reply.traces for token in trace.emitted]
+    full = full_reply(models, "Once upon a time", slow)
+    assert 0 < len(emitted) < len(full) and full[: len(emitted)] == emitted  # what it had, as the engine writes it
+    views = list(run_chat(cache, "hello", [], Settings(preset=TINY, max_new_tokens=8)))
+    assert views[-1].done and "✓" in views[-1].status
+
+
+def test_a_reply_past_its_memory_budget_ends_with_a_message(cache, models, growing_memory):
+    chosen = Settings(preset=TINY, auto=False, drafts=2, steps=1, block=4, max_new_tokens=64)
+    views = list(run_chat(cache, "Once upon a time", [], chosen, budget=Budget(memory_mb=250)))
+    assert "the server's memory grew 300 MB during the request (its budget: 250 MB)" in views[-1].status
+    emitted = [token for trace in views[-1].reply.traces for token in trace.emitted]
+    assert full_reply(models, "Once upon a time", chosen)[: len(emitted)] == emitted
+
+
+def test_a_sweep_past_its_budget_ends_between_runs_with_a_message(cache, growing_memory):
+    request = SweepRequest(preset=TINY, drafts=(1, 2), steps=(1,), block=4, source=CHAT_BOX, max_new_tokens=4)
+    view = run_sweep(cache, request, "Book a table.", budget=Budget(memory_mb=150))
+    assert view.status == (
+        "■ Sweep stopped after 2 of 6 runs: the server's memory grew 200 MB during the request (its budget: 150 MB): "
+        "nothing measured to show."
+    )

@@ -15,6 +15,7 @@ import gradio as gr
 from xpress_core.config import DIVERSITY, REFINE_MODES, VERIFY_MODES
 from xpress_core.errors import XpressError
 
+from .budget import Budget
 from .chat import Reply, View, chat_turn, log_file, scrub_figure
 from .figures import empty_panels
 from .log import refusal
@@ -254,11 +255,13 @@ def finished(tab: ChatTab, reply: Reply, log_dir: Path) -> dict:
     }
 
 
-def reply_updates(tab: ChatTab, cache: ModelCache, log_dir: Path, message, history, controls: Controls, settings: dict):
+def reply_updates(
+    tab: ChatTab, cache: ModelCache, log_dir: Path, budget: Budget, message, history, controls: Controls, settings: dict
+):
     """The chat endpoint's stream: the reply's views as component updates."""
     controls.running += 1
     try:
-        for view in chat_turn(cache, message, history, Settings(**settings), lambda: controls.stop):
+        for view in chat_turn(cache, message, history, Settings(**settings), lambda: controls.stop, budget):
             yield view_update(tab, log_dir, view)
     except XpressError as error:
         raise refusal("/chat", error) from None
@@ -292,13 +295,13 @@ def cleared(tab: ChatTab, controls: Controls) -> dict:
 # --- wiring --------------------------------------------------------------------------------------------------------
 
 
-def wire_chat(demo: gr.Blocks, tab: ChatTab, cache: ModelCache, log_dir: Path) -> None:
-    """The Chat tab's events."""
+def wire_chat(demo: gr.Blocks, tab: ChatTab, cache: ModelCache, log_dir: Path, budget: Budget) -> None:
+    """The Chat tab's events; ``budget``: what each reply may use."""
     private = {"queue": False, "api_visibility": "private"}
     preset, block, steps, race = (tab.settings[name] for name in ("preset", "block", "steps", "race"))
 
     def respond(message, history, controls: Controls, **settings):
-        yield from reply_updates(tab, cache, log_dir, message, history, controls, settings)
+        yield from reply_updates(tab, cache, log_dir, budget, message, history, controls, settings)
 
     def answer(armed, **api):
         """The reply to the message box, once ``armed`` (the event that forgot an earlier Stop) has run."""

@@ -21,6 +21,8 @@ from xpress_core.drafters.base import NoDrafter
 from xpress_core.errors import XpressError
 from xpress_core.models import context_limit
 
+from .budget import Budget, Meter
+from .log import LOG
 from .models import Loaded, ModelCache, check_block
 from .session import never
 from .settings import UI_MAX_BLOCK, UI_MAX_DRAFTS, check_whole_numbers, user_message
@@ -92,8 +94,8 @@ class SweepView:
 
 
 class SweepCancelled(Exception):
-    """Raised from the sweep's progress callback to end it between runs. Not an XpressError: the benchmark reports
-    those as settings it could not run and goes on."""
+    """Raised from the sweep's progress callback to end it between runs (its message: why, when the budget did). Not
+    an XpressError: the benchmark reports those as settings it could not run and goes on."""
 
 
 def values(name: str, chosen) -> tuple:
@@ -130,15 +132,17 @@ def run_sweep(
     progress: Progress | None = None,
     stop_requested: Callable[[], bool] = never,
     data_dir: Path = DEFAULT_DATA,
+    budget: Budget | None = None,
 ) -> SweepView:
     """Run the Sweep tab's grid with ``bench.measure.sweep`` and build its heatmaps and table.
 
-    ``progress`` gets (runs done, runs in all, setting); ``stop_requested`` is polled after every run and ends the
-    sweep there.
+    ``progress`` gets (runs done, runs in all, setting); ``stop_requested`` and the request's ``budget`` (the whole
+    grid's; default ``Budget()``) are checked after every run and end the sweep there.
     """
     grid = request.grid()
     prompts, note = sweep_prompts(request, message, data_dir)
     loaded = cache.get(request.preset)
+    meter = Meter(budget or Budget())  # from here: loading is shared, not this request's
     check_block(request.block, loaded, request.preset)
     if isinstance(loaded.speculative.drafter, NoDrafter):
         raise XpressError(f"“{request.preset}” has no drafter: there is nothing to sweep.")
@@ -152,13 +156,18 @@ def run_sweep(
             progress(done, total, label)
         if stop_requested():
             raise SweepCancelled
+        over = meter.over()
+        if over:
+            LOG.info("ended /sweep early: %s", over)
+            raise SweepCancelled(over)
 
     try:
         run = measure.sweep(
             loaded.speculative, prompts, grid, max_new_tokens=int(request.max_new_tokens), progress=report
         )
-    except SweepCancelled:
-        return SweepView(f"■ Sweep stopped after {reached[0]} of {reached[1]} runs: nothing measured to show.")
+    except SweepCancelled as cancelled:
+        why = f": {cancelled}" if str(cancelled) else ""
+        return SweepView(f"■ Sweep stopped after {reached[0]} of {reached[1]} runs{why}: nothing measured to show.")
     return SweepView(
         status=sweep_status(run, len(prompts), note),
         tokens_per_s=heatmap(run.summaries, "tokens_per_s"),

@@ -9,6 +9,7 @@ import gradio as gr
 
 from xpress_core.errors import XpressError
 
+from .budget import Budget
 from .chat_tab import ChatTab
 from .figures import empty_heatmaps
 from .log import refusal
@@ -114,8 +115,11 @@ def view_update(tab: SweepTab, view: SweepView) -> dict:
     return {component: value for component, value in values.items() if value is not None}
 
 
-def wire_sweep(demo: gr.Blocks, tab: SweepTab, tab_block: gr.Tab, chat: ChatTab, cache: ModelCache) -> None:
-    """The Sweep tab's events; the preset, the chat box and the chat's block L slider are the Chat tab's."""
+def wire_sweep(
+    demo: gr.Blocks, tab: SweepTab, tab_block: gr.Tab, chat: ChatTab, cache: ModelCache, budget: Budget
+) -> None:
+    """The Sweep tab's events; the preset, the chat box and the chat's block L slider are the Chat tab's; ``budget``:
+    what each sweep may use, its whole grid included."""
     private = {"queue": False, "api_visibility": "private"}
     preset = chat.settings["preset"]
 
@@ -148,6 +152,7 @@ def wire_sweep(demo: gr.Blocks, tab: SweepTab, tab_block: gr.Tab, chat: ChatTab,
                 message,
                 lambda done, total, label: progress((done, total), desc=f"runs · last: {label}", unit="runs"),
                 lambda: controls.stop,
+                budget=budget,
             )
         except XpressError as error:
             raise refusal("/sweep", error) from None
