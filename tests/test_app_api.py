@@ -4,17 +4,21 @@ get a 4xx; and the README's gradio_client example runs."""
 
 from __future__ import annotations
 
+import gc
 import json
 import urllib.error
 import urllib.request
 
+import gradio as gr
 import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-from tests.app_server import OUTPUT, ROOT, serve_app, zoo_env
+from tests.app_server import OUTPUT, ROOT, free_port, serve_app, zoo_env
 from tests.test_app_server import request
-from xpress_app.config import CUSTOM_PRESET
+from xpress_app.config import CUSTOM_PRESET, AppConfig
+from xpress_app.ui import build_app
+from xpress_core.presets import ModelPreset
 
 LOG_NAME = "app-api"
 
@@ -129,3 +133,28 @@ def test_the_readme_example_runs(server, capsys):
     exec(compile(code, "README example", "exec"), {})  # noqa: S102 - the README's own example, as a reader runs it
     printed = capsys.readouterr().out
     assert "✓ **" in printed and "best K=" in printed
+
+
+def test_a_session_keeps_the_same_blocks_and_components_however_many_replies(zoo):
+    """Flat memory per session: Gradio 6 registers a copy of an updated component under a new id in the session
+    whenever it is next an input (4 more components a reply, kept for the session's life); the app drops them
+    (``session.forget_replaced_blocks``). Counted in this process: the session's blocks and all live components."""
+    config = AppConfig(
+        presets=(ModelPreset(CUSTOM_PRESET, str(zoo["llama"]), str(zoo["drafter_llama"])),), device="cpu"
+    )
+    demo = build_app(config)
+    port = free_port()
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
+    try:
+        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        history, counts = [], []
+        for i in range(6):
+            outputs = client.predict(api_name="/chat", **request("book a table", history=history[-4:], seed=i))
+            history = outputs[1]
+            gc.collect()
+            (session,) = demo.state_holder.session_data.values()
+            components = sum(isinstance(o, gr.components.Component) for o in gc.get_objects())
+            counts.append((len(session.blocks_config.blocks), components))
+        assert counts[-1] == counts[1], counts  # after the first reply, nothing more per reply
+    finally:
+        demo.close()

@@ -20,7 +20,7 @@ from .chat import Reply, View, chat_turn, log_file, scrub_figure
 from .figures import empty_panels
 from .log import refusal
 from .models import ModelCache
-from .session import CLEAR_WAIT_S, Controls
+from .session import CLEAR_WAIT_S, Controls, forget_replaced_blocks
 from .settings import (
     CHAT_ROLES,
     DEFAULTS,
@@ -300,7 +300,8 @@ def wire_chat(demo: gr.Blocks, tab: ChatTab, cache: ModelCache, log_dir: Path, b
     private = {"queue": False, "api_visibility": "private"}
     preset, block, steps, race = (tab.settings[name] for name in ("preset", "block", "steps", "race"))
 
-    def respond(message, history, controls: Controls, **settings):
+    def respond(message, history, controls: Controls, request: gr.Request, **settings):
+        forget_replaced_blocks(demo, request)
         yield from reply_updates(tab, cache, log_dir, budget, message, history, controls, settings)
 
     def answer(armed, **api):

@@ -14,7 +14,7 @@ from .chat_tab import ChatTab
 from .figures import empty_heatmaps
 from .log import refusal
 from .models import ModelCache
-from .session import Controls
+from .session import Controls, forget_replaced_blocks
 from .settings import UI_MAX_BLOCK, UI_MAX_DRAFTS
 from .sweep import (
     HELD_OUT,
@@ -133,8 +133,10 @@ def wire_sweep(
         max_new_tokens,
         message,
         controls: Controls,
+        request: gr.Request,
         progress=gr.Progress(),  # noqa: B008 (Gradio finds the progress tracker by this default value)
     ):
+        forget_replaced_blocks(demo, request)
         progress(0, desc="Loading the models and the prompts…")
         try:
             request = SweepRequest(
