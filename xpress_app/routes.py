@@ -41,26 +41,47 @@ class RouteGuard:
             if body is None:
                 problem, status = f"the request body is over {MAX_BODY_BYTES} bytes", 413
             else:
-                problem, replay = self.unknown_call(path, body), replayed(body, receive)
+                problem, status = self.unknown_call(path, body) or (None, 200)
+                replay = replayed(body, receive)
         if problem is None:
             return await self.app(scope, replay, send)
         LOG.warning("refused %s %s: %s", method, one_line(path), problem)
         await JSONResponse({"error": problem}, status_code=status)(scope, receive, send)
 
-    def unknown_call(self, path: str, body: bytes) -> str | None:
-        """An unknown endpoint name or fn_index in a POST, or None when the call names a real one."""
+    def unknown_call(self, path: str, body: bytes) -> tuple[str, int] | None:
+        """What is wrong with a POST Gradio would answer with a 500 or a traceback (an unknown endpoint or fn_index,
+        an empty session, the wrong number of inputs), with its status; None to let Gradio answer."""
         try:
             payload = json.loads(body)
         except ValueError:
             return None  # Gradio's own validation answers malformed bodies (422)
-        fn_index = payload.get("fn_index") if isinstance(payload, dict) else None
+        if not isinstance(payload, dict):
+            return None
+        session = payload.get("session_hash")
+        if session is not None and not (isinstance(session, str) and session):
+            return "session_hash must be a non-empty string", 422
+        fn_index = payload.get("fn_index")
         if isinstance(fn_index, int) and not isinstance(fn_index, bool):
-            return None if fn_index in self.blocks.fns else f"no function with fn_index {fn_index}"
-        named = NAMED_POST.fullmatch(path)
-        if named is None or named["name"] in {fn.api_name for fn in self.blocks.fns.values()}:
-            return None  # a name Gradio knows: it decides (private ones it refuses itself)
+            fn = self.blocks.fns.get(fn_index)
+            if fn is None:
+                return f"no function with fn_index {fn_index}", 404
+        elif JOIN.fullmatch(path):  # no fn_index, or not a whole number (Gradio's validation says so: 422)
+            return ("queue/join needs the fn_index of a function", 422) if fn_index is None else None
+        else:  # by name (/call/ bodies have no fn_index: one sent is ignored)
+            fn = self.named(NAMED_POST.fullmatch(path))
+            if isinstance(fn, str):
+                return fn, 404
+        return None if fn is None else wrong_inputs(fn, payload.get("data"))
+
+    def named(self, match: re.Match | None):
+        """The function an endpoint name calls, None when there is no name, or why there is none (a message)."""
+        if match is None:
+            return None
+        fn = next((fn for fn in self.blocks.fns.values() if fn.api_name == match["name"]), None)
+        if fn is not None:
+            return fn
         public = sorted(f"/{fn.api_name}" for fn in self.blocks.fns.values() if fn.api_visibility == "public")
-        return f"no endpoint /{one_line(named['name'])[:80]}; the API has {', '.join(public)}"
+        return f"no endpoint /{one_line(match['name'])[:80]}; the API has {', '.join(public)}"
 
     def unknown_stream(self, path: str, query: str) -> str | None:
         """An event id or session hash the queue does not hold (Gradio would fail after starting the stream)."""
@@ -82,6 +103,17 @@ class RouteGuard:
             return event.session_hash
         pending = queue.pending_event_ids_session.items()
         return next((session for session, ids in pending if event_id in ids), event_id)
+
+
+def wrong_inputs(fn, data) -> tuple[str, int] | None:
+    """A list of inputs of the wrong length (Gradio fails on it inside the queue, with a traceback): the endpoint's
+    advertised inputs, or all of them with the page's hidden state (which the queue fills in)."""
+    if not isinstance(data, list):
+        return None  # Gradio's validation refuses it (422)
+    advertised = [block for block in fn.inputs if not block.skip_api]
+    if len(data) in (len(fn.inputs), len(advertised)):
+        return None
+    return f"{len(advertised)} inputs expected, got {len(data)}", 422
 
 
 async def read_body(receive) -> bytes | None:
