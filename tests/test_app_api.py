@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import gc
 import json
+import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import gradio as gr
 import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
+from tests import hostile
 from tests.app_server import OUTPUT, ROOT, free_port, serve_app, zoo_env
 from tests.test_app_server import request
 from xpress_app.config import CUSTOM_PRESET, AppConfig
@@ -23,9 +26,12 @@ from xpress_core.presets import ModelPreset
 LOG_NAME = "app-api"
 
 
+BUDGET_S = 15  # the server's time budget per request (XPRESS_REQUEST_S), short so that the load test ends soon
+
+
 @pytest.fixture(scope="module")
 def server(zoo):
-    with serve_app(zoo_env(zoo), LOG_NAME) as url:
+    with serve_app({**zoo_env(zoo), "XPRESS_REQUEST_S": str(BUDGET_S)}, LOG_NAME) as url:
         yield url
 
 
@@ -158,3 +164,42 @@ def test_a_session_keeps_the_same_blocks_and_components_however_many_replies(zoo
         assert counts[-1] == counts[1], counts  # after the first reply, nothing more per reply
     finally:
         demo.close()
+
+
+def test_a_2_mb_sweep_among_six_requests_at_once_is_fitted_and_the_server_keeps_answering(server):
+    """Six clients at once (2 MB through the Sweep, the message box and the history; a reply that outlasts the time
+    budget; a big sweep; a refused request), then a short chat: each gets its answer or its message. The short
+    chat's wait is printed (with 2 replies decoded at a time it queues behind the long ones), not asserted."""
+    huge = hostile.TWO_MB
+    endless = request("Once upon a time", animate=True, steps=4, block=4, max_new_tokens=512)
+    jobs = [
+        ("/sweep", sweep_args(message=huge)),
+        ("/chat", request(huge, max_new_tokens=8)),
+        (
+            "/chat",
+            request("hello", history=[{"role": "user", "content": huge}, {"role": "assistant", "content": "Hi"}]),
+        ),
+        ("/chat", endless),
+        ("/sweep", sweep_args(drafts=[1, 2, 4], steps=[1, 2], source="held-out prompts", count=4, max_new_tokens=64)),
+        ("/chat", request("hello", drafts="4")),
+    ]
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        futures = [pool.submit(Client(server, verbose=False).predict, api_name=a, **args) for a, args in jobs]
+        time.sleep(2)  # all six queued or running
+        asked = time.perf_counter()
+        short = Client(server, verbose=False).predict(api_name="/chat", **request("hello", max_new_tokens=8))
+        waited = time.perf_counter() - asked
+        outcomes = [f.exception(timeout=6 * BUDGET_S) or f.result() for f in futures]
+    print(f"six requests at once: all answered in {time.perf_counter() - started:.1f} s; a short chat sent meanwhile")
+    print(f"was answered in {waited:.1f} s")
+    assert "✓" in short[2]
+    sweep_huge, chat_huge, history_huge, long_reply, big_sweep, refused = outcomes
+    assert "your message was cut to its last" in sweep_huge[0] and "✓ **settings: 1" in sweep_huge[0]
+    assert "your message was cut to its last" in chat_huge[2] and "✓" in chat_huge[2]
+    assert "the chat keeps its last" in history_huge[2]
+    assert "■ Stopped after" in long_reply[2] and "the request's time budget is spent" in long_reply[2]
+    assert big_sweep[0].startswith(("✓", "■ Sweep stopped after"))
+    assert isinstance(refused, AppError) and "drafts K must be a whole number" in str(refused)
+    log = server_log()
+    assert "ended /chat early: the request's time budget is spent" in log and "Traceback" not in log
