@@ -15,7 +15,7 @@ from xpress_app import budget as budget_module
 from xpress_app import chat as app_chat
 from xpress_app.budget import Budget
 from xpress_app.chat import run_chat
-from xpress_app.config import AppConfig
+from xpress_app.config import AppConfig, parse_args
 from xpress_app.models import ModelCache
 from xpress_app.settings import Settings
 from xpress_app.sweep import CHAT_BOX, SweepRequest, run_sweep
@@ -208,3 +208,13 @@ def test_a_sweep_past_its_budget_ends_between_runs_with_a_message(cache, growing
         "■ Sweep stopped after 2 of 6 runs: the server's memory grew 200 MB during the request (its budget: 150 MB): "
         "nothing measured to show."
     )
+
+
+def test_the_budget_is_set_by_flags_and_environment(monkeypatch, capsys):
+    assert parse_args([]).budget == Budget()
+    monkeypatch.setenv("XPRESS_REQUEST_S", "5")
+    assert parse_args(["--request-memory-mb", "100"]).budget == Budget(wall_s=5.0, memory_mb=100.0)
+    for bad in (["--request-seconds", "0"], ["--request-memory-mb", "nan"], ["--request-seconds", "soon"]):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
+    assert "error:" in capsys.readouterr().err
