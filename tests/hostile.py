@@ -5,6 +5,7 @@ least one bad value, a few hold none, so that the success path runs too."""
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass
 
@@ -205,3 +206,81 @@ def payload(rng: random.Random, presets: tuple[str, ...]) -> Payload:
     history = pick(GOOD_HISTORIES, BAD_HISTORIES)
     preset = pick(presets, ("no such preset", None, 3, "", UNDECODABLE))
     return Payload(message, history, preset, settings, pick.hostile or steps_over_block)
+
+
+# --- Sweep payloads ------------------------------------------------------------------------------------------------
+
+TWO_MB = ("Book a table for two tonight. " * 70_000)[:2_000_000]  # valid: fitted to the caps, then swept
+BAD_CHOICE_LISTS = (None, "1,2", 4, [], ["1"], [0], [9], [1.5], [None], {"a": 1}, [True], [2**64])
+SWEEP_GOOD = {
+    "drafts": ([1], [1, 2]),
+    "steps": ([1],),
+    "block": (4,),
+    "source": ("the chat box text", "held-out prompts"),
+    "prompts": (1,),
+    "max_new_tokens": (2, 4),
+}
+SWEEP_BAD = {
+    "drafts": BAD_CHOICE_LISTS,
+    "steps": BAD_CHOICE_LISTS,
+    "block": BAD_VALUES,
+    "source": BAD_CHOICES + (None, 3, ["the chat box text"]),
+    "prompts": BAD_VALUES,
+    "max_new_tokens": BAD_VALUES,
+}
+
+
+@dataclass(frozen=True)
+class SweepPayload:
+    preset: object
+    fields: dict  # SweepRequest's fields other than the preset, as a client sends them
+    message: object  # the chat box
+    hostile: bool
+
+
+def sweep_payloads(seed: int, count: int, presets: tuple[str, ...]) -> list[SweepPayload]:
+    rng = random.Random(seed)
+    payloads_ = []
+    for _ in range(count):
+        pick = Picker(rng, (0.1, 0.3))
+        fields = {name: pick(good, SWEEP_BAD[name]) for name, good in SWEEP_GOOD.items()}
+        message = pick(("Book a table.", TWO_MB, FORGED), BAD_MESSAGES)
+        preset = pick(presets, ("no such preset", None, 3, UNDECODABLE))
+        # an empty chat box is a mistake only when the chat box is the source
+        blank = fields["source"] == "the chat box text" and not (isinstance(message, str) and message.strip())
+        payloads_.append(SweepPayload(preset, fields, message, pick.hostile or blank))
+    return payloads_
+
+
+# --- raw HTTP to Gradio's routes ------------------------------------------------------------------------------------
+
+RAW_PATHS = ("run/chat", "run/sweep", "call/chat", "call/sweep", "call/nosuch", "run/predict", "queue/join")
+RAW_FN_INDEXES = (999, -1, 2**40, "x", None, 1.5, [])
+RAW_GET_PATHS = ("call/chat/{id}", "call/sweep/{id}", "call/nosuch/{id}", "queue/data?session_hash={id}")
+
+
+@dataclass(frozen=True)
+class RawRequest:
+    path: str  # under /gradio_api/
+    body: bytes | None  # None: a GET
+
+
+def raw_requests(seed: int, count: int) -> list[RawRequest]:
+    """POSTs with odd bodies (data of any length and values, unknown fn_index values, malformed JSON) and GETs of
+    event ids and sessions that do not exist."""
+    rng = random.Random(seed)
+    requests = []
+    for _ in range(count):
+        if rng.random() < 0.3:
+            made_up = "".join(rng.choice("0123456789abcdef") for _ in range(rng.choice((1, 8, 32))))
+            requests.append(RawRequest(rng.choice(RAW_GET_PATHS).format(id=made_up), None))
+            continue
+        data = [rng.choice(BAD_VALUES[:8] + BAD_MESSAGES[:6]) for _ in range(rng.choice((0, 1, 8, 16, 17, 40)))]
+        body: dict = {"data": data}
+        if rng.random() < 0.5:
+            body["fn_index"] = rng.choice(RAW_FN_INDEXES)
+        if rng.random() < 0.3:
+            body["session_hash"] = rng.choice(("abc", "", None, 5))
+        encoded = repr(body).encode() if rng.random() < 0.15 else json.dumps(body).encode()  # a Python repr is not JSON
+        requests.append(RawRequest(rng.choice(RAW_PATHS), encoded))
+    return requests

@@ -28,7 +28,7 @@ from xpress_app.config import (
     parse_args,
 )
 from xpress_app.models import Loaded, ModelCache, TokenTexts
-from xpress_app.settings import MAX_MESSAGE_CHARS, UI_MAX_BLOCK, Settings, fit_prompt
+from xpress_app.settings import UI_MAX_BLOCK, Settings
 from xpress_app.sweep import CHAT_BOX, HELD_OUT, SweepRequest, run_sweep, values
 from xpress_app.texts import EMPTY_MESSAGE, VERDICT_PENDING, exactness
 from xpress_app.ui import build_app
@@ -37,6 +37,7 @@ from xpress_core import models as core_models
 from xpress_core import verdict
 from xpress_core.bench import measure as bench_measure
 from xpress_core.bench.methods import REFERENCE, XPRESS
+from xpress_core.chat import MAX_MESSAGE_CHARS, fit_prompt
 from xpress_core.config import DecodeConfig
 from xpress_core.data import SGD_DEV, default_prompts, spread
 from xpress_core.drafters.base import NoDrafter
@@ -486,7 +487,7 @@ def test_long_history_loses_its_oldest_turns_first(tokenizer):
     messages = turns + [{"role": "user", "content": "And one more for tomorrow."}]
     limit, max_new = 200, 64
     budget = limit - max_new
-    prompt = fit_prompt(tokenizer, messages, limit, max_new)
+    prompt = fit_prompt(tokenizer, messages, True, limit, max_new)
     kept = next(messages[i:] for i in range(0, len(messages), 2) if length(tokenizer, messages[i:]) <= budget)
     assert prompt.ids.tolist() == encode_prompt(tokenizer, kept, chat=True).tolist()
     assert prompt.ids.shape[1] <= budget < length(tokenizer, messages[len(messages) - len(kept) - 2 :])
@@ -496,7 +497,7 @@ def test_long_history_loses_its_oldest_turns_first(tokenizer):
 def test_long_message_keeps_its_end(tokenizer):
     text = " ".join(f"word{i}" for i in range(400))
     limit, max_new = 160, 300  # the reply's room is capped at half the context
-    prompt = fit_prompt(tokenizer, [{"role": "user", "content": text}], limit, max_new)
+    prompt = fit_prompt(tokenizer, [{"role": "user", "content": text}], True, limit, max_new)
     budget = limit - limit // 2
     decoded = tokenizer.decode(prompt.ids[0], skip_special_tokens=True)
     kept = decoded.strip()
@@ -508,7 +509,7 @@ def test_long_message_keeps_its_end(tokenizer):
 
 def test_short_prompt_is_untouched(tokenizer):
     messages = [{"role": "user", "content": "hello"}]
-    prompt = fit_prompt(tokenizer, messages, 512, 128)
+    prompt = fit_prompt(tokenizer, messages, True, 512, 128)
     assert prompt.notice is None and prompt.ids.tolist() == encode_prompt(tokenizer, messages, chat=True).tolist()
 
 

@@ -177,3 +177,60 @@ def test_fuzz_api_server_sample(zoo, tmp_path):
         assert any(temp.rglob("xpress-rounds-*.jsonl"))  # the replies' logs, while serving
     left = [path for path in temp.rglob("*") if path.is_file()]
     assert not left, f"left behind in the temporary folder: {left}"
+
+
+SWEEP_CASES = 40
+
+
+def test_fuzz_sweep_in_process(tiny_cache):
+    """The sweep handler's body (``run_sweep``) on hostile payloads, 2 MB chat boxes among them: a sweep or an
+    XpressError, nothing else; the valid 2 MB ones are fitted and measured."""
+    from xpress_app.sweep import SweepRequest, run_sweep
+
+    start, ran, refused = time.perf_counter(), 0, 0
+    for i, p in enumerate(hostile.sweep_payloads(seed=33, count=SWEEP_CASES, presets=(TINY,))):
+        try:
+            view = run_sweep(tiny_cache, SweepRequest(preset=p.preset, **p.fields), p.message)
+        except XpressError as error:
+            assert str(error) and p.hostile, f"sweep payload {i}: a valid payload was refused: {error}\n{p!r:.300}"
+            refused += 1
+            continue
+        except Exception as error:  # noqa: BLE001 - the point: nothing else may escape
+            pytest.fail(f"sweep payload {i} raised {type(error).__name__}: {error!r:.300}\n{p!r:.300}")
+        assert view.run is not None and view.run.mismatches == (), f"sweep payload {i}: {view.status}"
+        if p.message == hostile.TWO_MB and p.fields["source"] == "the chat box text":
+            assert "your message was cut to its last" in view.status
+        ran += 1
+    print(f"{SWEEP_CASES} sweep payloads in {time.perf_counter() - start:.1f} s: {ran} ran, {refused} refused")
+    assert ran >= 5 and refused >= 10
+
+
+RAW_CASES = 60
+
+
+def test_fuzz_raw_routes_server(zoo):
+    """Raw HTTP to Gradio's routes (odd bodies, unknown fn_index values, made-up event ids and sessions): never a
+    5xx, no traceback in the server's log, and the server still answers a chat."""
+    from gradio_client import Client
+
+    from tests.app_server import OUTPUT, serve_app, zoo_env
+    from tests.test_app_server import reply_text, request
+
+    statuses = {}
+    with serve_app(zoo_env(zoo), "app-fuzz-raw") as url:
+        for i, raw in enumerate(hostile.raw_requests(seed=33, count=RAW_CASES)):
+            call = urllib.request.Request(
+                url + "gradio_api/" + raw.path, data=raw.body, headers={"Content-Type": "application/json"}
+            )
+            try:
+                with urllib.request.urlopen(call, timeout=60) as response:
+                    status = response.status
+                    response.read()
+            except urllib.error.HTTPError as error:
+                status = error.code
+            assert status < 500, f"raw request {i}: {status} for {raw!r:.300}"
+            statuses[status] = statuses.get(status, 0) + 1
+        assert reply_text(Client(url, verbose=False).predict(api_name="/chat", **request("hello")))
+    print(f"{RAW_CASES} raw requests: {dict(sorted(statuses.items()))}")
+    log = (OUTPUT / "app-fuzz-raw.log").read_text(encoding="utf-8", errors="replace")
+    assert "Traceback" not in log

@@ -15,14 +15,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from xpress_core import plots, verdict
+from xpress_core.chat import cap_chars, fit_prompt
 from xpress_core.engine import decode
 from xpress_core.models import context_limit
 from xpress_core.race import race
 from xpress_core.trace import DecodeResult, RoundTrace, write_jsonl
 
+from .budget import Budget, Meter
+from .log import LOG
 from .models import Loaded, ModelCache, TokenTexts, check_block
 from .session import never
-from .settings import Settings, conversation, fit_prompt, history_messages, user_message
+from .settings import Settings, history_messages, user_message
 from .texts import EMPTY_MESSAGE, VERDICT_PENDING, exactness
 from .zerogpu import on_gpu
 
@@ -85,6 +88,7 @@ class Board:
         self.started = time.perf_counter()
         self.wall_s: float | None = None  # request wall time including rendering, once finished
         self.stopped = False
+        self.over: str | None = None  # why the request's budget ended it, if it did
         self.plain_after_s: float | None = None  # plain steps timed after the reply (``time_plain_steps``)
 
     def add(self, run: str, event: RoundTrace | DecodeResult) -> None:
@@ -190,7 +194,8 @@ class Board:
             last = traces[-1]
             tau = plots.running_tau(traces[1:])[-1] if len(traces) > 1 else 0.0
             progress = f"{last.new_tokens_total} tokens · τ = {tau:.2f} · {last.tokens_per_s:.1f} tokens/s"
-            lines.append(f"■ Stopped after {progress}" if self.stopped else f"… round {last.index} · {progress}")
+            ended = f"■ Stopped after {progress}" + (f": {self.over}" if self.over else "")
+            lines.append(ended if self.stopped else f"… round {last.index} · {progress}")
         if self.race:
             lines.append(self.race_line())
         return "\n\n".join(lines)
@@ -254,50 +259,60 @@ def run_chat(
     history: list[dict] | None,
     settings: Settings,
     stop_requested: Callable[[], bool] = never,
+    budget: Budget | None = None,
 ) -> Iterator[View]:
     """Answer one chat message: stream views while the engine decodes (and, with Race, plain decoding beside it).
 
-    ``stop_requested`` is polled between rounds and animation frames; when it turns true the reply ends there, with a
-    last view of what was decoded so far.
+    ``stop_requested`` is polled between rounds and animation frames, and so is the request's ``budget`` (default:
+    ``Budget()``); when either says stop, the reply ends there, with a last view of what was decoded so far.
     """
     text = user_message(message)
     if not text:
         yield View(message="", status=EMPTY_MESSAGE, notice=EMPTY_MESSAGE)
         return
     cfg = settings.decode_config()
-    chat = conversation(text, history_messages(history))
+    chat = cap_chars([*history_messages(history), {"role": "user", "content": text}])
     if stop_requested():  # stopped or cleared while waiting in the queue
         return
     if not cache.is_loaded(settings.preset):
         yield View(message="", status=f"Loading “{settings.preset}”…")
     loaded = cache.get(settings.preset)
+    meter = Meter(budget or Budget())  # from here: loading is shared, not this request's
     check_block(cfg.block, loaded, settings.preset)
     prompt = fit_prompt(
         loaded.speculative.tokenizer,
-        list(chat.messages),
+        chat.prompt,
+        True,
         context_limit(loaded.speculative.target),
         cfg.max_new_tokens,
         chat.cuts,
     )
-    past = list(chat.messages[:-1])
-    text = chat.messages[-1]["content"]
+    past = list(chat.prompt[:-1])
+    text = chat.prompt[-1]["content"]
     runs = {SPECULATIVE: decode(loaded.speculative, prompt.ids, cfg, watch=True)}
     if settings.race:
         runs = race_order(runs | {PLAIN: decode(loaded.plain, prompt.ids, cfg)}, past)
     board = Board(loaded, past, text, settings.race, prompt.notice)
+
+    def halted() -> bool:
+        board.over = meter.over()
+        if board.over:
+            LOG.info("ended /chat early: %s", board.over)
+        return stop_requested() or board.over is not None
+
     panels, text_only = Throttle(PANELS_INTERVAL_S), Throttle(TEXT_INTERVAL_S)
     with panels.rendering():
         yield board.view(message="", notice=prompt.notice)
     with closing(race(runs)) as events:
         for run, event in events:
             board.add(run, event)
-            if stop_requested():
+            if halted():
                 board.stopped = True
                 break
             if isinstance(event, DecodeResult):
                 continue
             if settings.animate and run == SPECULATIVE and event.steps:
-                yield from animation(board, event, stop_requested)
+                yield from animation(board, event, halted)
             if panels.due():
                 with panels.rendering():
                     yield board.view()

@@ -15,13 +15,24 @@ import gradio as gr
 from xpress_core.config import DIVERSITY, REFINE_MODES, VERIFY_MODES
 from xpress_core.errors import XpressError
 
+from .budget import Budget
 from .chat import Reply, View, chat_turn, log_file, scrub_figure
 from .figures import empty_panels
+from .log import refusal
 from .models import ModelCache
-from .session import CLEAR_WAIT_S, Controls
-from .settings import DEFAULTS, MAX_SEED, MAX_TEMPERATURE, UI_MAX_BLOCK, UI_MAX_DRAFTS, UI_MAX_NEW_TOKENS, Settings
+from .session import CLEAR_WAIT_S, Controls, forget_replaced_blocks
+from .settings import (
+    CHAT_ROLES,
+    DEFAULTS,
+    MAX_SEED,
+    MAX_TEMPERATURE,
+    UI_MAX_BLOCK,
+    UI_MAX_DRAFTS,
+    UI_MAX_NEW_TOKENS,
+    Settings,
+)
 from .texts import DEFAULTS_NOTE, EXAMPLES, HELP, INTRO, PANEL_HELP, VERDICT_PENDING
-from .widgets import block_slider, int_slider
+from .widgets import block_slider, history_json, int_slider
 
 CHAT_HEIGHT = 300  # px: with the header, the message box and its buttons, inside a 720-pixel-high first screen
 
@@ -100,7 +111,7 @@ def conversation_column() -> dict:
     # The history the chat endpoint reads: the chat's messages, kept beside the Chatbot, which would check an API
     # client's history against its data model before any handler runs and answer a wrong shape with Gradio's generic
     # error. JSON takes any value; the handler checks it (settings.history_messages) and says what is wrong.
-    history = gr.JSON([], visible=False, elem_id="history")
+    history = history_json(CHAT_ROLES, visible=False, elem_id="history")
     message = gr.Textbox(
         show_label=False, placeholder="Type a message and press Enter", lines=1, max_lines=6, elem_id="message"
     )
@@ -244,14 +255,16 @@ def finished(tab: ChatTab, reply: Reply, log_dir: Path) -> dict:
     }
 
 
-def reply_updates(tab: ChatTab, cache: ModelCache, log_dir: Path, message, history, controls: Controls, settings: dict):
+def reply_updates(
+    tab: ChatTab, cache: ModelCache, log_dir: Path, budget: Budget, message, history, controls: Controls, settings: dict
+):
     """The chat endpoint's stream: the reply's views as component updates."""
     controls.running += 1
     try:
-        for view in chat_turn(cache, message, history, Settings(**settings), lambda: controls.stop):
+        for view in chat_turn(cache, message, history, Settings(**settings), lambda: controls.stop, budget):
             yield view_update(tab, log_dir, view)
     except XpressError as error:
-        raise gr.Error(str(error)) from error
+        raise refusal("/chat", error) from None
     finally:
         controls.running -= 1
 
@@ -282,13 +295,14 @@ def cleared(tab: ChatTab, controls: Controls) -> dict:
 # --- wiring --------------------------------------------------------------------------------------------------------
 
 
-def wire_chat(demo: gr.Blocks, tab: ChatTab, cache: ModelCache, log_dir: Path) -> None:
-    """The Chat tab's events."""
+def wire_chat(demo: gr.Blocks, tab: ChatTab, cache: ModelCache, log_dir: Path, budget: Budget) -> None:
+    """The Chat tab's events; ``budget``: what each reply may use."""
     private = {"queue": False, "api_visibility": "private"}
     preset, block, steps, race = (tab.settings[name] for name in ("preset", "block", "steps", "race"))
 
-    def respond(message, history, controls: Controls, **settings):
-        yield from reply_updates(tab, cache, log_dir, message, history, controls, settings)
+    def respond(message, history, controls: Controls, request: gr.Request, **settings):
+        forget_replaced_blocks(demo, request)
+        yield from reply_updates(tab, cache, log_dir, budget, message, history, controls, settings)
 
     def answer(armed, **api):
         """The reply to the message box, once ``armed`` (the event that forgot an earlier Stop) has run."""

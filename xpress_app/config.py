@@ -21,6 +21,8 @@ from xpress_core.models import (
 from xpress_core.packing import packing_available
 from xpress_core.presets import ALLOW_UNKNOWN_ENV, TRUST_REMOTE_CODE_ENV, Access, ModelPreset, hub_presets
 
+from .budget import DEFAULT_MEMORY_MB, DEFAULT_WALL_S, Budget
+
 ENV = {
     "target": "XPRESS_TARGET",  # a custom preset's target: local directory or Hub id
     "drafter": "XPRESS_DRAFTER",  # its drafter: directory, Hub id or "none"
@@ -33,6 +35,8 @@ ENV = {
     "presets": "XPRESS_PRESETS",  # the menu: all, embedded, or embedded plus Hub preset keys (comma list)
     "memory_gb": "XPRESS_MEMORY_GB",  # presets needing more memory are shown but refused
     "max_loaded": "XPRESS_MAX_LOADED",  # model pairs kept loaded; the least recently used one goes first
+    "request_s": "XPRESS_REQUEST_S",  # a request's wall-time budget (a sweep's whole grid included)
+    "request_mb": "XPRESS_REQUEST_MB",  # the server memory a request may grow it by
 }
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 7860  # overridden by Gradio's GRADIO_SERVER_NAME / GRADIO_SERVER_PORT
 DEFAULT_CONCURRENCY = 2
@@ -81,6 +85,7 @@ class AppConfig:
     access: Access = field(default_factory=Access)
     hardware: Hardware | None = None  # None: detected from the device and the machine
     max_loaded: int = DEFAULT_MAX_LOADED
+    budget: Budget = field(default_factory=Budget)
 
 
 def default_presets(
@@ -174,15 +179,34 @@ def parse_args(argv: list[str] | None = None) -> AppConfig:
         default=env.get(ENV["max_loaded"], str(DEFAULT_MAX_LOADED)),
         help=f"model pairs kept loaded; the least recently used is unloaded (env {ENV['max_loaded']})",
     )
+    add_budget_args(parser, env)
     args = parser.parse_args(argv)
     if args.concurrency < 1 or args.max_loaded < 1:
         parser.error("--concurrency and --max-loaded must be at least 1")
+    if not (args.request_seconds > 0 and args.request_memory_mb > 0):
+        parser.error("--request-seconds and --request-memory-mb must be positive")
     try:
         presets = default_presets(args.target, args.drafter, args.presets)
         hardware = Hardware.detect(args.device, args.dtype, args.memory_gb)
     except XpressError as error:
         parser.error(str(error))
     access = Access.from_env(args.allow_unknown_models, args.trust_remote_code)
+    budget = Budget(args.request_seconds, args.request_memory_mb)
     return AppConfig(
-        presets, args.device, args.dtype, args.concurrency, args.device_map, access, hardware, args.max_loaded
+        presets, args.device, args.dtype, args.concurrency, args.device_map, access, hardware, args.max_loaded, budget
+    )
+
+
+def add_budget_args(parser: argparse.ArgumentParser, env) -> None:
+    parser.add_argument(
+        "--request-seconds",
+        type=float,
+        default=env.get(ENV["request_s"], str(DEFAULT_WALL_S)),
+        help=f"wall time a request may take, a sweep's whole grid included; checked between rounds (env {ENV['request_s']})",
+    )
+    parser.add_argument(
+        "--request-memory-mb",
+        type=float,
+        default=env.get(ENV["request_mb"], str(DEFAULT_MEMORY_MB)),
+        help=f"how much a request may grow the server's memory, checked between rounds (env {ENV['request_mb']})",
     )

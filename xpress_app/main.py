@@ -6,16 +6,21 @@ import os
 import signal
 import sys
 
+from starlette.middleware import Middleware
+
 from xpress_core.errors import XpressError
 
 from .config import DEFAULT_HOST, DEFAULT_PORT, MAX_UPLOAD, parse_args
+from .log import log_to_stderr
 from .models import ModelCache
+from .routes import RouteGuard
 from .ui import build_app
 from .zerogpu import is_zero_gpu
 
 
 def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
+    log_to_stderr()
     cache = ModelCache(config)
     if is_zero_gpu():
         # ZeroGPU runs each request in a short-lived worker: models must be in place (on CUDA) before it forks.
@@ -32,4 +37,5 @@ def main(argv: list[str] | None = None) -> None:
         server_port=int(os.environ.get("GRADIO_SERVER_PORT", DEFAULT_PORT)),
         share=False,
         max_file_size=MAX_UPLOAD,
+        app_kwargs={"middleware": [Middleware(RouteGuard, blocks=demo)]},
     )

@@ -1,17 +1,13 @@
-"""The controls' values as the UI (or an API client) sends them, checked; the chat turned into a prompt that fits the
-target's context."""
+"""The controls' values as the UI (or an API client) sends them, checked; the message and the history read as chat
+messages (``xpress_core.chat.fit_prompt`` bounds them, as it bounds every prompt)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-import torch
-
 from xpress_core import validation
-from xpress_core.chat import fit_chat
 from xpress_core.config import DIVERSITY, REFINE_MODES, VERIFY_MODES, DecodeConfig
 from xpress_core.errors import XpressError
-from xpress_core.models import encode_prompt
 
 # UI limits: tighter than the engine's (DecodeConfig.validate) so that a CPU Space stays responsive.
 UI_MAX_DRAFTS = 8
@@ -22,11 +18,6 @@ MAX_SEED = validation.MAX_SEED
 UI_LIMITS = validation.Limits(
     max_drafts=UI_MAX_DRAFTS, max_block=UI_MAX_BLOCK, max_new_tokens=UI_MAX_NEW_TOKENS, max_temperature=MAX_TEMPERATURE
 )
-# Bounded cost per request, whatever a client sends (checked before any model work). Longer
-# messages keep their end (the part a reply follows); longer histories keep their newest messages. A notice says so.
-MAX_MESSAGE_CHARS = 8000
-MAX_HISTORY_MESSAGES = 200
-MAX_HISTORY_CHARS = 200_000
 CHAT_ROLES = ("user", "assistant")  # the roles the app itself writes: a history with any other is refused
 
 
@@ -71,14 +62,6 @@ def check_whole_numbers(ranges: dict[str, tuple]) -> None:
         validation.whole(name, value, low, high)
 
 
-@dataclass(frozen=True)
-class Conversation:
-    """The checked history plus the new message, within the caps, and what the caps left out (for the notice)."""
-
-    messages: tuple[dict[str, str], ...]  # the history kept, then the user's message
-    cuts: tuple[str, ...]
-
-
 def user_message(message) -> str:
     """The message box's text, stripped ("" when blank or missing); wrong types and invalid text are refused."""
     return "" if message is None else validation.text("the message", message).strip()
@@ -112,60 +95,3 @@ def message_text(index: int, content) -> str:
         raise XpressError(f"history: message {index} must hold text or a list of parts, got {content!r:.60}")
     texts = [p.get("text") for p in parts if p["type"] == "text"]
     return "".join(validation.text(f"history: message {index}", t) for t in texts)
-
-
-def conversation(message: str, history: list[dict[str, str]]) -> Conversation:
-    """The new message after the history, cut to the caps: the message keeps its end, the history its newest part."""
-    cuts = []
-    if len(message) > MAX_MESSAGE_CHARS:
-        message = message[-MAX_MESSAGE_CHARS:]
-        cuts.append(f"your message was cut to its last {MAX_MESSAGE_CHARS} characters")
-    kept, chars = [], 0
-    for past in reversed(history[-MAX_HISTORY_MESSAGES:]):
-        chars += len(past["content"])
-        if chars > MAX_HISTORY_CHARS:
-            break
-        kept.append(past)
-    kept.reverse()
-    while kept and kept[0]["role"] != "user":  # a conversation starts with the user
-        kept.pop(0)
-    if len(kept) < len(history):
-        cuts.append(
-            f"the chat keeps its last {len(kept)} messages (at most {MAX_HISTORY_MESSAGES}, "
-            f"{MAX_HISTORY_CHARS} characters)"
-        )
-    return Conversation(tuple(kept) + ({"role": "user", "content": message},), tuple(cuts))
-
-
-@dataclass(frozen=True)
-class FittedPrompt:
-    ids: torch.Tensor  # (1, n)
-    notice: str | None  # what was cut to make it fit, for the user
-
-
-def fit_prompt(
-    tokenizer, messages: list[dict[str, str]], limit: int | None, max_new_tokens: int, cuts: tuple[str, ...] = ()
-) -> FittedPrompt:
-    """Encode with the chat template; if too long for the target's context, cut from the left (oldest first), at a
-    cost that depends on what fits, not on the history (``xpress_core.chat.fit_chat``).
-
-    The prompt may use the context minus room for the reply (``max_new_tokens``, but at most half the context).
-    ``cuts``: what the caps already left out, for the same notice.
-    """
-    cuts = list(cuts)
-    if limit is None:
-        ids = encode_prompt(tokenizer, messages, chat=True)
-        budget = None
-    else:
-        budget = limit - min(max_new_tokens, limit // 2)
-        fitted = fit_chat(tokenizer, messages, budget)
-        ids = fitted.ids
-        if fitted.dropped:
-            cuts.append(f"the {fitted.dropped} oldest messages were left out")
-        if fitted.cut_to is not None:
-            cuts.append(f"your message was cut to its last {fitted.cut_to} characters")
-    notice = None
-    if cuts:
-        room = "" if limit is None else f" (the target's context holds {limit} tokens, {budget} of them for the prompt)"
-        notice = "Long prompt: " + "; ".join(cuts) + room + "."
-    return FittedPrompt(ids, notice)

@@ -14,17 +14,22 @@ from xpress_core.bench.figures import heatmap
 from xpress_core.bench.measure import BenchRun, Progress
 from xpress_core.bench.methods import REFERENCE, XPRESS
 from xpress_core.bench.summary import Summary
+from xpress_core.chat import cap_chars, fit_prompt
 from xpress_core.config import DecodeConfig
-from xpress_core.data import DEFAULT_DATA, SGD_DEV, default_prompts, spread, story_prompts
+from xpress_core.data import DEFAULT_DATA, SGD_DEV, Prompt, default_prompts, spread, story_prompts
 from xpress_core.drafters.base import NoDrafter
 from xpress_core.errors import XpressError
+from xpress_core.models import context_limit
 
-from .models import ModelCache, check_block
+from .budget import Budget, Meter
+from .log import LOG
+from .models import Loaded, ModelCache, check_block
 from .session import never
 from .settings import UI_MAX_BLOCK, UI_MAX_DRAFTS, check_whole_numbers, user_message
 from .zerogpu import on_gpu
 
 HELD_OUT, CHAT_BOX = "held-out prompts", "the chat box text"
+CHAT_BOX_PROMPT = "chat-box"  # its name in the benchmark's records
 SWEEP_SOURCES = (HELD_OUT, CHAT_BOX)
 SWEEP_MAX_PROMPTS = 8
 SWEEP_MAX_NEW_TOKENS = 256
@@ -89,8 +94,8 @@ class SweepView:
 
 
 class SweepCancelled(Exception):
-    """Raised from the sweep's progress callback to end it between runs. Not an XpressError: the benchmark reports
-    those as settings it could not run and goes on."""
+    """Raised from the sweep's progress callback to end it between runs (its message: why, when the budget did). Not
+    an XpressError: the benchmark reports those as settings it could not run and goes on."""
 
 
 def values(name: str, chosen) -> tuple:
@@ -102,15 +107,18 @@ def values(name: str, chosen) -> tuple:
     return tuple(chosen)
 
 
-def sweep_prompts(request: SweepRequest, message: str | None, data_dir: Path) -> tuple[tuple, str | None]:
-    """The prompts to sweep on, and a note when the held-out chats are not there (a Space has no data folder)."""
+def sweep_prompts(request: SweepRequest, message: str | None, data_dir: Path) -> tuple[tuple[Prompt, ...], str | None]:
+    """The prompts to sweep on, and a note when the held-out chats are not there (a Space has no data folder). The
+    chat box text is held to the character caps here, before anything loads, and fitted to the tokens later, as
+    every prompt is (``xpress_core.chat.fit_prompt``)."""
     if request.source == CHAT_BOX:
         text = user_message(message)
         if not text:
             raise XpressError(
                 "The chat box is empty: type a prompt there (no need to send it), or use held-out prompts."
             )
-        return (text,), None
+        capped = cap_chars([{"role": "user", "content": text}])
+        return (Prompt(CHAT_BOX_PROMPT, (("user", capped.prompt[-1]["content"]),), chat=True),), None
     if (data_dir / SGD_DEV).exists():
         return spread(default_prompts(data_dir), request.prompts), None
     note = f"no held-out chats here ({data_dir / SGD_DEV} is missing): the built-in story requests stand in"
@@ -124,18 +132,22 @@ def run_sweep(
     progress: Progress | None = None,
     stop_requested: Callable[[], bool] = never,
     data_dir: Path = DEFAULT_DATA,
+    budget: Budget | None = None,
 ) -> SweepView:
     """Run the Sweep tab's grid with ``bench.measure.sweep`` and build its heatmaps and table.
 
-    ``progress`` gets (runs done, runs in all, setting); ``stop_requested`` is polled after every run and ends the
-    sweep there.
+    ``progress`` gets (runs done, runs in all, setting); ``stop_requested`` and the request's ``budget`` (the whole
+    grid's; default ``Budget()``) are checked after every run and end the sweep there.
     """
     grid = request.grid()
     prompts, note = sweep_prompts(request, message, data_dir)
     loaded = cache.get(request.preset)
+    meter = Meter(budget or Budget())  # from here: loading is shared, not this request's
     check_block(request.block, loaded, request.preset)
     if isinstance(loaded.speculative.drafter, NoDrafter):
         raise XpressError(f"“{request.preset}” has no drafter: there is nothing to sweep.")
+    if request.source == CHAT_BOX:
+        note = fitted_notice(loaded, message, int(request.max_new_tokens))
     reached = [0, 0]
 
     def report(done: int, total: int, label: str) -> None:
@@ -144,13 +156,18 @@ def run_sweep(
             progress(done, total, label)
         if stop_requested():
             raise SweepCancelled
+        over = meter.over()
+        if over:
+            LOG.info("ended /sweep early: %s", over)
+            raise SweepCancelled(over)
 
     try:
         run = measure.sweep(
             loaded.speculative, prompts, grid, max_new_tokens=int(request.max_new_tokens), progress=report
         )
-    except SweepCancelled:
-        return SweepView(f"■ Sweep stopped after {reached[0]} of {reached[1]} runs: nothing measured to show.")
+    except SweepCancelled as cancelled:
+        why = f": {cancelled}" if str(cancelled) else ""
+        return SweepView(f"■ Sweep stopped after {reached[0]} of {reached[1]} runs{why}: nothing measured to show.")
     return SweepView(
         status=sweep_status(run, len(prompts), note),
         tokens_per_s=heatmap(run.summaries, "tokens_per_s"),
@@ -158,6 +175,15 @@ def run_sweep(
         table=sweep_table(run),
         run=run,
     )
+
+
+def fitted_notice(loaded: Loaded, message: str, max_new_tokens: int) -> str | None:
+    """What the caps and the target's context leave out of the chat box text (the sweep measures what is left)."""
+    models = loaded.speculative
+    limit = context_limit(models.target)
+    chat = [{"role": "user", "content": user_message(message)}]
+    notice = fit_prompt(models.tokenizer, chat, True, limit, max_new_tokens).notice
+    return notice and notice.rstrip(".")
 
 
 def sweep_status(run: BenchRun, prompts: int, note: str | None) -> str:

@@ -9,10 +9,12 @@ import gradio as gr
 
 from xpress_core.errors import XpressError
 
+from .budget import Budget
 from .chat_tab import ChatTab
 from .figures import empty_heatmaps
+from .log import refusal
 from .models import ModelCache
-from .session import Controls
+from .session import Controls, forget_replaced_blocks
 from .settings import UI_MAX_BLOCK, UI_MAX_DRAFTS
 from .sweep import (
     HELD_OUT,
@@ -25,7 +27,7 @@ from .sweep import (
     values,
 )
 from .texts import SWEEP_HELP
-from .widgets import block_slider, int_slider
+from .widgets import block_slider, int_slider, whole_number_choices
 
 
 @dataclass(frozen=True)
@@ -52,10 +54,10 @@ def sweep_layout() -> SweepTab:
     defaults = SweepRequest()
     gr.Markdown(SWEEP_HELP)
     with gr.Row():
-        drafts = gr.CheckboxGroup(
+        drafts = whole_number_choices(
             list(range(1, UI_MAX_DRAFTS + 1)), value=list(defaults.drafts), label="Drafts K", elem_id="sweep-drafts"
         )
-        steps = gr.CheckboxGroup(
+        steps = whole_number_choices(
             list(range(1, UI_MAX_BLOCK + 1)),
             value=list(defaults.steps),
             label="Denoise steps T",
@@ -113,8 +115,11 @@ def view_update(tab: SweepTab, view: SweepView) -> dict:
     return {component: value for component, value in values.items() if value is not None}
 
 
-def wire_sweep(demo: gr.Blocks, tab: SweepTab, tab_block: gr.Tab, chat: ChatTab, cache: ModelCache) -> None:
-    """The Sweep tab's events; the preset, the chat box and the chat's block L slider are the Chat tab's."""
+def wire_sweep(
+    demo: gr.Blocks, tab: SweepTab, tab_block: gr.Tab, chat: ChatTab, cache: ModelCache, budget: Budget
+) -> None:
+    """The Sweep tab's events; the preset, the chat box and the chat's block L slider are the Chat tab's; ``budget``:
+    what each sweep may use, its whole grid included."""
     private = {"queue": False, "api_visibility": "private"}
     preset = chat.settings["preset"]
 
@@ -128,8 +133,10 @@ def wire_sweep(demo: gr.Blocks, tab: SweepTab, tab_block: gr.Tab, chat: ChatTab,
         max_new_tokens,
         message,
         controls: Controls,
+        request: gr.Request,
         progress=gr.Progress(),  # noqa: B008 (Gradio finds the progress tracker by this default value)
     ):
+        forget_replaced_blocks(demo, request)
         progress(0, desc="Loading the models and the prompts…")
         try:
             request = SweepRequest(
@@ -147,9 +154,10 @@ def wire_sweep(demo: gr.Blocks, tab: SweepTab, tab_block: gr.Tab, chat: ChatTab,
                 message,
                 lambda done, total, label: progress((done, total), desc=f"runs · last: {label}", unit="runs"),
                 lambda: controls.stop,
+                budget=budget,
             )
         except XpressError as error:
-            raise gr.Error(str(error)) from error
+            raise refusal("/sweep", error) from None
         return view_update(tab, view)
 
     started = tab.run.click(Controls.arm, tab.controls, None, **private)

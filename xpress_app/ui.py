@@ -36,9 +36,11 @@ def build_app(config: AppConfig, cache: ModelCache | None = None) -> gr.Blocks:
                 chat = chat_layout(settings, preset_note)
             with gr.Tab("Sweep", id="sweep") as sweep_block:
                 sweep = sweep_layout()
-        wire_chat(demo, chat, cache, log_dir)
-        wire_sweep(demo, sweep, sweep_block, chat, cache)
-    demo.queue(default_concurrency_limit=config.concurrency, max_size=QUEUE_SIZE)
+        wire_chat(demo, chat, cache, log_dir, config.budget)
+        wire_sweep(demo, sweep, sweep_block, chat, cache, config.budget)
+    # api_open=False: queued endpoints are called through the queue only (gradio_client, /call/...), which fills in the
+    # page's hidden state; a direct POST to /run/chat gets a 404 that says so instead of a 500.
+    demo.queue(default_concurrency_limit=config.concurrency, max_size=QUEUE_SIZE, api_open=False)
     # Gradio deletes its cached copies on a clean shutdown only; a stopped server must leave none either way.
     atexit.register(delete_files_created_by_app, demo, None)
     return demo

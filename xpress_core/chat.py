@@ -11,16 +11,29 @@ a user turn. Encoding every candidate suffix again would cost quadratic time in 
 messages' contents are encoded once each, newest first, until their tokens alone exceed the budget (a lower bound of
 their cost in the template); only that suffix can fit, and a binary search over its user turns, encoding the
 candidate suffix exactly each time, finds the longest that does. The work depends on the budget, not on the history.
+
+One bound for every way text reaches a model (``fit_prompt``: the app's chat and Sweep, the CLI, the benchmark and
+its prompt files): characters first, before any tokenizer work, then tokens, then the target's context. However much
+text a client sends, the tokenizer sees a bounded amount of it (docs/DESIGN.md §4).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from . import validation
 from .errors import XpressError
+
+# Characters, checked before any tokenizer work. The newest message keeps its end (the part a reply follows); earlier
+# messages are kept newest first while each and all of them stay within the caps.
+MAX_MESSAGE_CHARS = 8000
+MAX_HISTORY_MESSAGES = 200
+MAX_HISTORY_CHARS = 200_000
+# Tokens: the prompt's prefill and cache stay bounded on targets with long contexts too.
+MAX_PROMPT_TOKENS = 4096
 
 
 def encode_text(tokenizer, text: str) -> list[int]:
@@ -96,17 +109,21 @@ def content_tokens(tokenizer, message: dict[str, str]) -> int:
 
 
 def cut_last_message(tokenizer, messages: list[dict[str, str]], budget: int) -> tuple[list[int], int]:
-    """Keep the longest end of the last message whose prompt fits ``budget`` tokens (binary search on characters)."""
+    """Keep the longest end of the last message whose prompt fits ``budget`` tokens."""
     head, last = messages[:-1], messages[-1]
 
     def encoded(chars: int) -> list[int]:
         return encode_chat(tokenizer, head + [{**last, "content": last["content"][-chars:]}])
 
-    low, high = 1, len(last["content"])  # invariant: the answer is in [low, high] once low fits
+    return longest_end(encoded, len(last["content"]), budget, "the chat template alone")
+
+
+def longest_end(encoded: Callable[[int], list[int]], chars: int, budget: int, what: str) -> tuple[list[int], int]:
+    """The ids of the longest end of a text (``encoded(n)``: its last n characters encoded) within ``budget`` tokens,
+    and n: a binary search on characters."""
+    low, high = 1, chars  # invariant: the answer is in [low, high] once low fits
     if len(encoded(low)) > budget:
-        raise XpressError(
-            f"the chat template alone does not fit the {budget} prompt tokens the target's context allows"
-        )
+        raise XpressError(f"{what} does not fit the {budget} prompt tokens the target's context allows")
     while low < high:
         mid = (low + high + 1) // 2
         if len(encoded(mid)) <= budget:
@@ -114,3 +131,107 @@ def cut_last_message(tokenizer, messages: list[dict[str, str]], budget: int) -> 
         else:
             high = mid - 1
     return encoded(low), low
+
+
+@dataclass(frozen=True)
+class Capped:
+    """A prompt within the character caps, and what the caps left out (for the notice)."""
+
+    prompt: str | tuple[dict[str, str], ...]  # raw text, or chat messages
+    cuts: tuple[str, ...]
+
+
+def cap_chars(prompt: str | list[dict[str, str]] | tuple[dict[str, str], ...]) -> Capped:
+    """The character caps, no tokenizer involved: the last message (or raw text) keeps its last ``MAX_MESSAGE_CHARS``;
+    earlier messages are kept newest first, up to ``MAX_HISTORY_MESSAGES`` and ``MAX_HISTORY_CHARS`` in all (one
+    longer than ``MAX_MESSAGE_CHARS`` ends the kept part), starting with a user turn. Work linear in what is kept."""
+    if isinstance(prompt, str):
+        if len(prompt) <= MAX_MESSAGE_CHARS:
+            return Capped(prompt, ())
+        return Capped(prompt[-MAX_MESSAGE_CHARS:], (f"the prompt was cut to its last {MAX_MESSAGE_CHARS} characters",))
+    *history, last = prompt
+    cuts = []
+    if len(last["content"]) > MAX_MESSAGE_CHARS:
+        last = {**last, "content": last["content"][-MAX_MESSAGE_CHARS:]}
+        cuts.append(f"your message was cut to its last {MAX_MESSAGE_CHARS} characters")
+    kept, chars = [], 0
+    for past in reversed(history[-MAX_HISTORY_MESSAGES:]):
+        chars += len(past["content"])
+        if chars > MAX_HISTORY_CHARS or len(past["content"]) > MAX_MESSAGE_CHARS:
+            break
+        kept.append(past)
+    kept.reverse()
+    while kept and kept[0]["role"] != "user":  # a conversation starts with the user
+        kept.pop(0)
+    if len(kept) < len(history):
+        cuts.append(
+            f"the chat keeps its last {len(kept)} messages (at most {MAX_HISTORY_MESSAGES}, "
+            f"{MAX_HISTORY_CHARS} characters, {MAX_MESSAGE_CHARS} a message)"
+        )
+    return Capped((*kept, last), tuple(cuts))
+
+
+@dataclass(frozen=True)
+class FittedPrompt:
+    ids: torch.Tensor  # (1, n), n <= the token budget
+    notice: str | None  # what was cut to make it fit, for the user; None when nothing was
+
+
+def prompt_budget(limit: int | None, max_new_tokens: int) -> int:
+    """The prompt's tokens: at most ``MAX_PROMPT_TOKENS``, and the target's context minus room for the reply
+    (``max_new_tokens``, but at most half the context)."""
+    if limit is None:
+        return MAX_PROMPT_TOKENS
+    return min(MAX_PROMPT_TOKENS, limit - min(max_new_tokens, limit // 2))
+
+
+def fit_prompt(
+    tokenizer,
+    prompt: str | list[dict[str, str]] | tuple[dict[str, str], ...],
+    chat: bool,
+    limit: int | None,
+    max_new_tokens: int,
+    cuts: tuple[str, ...] = (),
+) -> FittedPrompt:
+    """The one prompt fitter: raw text or chat messages, checked, then cut to the character caps, to
+    ``MAX_PROMPT_TOKENS`` and to the target's context (``limit``; None: no limit) with room for the reply.
+
+    Chat: the oldest messages go first, then the last message keeps its end (``fit_chat``). Raw text keeps its end.
+    ``cuts``: what the caller's own caps already left out, for the same notice."""
+    if isinstance(prompt, str):
+        prompt = validation.text("the prompt", prompt)
+        messages = [{"role": "user", "content": prompt}]
+    else:
+        messages = validation.messages("the prompt", prompt)
+    if not any(m["content"].strip() for m in messages):
+        raise XpressError("the prompt is empty")
+    capped = cap_chars(messages if chat else "".join(m["content"] for m in messages))
+    cuts = [*cuts, *capped.cuts]
+    budget = prompt_budget(limit, max_new_tokens)
+    if chat:
+        fitted = fit_chat(tokenizer, list(capped.prompt), budget)
+        ids = fitted.ids
+        if fitted.dropped:
+            cuts.append(f"the {fitted.dropped} oldest messages were left out")
+    else:
+        ids, cut_to = fit_text(tokenizer, capped.prompt, budget)
+        fitted = FittedChat(ids, 0, cut_to)
+    if fitted.cut_to is not None:
+        what = "your message" if chat else "the prompt"
+        cuts.append(f"{what} was cut to its last {fitted.cut_to} characters")
+    if not cuts:
+        return FittedPrompt(ids, None)
+    room = f" (the prompt may hold {budget} tokens"
+    room += ")" if limit is None else f" of the {limit} the target's context holds)"
+    return FittedPrompt(ids, "Long prompt: " + "; ".join(cuts) + room + ".")
+
+
+def fit_text(tokenizer, text: str, budget: int) -> tuple[torch.Tensor, int | None]:
+    """A raw prompt within ``budget`` tokens: whole, or its longest end that fits."""
+    ids = encode_text(tokenizer, text)
+    if len(ids) <= budget:
+        return torch.tensor([ids]), None
+    ids, kept = longest_end(
+        lambda n: encode_text(tokenizer, text[-n:]), len(text), budget, "the prompt's last character"
+    )
+    return torch.tensor([ids]), kept

@@ -168,14 +168,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    from .chat import fit_prompt
     from .engine import decode
-    from .models import encode_prompt
+    from .models import context_limit
     from .precision import load_fastest
     from .trace import DecodeResult, RoundTrace, write_jsonl
 
     cfg = check_generate_args(args)
     models = load_fastest(**model_choice(args))
-    prompt_ids = encode_prompt(models.tokenizer, args.prompt, chat=args.chat)
+    prompt = fit_prompt(models.tokenizer, args.prompt, args.chat, context_limit(models.target), cfg.max_new_tokens)
+    if prompt.notice:
+        print(f"note: {prompt.notice}", file=sys.stderr)
+    prompt_ids = prompt.ids
     traces: list[RoundTrace] = []
     result: DecodeResult | None = None
     printed = ""

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
+from .chat import FittedPrompt, fit_prompt
 from .errors import XpressError
-from .models import encode_prompt
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -100,11 +100,15 @@ class Prompt:
     content: str | tuple[tuple[str, str], ...]  # raw text, or chat messages as (role, content)
     chat: bool
 
-    def ids(self, tokenizer) -> torch.Tensor:
-        """(1, n) prompt ids, the chat template applied for chat prompts."""
+    def ids(self, tokenizer, limit: int | None = None, max_new_tokens: int = 0) -> torch.Tensor:
+        """(1, n) prompt ids, the chat template applied for chat prompts, fitted like every prompt (``fitted``)."""
+        return self.fitted(tokenizer, limit, max_new_tokens).ids
+
+    def fitted(self, tokenizer, limit: int | None = None, max_new_tokens: int = 0) -> FittedPrompt:
+        """Within the shared caps and the target's context ``limit`` with room for ``max_new_tokens``."""
         if isinstance(self.content, str):
-            return encode_prompt(tokenizer, self.content, chat=self.chat)
-        return encode_prompt(tokenizer, [{"role": r, "content": c} for r, c in self.content], chat=True)
+            return fit_prompt(tokenizer, self.content, self.chat, limit, max_new_tokens)
+        return fit_prompt(tokenizer, [{"role": r, "content": c} for r, c in self.content], True, limit, max_new_tokens)
 
 
 def default_prompts(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -31,6 +32,7 @@ from ..models import (
     DtypeChoice,
     Models,
     check_tokenizer_match,
+    context_limit,
     eos_ids,
     load_causal_lm,
     load_drafter,
@@ -279,6 +281,10 @@ def run_bench(args: argparse.Namespace) -> int:
     )
     plan = RunPlan(settings, temperatures, max_new_tokens, repeats, args.warmup, args.seed)
     models = load_bench_models(args, settings, choice)
+    for prompt in prompts:  # measured as fitted; say which were cut
+        notice = prompt.fitted(models.tokenizer, context_limit(models.target), plan.max_new_tokens).notice
+        if notice:
+            print(f"note: prompt {prompt.name}: {notice}", file=sys.stderr)
 
     stages = []
     if search_prompts and len(grid) > args.finalists:

@@ -15,7 +15,7 @@ from ..data import Prompt
 from ..drafters.base import NoDrafter
 from ..engine import decode, wait_for_gpus
 from ..errors import XpressError
-from ..models import Models
+from ..models import Models, context_limit
 from ..records import json_record
 from ..trace import DecodeResult, RoundTrace
 from .grid import parse_grid
@@ -125,7 +125,8 @@ def measure(
     temperature once, in a shuffled order, so drift of the machine spreads over all methods alike."""
     if not prompts:
         raise XpressError("no prompt to measure")
-    encoded = [p.ids(models.tokenizer).to(models.device) for p in prompts]
+    limit = context_limit(models.target)
+    encoded = [p.ids(models.tokenizer, limit, plan.max_new_tokens).to(models.device) for p in prompts]
     jobs = [(s, t) for s in plan.settings for t in plan.temperatures]
     total = len(jobs) * (plan.warmup + plan.repeats * len(prompts))
     done = 0
