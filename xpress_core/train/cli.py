@@ -351,28 +351,14 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
 
     from ..models import init_drafter, load_target
     from .ar_drafter import make_ar_drafter, train_ar_drafter
-    from .distill import DistillConfig, distillation_record, load_distillation, write_distillation
+    from .distill import distillation_record, load_distillation, requested, write_distillation
     from .drafter import extend_drafter, train_drafter
-    from .loop import TrainConfig
+    from .loop import drafter_training
 
     target, tokenizer = load_target(args.target, torch.device("cpu"), torch.float32)
-    distill = DistillConfig(
-        sequences=args.sequences,
-        prompt_len=args.prompt_len,
-        new_tokens=args.new_tokens,
-        sample_fraction=args.sample_fraction,
-        seed=args.distill_seed,
-    )
-    seqs = load_distillation(write_distillation(target, tokenizer, args.data, args.distill_dir, distill))
+    seqs = load_distillation(write_distillation(target, tokenizer, args.data, args.distill_dir, requested(args)))
     written_by = distillation_record(args.distill_dir)
-    cfg = TrainConfig(
-        steps=args.steps,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        warmup=min(100, args.steps // 10 + 1),
-        bf16=not args.no_bf16,
-        eval_every=max(50, args.steps // 10),
-    )
+    cfg = drafter_training(args, eval_every=max(50, args.steps // 10))
     if args.step == "ar-drafter":
         model = make_ar_drafter(target, args.layers or 2)
         return train_ar_drafter(model, seqs, cfg, args.workdir, args.out, tokenizer, target, args.soft, written_by)

@@ -32,6 +32,18 @@ class DistillConfig:
     seed: int = 0
 
 
+def requested(args) -> DistillConfig:
+    """The distillation a training command's options ask for (``--sequences``, ``--prompt-len``, ``--new-tokens``,
+    ``--sample-fraction``, ``--distill-seed``: ``train drafter``, ``ar-drafter`` and ``refiner`` share them)."""
+    return DistillConfig(
+        sequences=args.sequences,
+        prompt_len=args.prompt_len,
+        new_tokens=args.new_tokens,
+        sample_fraction=args.sample_fraction,
+        seed=args.distill_seed,
+    )
+
+
 def corpus_tokens(data: list[Path], tokenizer) -> np.ndarray:
     """Token ids of the training text: a ``train.bin`` directory (already tokenized) or plain text files."""
     if len(data) == 1 and (data[0] / "train.bin").exists():

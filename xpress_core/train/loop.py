@@ -38,6 +38,19 @@ class TrainConfig:
     bf16: bool = True
 
 
+def drafter_training(args, eval_every: int) -> TrainConfig:
+    """The schedule a drafter or refiner command's options ask for (``--steps``, ``--batch-size``, ``--lr``,
+    ``--no-bf16``): warm-up over a tenth of the steps, at most 100."""
+    return TrainConfig(
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        warmup=min(100, args.steps // 10 + 1),
+        bf16=not args.no_bf16,
+        eval_every=eval_every,
+    )
+
+
 def cosine_lr(cfg: TrainConfig, step: int) -> float:
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup

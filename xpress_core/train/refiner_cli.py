@@ -21,6 +21,7 @@ def add_refiner_step(steps: argparse._SubParsersAction) -> None:
     step.add_argument("--distill-seed", type=int, default=0)
     step.add_argument("--sample-fraction", type=float, default=0.5)
     step.add_argument("--prompt-len", type=int, default=96)
+    step.add_argument("--new-tokens", type=int, default=96)
     step.add_argument("--workdir", type=Path, default=DEFAULT_WORK / "refiner")
     step.add_argument("--out", type=Path, default=DEFAULT_WORK / "refiner" / "out")
     step.add_argument("--steps", type=int, default=1500)
@@ -42,20 +43,15 @@ def run_refiner_step(args: argparse.Namespace) -> dict:
 
     from ..drafters.diffusion_model import XpressDrafter
     from ..models import load_target
-    from .distill import DistillConfig, distillation_record, load_distillation, write_distillation
-    from .loop import TrainConfig
+    from .distill import distillation_record, load_distillation, requested, write_distillation
+    from .loop import drafter_training
     from .refiner import RefinerRecipe, attach_refiner, train_refiner
 
     target, tokenizer = load_target(args.target, torch.device("cpu"), torch.float32)
     if args.sequences:  # write what is missing first (resumable), else train on the chunks the folder holds
-        distill = DistillConfig(
-            sequences=args.sequences,
-            prompt_len=args.prompt_len,
-            sample_fraction=args.sample_fraction,
-            seed=args.distill_seed,
-        )
-        write_distillation(target, tokenizer, args.data, args.distill_dir, distill)
+        write_distillation(target, tokenizer, args.data, args.distill_dir, requested(args))
     seqs = load_distillation(args.distill_dir)
+    written_by = distillation_record(args.distill_dir)  # the settings, and how many chunks the folder held
     recipe = RefinerRecipe(
         rank=args.rank,
         passes=args.passes,
@@ -65,14 +61,7 @@ def run_refiner_step(args: argparse.Namespace) -> dict:
         decay=args.decay,
         soft=args.soft,
     )
-    cfg = TrainConfig(
-        steps=args.steps,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        warmup=min(100, args.steps // 10 + 1),
-        bf16=not args.no_bf16,
-        eval_every=args.eval_every,
-    )
+    cfg = drafter_training(args, eval_every=args.eval_every)
     summary_path = args.drafter / "training_summary.json"
     return train_refiner(
         attach_refiner(XpressDrafter.from_pretrained(args.drafter), args.rank),
@@ -84,8 +73,6 @@ def run_refiner_step(args: argparse.Namespace) -> dict:
         args.workdir,
         args.out,
         tokenizer,
-        distillation=distillation_record(args.distill_dir) | {"chunks": len(list(args.distill_dir.glob("chunk_*.pt")))}
-        if distillation_record(args.distill_dir)
-        else None,
+        distillation=written_by and written_by | {"chunks": len(list(args.distill_dir.glob("chunk_*.pt")))},
         continued_from=json.loads(summary_path.read_text()) if summary_path.exists() else None,
     )
