@@ -42,14 +42,18 @@ def unpacked_models(monkeypatch, *args, **kwargs):
 @needs_bf16_packing
 @pytest.mark.parametrize("pair", ["zoo", "embedded"])
 def test_packed_models_decode_the_same_tokens_as_unpacked(zoo, monkeypatch, pair):
-    """Every linear layer of target and drafter is packed, and nothing the models compute changes: the prompt's
+    """Every bf16 linear layer of target and drafter is packed, and nothing the models compute changes: the prompt's
     logits, greedy ``generate`` and the engine's speculative and sampled tokens are those of the unpacked models."""
     target, drafter = (zoo["llama"], zoo["drafter_llama"]) if pair == "zoo" else (EMBEDDED_TARGET, EMBEDDED_DRAFTER)
     packed = load_models(target, drafter, device="cpu", dtype="bfloat16")
     plain = unpacked_models(monkeypatch, target, drafter, device="cpu", dtype="bfloat16")
     linears = sum(isinstance(m, nn.Linear) for m in plain.target.modules())
     assert packed_count(packed.target) == linears and packed_count(plain.target) == 0
-    assert packed_count(packed.drafter.model) == sum(isinstance(m, nn.Linear) for m in plain.drafter.model.modules())
+    # A refiner head runs in fp32 (XpressDrafter.fuse_projections), which is not packed; every bf16 layer is.
+    bf16_linears = [
+        m for m in plain.drafter.model.modules() if isinstance(m, nn.Linear) and m.weight.dtype == torch.bfloat16
+    ]
+    assert packed_count(packed.drafter.model) == len(bf16_linears) > 0
     prompt_ids = encode_prompt(packed.tokenizer, PROMPT, chat=True)
     with torch.no_grad():
         assert torch.equal(packed.target(prompt_ids).logits, plain.target(prompt_ids).logits)

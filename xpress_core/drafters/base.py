@@ -31,7 +31,8 @@ class Drafts:
     tokens: tuple[tuple[int, ...], ...]  # (K, L) final drafts, or a tree's paths; empty for the "none" drafter
     steps: tuple[DenoiseStep, ...] = ()  # per denoise step, for the visualizer: only when someone watches
     # A tree's drafts (diversity "tree"): per token, its place in the order the drafter chose the tree's nodes, the
-    # tree of K' x L nodes being the first K' x L (``accepted_with_fewer``); empty for K separate drafts.
+    # tree of K' x L nodes being the first K' x L (``accepted_with_fewer``), -1 for a node every smaller tree holds
+    # too (a refined chain grafted on); empty for K separate drafts.
     order: tuple[tuple[int, ...], ...] = ()
 
 
