@@ -20,23 +20,35 @@ That is our ``XpressDrafter`` with ``qk_norm=True`` and ``learned_mask=False``; 
 
 from __future__ import annotations
 
+import math
+
+from transformers import Qwen3Config
+
 from ..errors import XpressError
 from .diffusion_model import XpressDrafterConfig
 
 DFLASH_ARCHITECTURE = "DFlashDraftModel"
+DFLASH2_ARCHITECTURE = "DFlash2DraftModel"
+ARCHITECTURES = (DFLASH_ARCHITECTURE, DFLASH2_ARCHITECTURE)
 
-# Published parameter name (regex) -> our module's name.
+# Published parameter name (regex) -> our module's name. DFlash 2's convolutions keep their names; its selector's
+# codebooks are published without the ``.weight`` of an embedding (the reference class maps them the same way), while
+# a checkpoint saved by the reference class has it: both load.
 DFLASH_KEY_MAPPING = {
     r"^hidden_norm\.": "context_norm.",
     r"\.self_attn\.": ".attn.",
     r"\.input_layernorm\.": ".input_norm.",
     r"\.post_attention_layernorm\.": ".post_norm.",
     r"\.mlp\.(gate|up|down)_proj\.": r".\1_proj.",
+    r"^candidate_selector\.(predecessor|successor)_codebook$": r"candidate_selector.\1_codebook.weight",
 }
+# Fields read as the reference reads them: from ``dflash_config`` first, then the top level; 1 / None when absent.
+SCALARS = ("input_embedding_scale", "output_multiplier", "final_logit_softcapping")
+DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
 
 def is_dflash_config(config: dict) -> bool:
-    return DFLASH_ARCHITECTURE in (config.get("architectures") or []) or "dflash_config" in config
+    return any(a in ARCHITECTURES for a in config.get("architectures") or []) or "dflash_config" in config
 
 
 def dflash_value(config: dict, name: str):
@@ -44,22 +56,59 @@ def dflash_value(config: dict, name: str):
     return (config.get("dflash_config") or {}).get(name, config.get(name))
 
 
+def required(config: dict, spec: str, names) -> list:
+    values = [dflash_value(config, k) for k in names]
+    missing = [k for k, v in zip(names, values) if v is None]
+    if missing:
+        raise XpressError(f"drafter {spec!r} is a DFlash checkpoint without {', '.join(missing)} in its config.json")
+    return values
+
+
+def number(config: dict, spec: str, name: str, default):
+    value = dflash_value(config, name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise XpressError(f"drafter {spec!r}: {name} in its config.json must be a finite number, got {value!r}")
+    return float(value)
+
+
+def layer_attention(config: dict, spec: str) -> tuple[list[bool] | None, list[int | None] | None]:
+    """Per layer (causal, sliding window) as the reference's attention reads them: the layer types and window that
+    transformers' Qwen3 config resolves (a window only where ``use_sliding_window`` keeps one), sliding layers causal
+    and full ones bidirectional unless ``is_causal`` says otherwise for all. (None, None) when every layer attends to
+    everything, as our drafter does by default."""
+    resolved = Qwen3Config.from_dict({k: v for k, v in config.items() if k not in ("architectures", "auto_map")})
+    types = list(resolved.layer_types or ["full_attention"] * resolved.num_hidden_layers)
+    unknown = sorted(set(types) - {"full_attention", "sliding_attention"})
+    if unknown:
+        raise XpressError(f"drafter {spec!r}: layer_types {unknown} in its config.json are not DFlash attention kinds")
+    is_causal = config.get("is_causal")
+    causal = [t == "sliding_attention" if is_causal is None else bool(is_causal) for t in types]
+    windows = [resolved.sliding_window if t == "sliding_attention" else None for t in types]
+    if not any(causal) and all(w is None for w in windows):
+        return None, None
+    return causal, windows
+
+
 def dflash_drafter_config(config: dict, spec: str) -> XpressDrafterConfig:
-    """Our drafter config for a published DFlash config.json; refuses the variants our module does not compute."""
+    """Our drafter config for a published DFlash or DFlash 2 config.json; refuses the variants our module does not
+    compute, naming the field."""
     architectures = config.get("architectures") or []
-    if any(a != DFLASH_ARCHITECTURE for a in architectures):
-        raise XpressError(f"drafter {spec!r} is a {architectures} checkpoint; xPress loads {DFLASH_ARCHITECTURE} only")
-    if "sliding_attention" in (config.get("layer_types") or []):
-        raise XpressError(f"drafter {spec!r} uses sliding-window attention, which xPress's drafter does not implement")
+    if any(a not in ARCHITECTURES for a in architectures):
+        raise XpressError(
+            f"drafter {spec!r} is a {architectures} checkpoint; xPress loads {' and '.join(ARCHITECTURES)}"
+        )
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     if rope.get("rope_type", "default") != "default":
         raise XpressError(f"drafter {spec!r} uses rope type {rope['rope_type']!r}; xPress implements the default one")
-    layer_ids, mask_id, block = (dflash_value(config, k) for k in ("target_layer_ids", "mask_token_id", "block_size"))
-    missing = [
-        k for k, v in (("target_layer_ids", layer_ids), ("mask_token_id", mask_id), ("block_size", block)) if v is None
-    ]
-    if missing:
-        raise XpressError(f"drafter {spec!r} is a DFlash checkpoint without {', '.join(missing)} in its config.json")
+    layer_ids, mask_id, block = required(config, spec, ("target_layer_ids", "mask_token_id", "block_size"))
+    second = DFLASH2_ARCHITECTURE in architectures
+    kernel, group, rank, top_k = required(config, spec, DFLASH2_FIELDS) if second else (0, 0, 0, 0)
+    if second and config["hidden_size"] % int(group):
+        raise XpressError(f"drafter {spec!r}: conv_group_size {group} does not divide hidden_size")
+    causal, windows = layer_attention(config, spec)
+    scale, multiplier, cap = (number(config, spec, k, d) for k, d in zip(SCALARS, (1.0, 1.0, None)))
     return XpressDrafterConfig(
         hidden_size=config["hidden_size"],
         num_hidden_layers=config["num_hidden_layers"],
@@ -78,4 +127,13 @@ def dflash_drafter_config(config: dict, spec: str) -> XpressDrafterConfig:
         qk_norm=True,
         learned_mask=False,
         attention_bias=bool(config.get("attention_bias", False)),
+        input_embedding_scale=scale,
+        output_multiplier=multiplier,
+        final_logit_softcapping=cap,
+        layer_causal=causal,
+        layer_window=windows,
+        conv_kernel_size=int(kernel),
+        conv_group_size=int(group),
+        selector_rank=int(rank),
+        selector_top_k=int(top_k),
     )

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from ..config import TREE, DecodeConfig
 from ..controller import AUTO_PASSES, RoundSetting
-from ..sampling import gumbel
+from ..sampling import gumbel, noisy_logits
 from ..trace import MASKED, DenoiseStep
 from ..tree import best_first_paths
 from .base import (
@@ -85,6 +85,12 @@ class MaskedDiffusionDrafter(Drafter):
             # The last step commits every position left whatever their confidence: only the visualizer asks for it.
             ranked = watch or step < cfg.steps
             candidates, candidate_conf, forced = self.choose_tokens(logits, rows, step, randomness, ranked)
+            if step == cfg.steps and self.chooses_in_order():
+                fixed = committed if forced is None else committed | forced
+                candidates = self.chain_tokens(state, root, logits, candidates, fixed, rows, randomness)
+                if watch:
+                    probs = allowed_logits(logits, self.banned).softmax(-1).expand(k, -1, -1)
+                    candidate_conf = probs.gather(-1, candidates[..., None])[..., 0]
             newly = self.commit_schedule(candidate_conf, committed, forced, math.ceil(length * step / cfg.steps), rows)
             tokens = torch.where(newly, candidates, tokens)
             if watch:
@@ -176,6 +182,15 @@ class MaskedDiffusionDrafter(Drafter):
             candidates[:, pos], conf[:, pos], forced[:, pos] = top, probs[0, pos, top], True
         return candidates, conf, forced
 
+    def chooses_in_order(self) -> bool:
+        """Whether the last step chooses each position's token given the one before it (``chain_tokens``)."""
+        return False
+
+    def chain_tokens(self, state, root, logits, tokens, fixed, cfg, randomness) -> torch.Tensor:
+        """(K, L) tokens of the last step chosen left to right, each given the one before it; ``fixed`` positions
+        keep ``tokens``' own (committed earlier, or branch tokens)."""
+        raise NotImplementedError
+
     @staticmethod
     def commit_schedule(conf, committed, forced, total: int, cfg: DecodeConfig) -> torch.Tensor:
         """(K, L) bool: positions to commit this step so that ``total`` are committed in each row."""
@@ -231,6 +246,7 @@ class DiffusionState:
     length: int  # tokens whose keys/values are in the buffers
     previous: torch.Tensor  # (F,) tapped features of the last committed token, the one before the root
     pending: list[torch.Tensor] = field(default_factory=list)  # (m, F) tapped features of tokens committed since
+    selector_hidden: torch.Tensor | None = None  # (R, L, H) the last block forward's final hidden states (DFlash 2)
 
     @property
     def committed(self) -> int:
@@ -306,8 +322,12 @@ class TargetConditionedDrafter(Drafter):
             state.append(self.model.context_kv(features[None], positions))
 
     def block_logits(self, state: DiffusionState, block_embeds: torch.Tensor) -> torch.Tensor:
-        """One drafter forward on R blocks ``[root, L positions]`` (R, L+1, H) after the context -> (R, L, V)."""
-        return self.model.head_logits(self.block_hidden(state, block_embeds))
+        """One drafter forward on R blocks ``[root, L positions]`` (R, L+1, H) after the context -> (R, L, V). A
+        drafter with a candidate selector (DFlash 2) keeps the hidden states for it (``chain_tokens``)."""
+        hidden = self.block_hidden(state, block_embeds)
+        if self.model.candidate_selector is not None:
+            state.selector_hidden = hidden
+        return self.model.head_logits(hidden)
 
     def block_hidden(self, state: DiffusionState, block_embeds: torch.Tensor) -> torch.Tensor:
         """One drafter forward on R blocks ``[root, L positions]`` (R, L+1, H) after the context -> (R, L, H) the
@@ -433,6 +453,32 @@ class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
         block = torch.cat([torch.full((rows, 1), root, device=tokens.device), tokens], dim=1)
         masked = torch.cat([torch.zeros((rows, 1), dtype=torch.bool, device=tokens.device), ~committed], dim=1)
         return self.block_logits(state, self.model.embed_block(block, masked))
+
+    def chooses_in_order(self) -> bool:
+        return self.model.candidate_selector is not None
+
+    def chain_tokens(self, state, root, logits, tokens, fixed, cfg, randomness) -> torch.Tensor:
+        """DFlash 2's selection: each position's top ``selector_top_k`` tokens by logit (the reference's candidates,
+        banned ones then scored -inf), rescored given the token before it (``XpressDrafter.conditional_scores``); the
+        best is the draft when greedy, the one coupled to the target's draw there when sampling."""
+        k, length = tokens.shape
+        hidden = state.selector_hidden.expand(k, -1, -1)  # (K, L, H)
+        logits = logits.expand(k, -1, -1)
+        unary, candidates = torch.topk(logits, self.model.candidate_selector.top_k, dim=-1, sorted=False)
+        unary = unary.float() + self.banned[candidates]
+        previous = torch.full((k,), root, device=tokens.device)
+        chosen = tokens.clone()
+        for position in range(length):
+            at = candidates[:, position]
+            scores = self.model.conditional_scores(hidden[:, position], previous, at, unary[:, position])
+            if randomness.upcoming is not None:  # the candidates' scores as a distribution, with the target's noise
+                spread = torch.full((k, logits.shape[-1]), float("-inf"), device=scores.device)
+                spread = spread.scatter(-1, at, scores.float())
+                scores = noisy_logits(spread, cfg, randomness.upcoming[position]).gather(-1, at)
+            best = at.gather(-1, scores.argmax(-1, keepdim=True))[:, 0]
+            chosen[:, position] = torch.where(fixed[:, position], tokens[:, position], best)
+            previous = chosen[:, position]
+        return chosen
 
 
 class GaussianDiffusionDrafter(TargetConditionedDrafter):
