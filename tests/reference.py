@@ -61,7 +61,9 @@ def reference_config(variant: Variant, target_dir: Path) -> Qwen3Config:
 
 def randomize(model: torch.nn.Module, seed: int) -> None:
     """Every parameter drawn from a seeded generator (the reference leaves its convolution kernels uninitialised):
-    norms near 1, the rest at a scale that makes argmax choices clear-cut."""
+    norms near 1, the rest at a scale that makes argmax choices clear-cut. The layers write nothing into channel 0,
+    so the block keeps the constant that the few-token target's embeddings carry there (``make_few_token_target``)
+    and the drafter, too, ranks the target's few tokens above all others."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
@@ -70,8 +72,12 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
                 p.copy_(1.0 + 0.1 * noise)
             elif "base_kernel" in name or "kernel_projection" in name:
                 p.copy_(0.3 * noise)
+            elif "codebook" in name:  # a selector strong enough to overrule the logits' order now and then
+                p.copy_(noise)
             else:
                 p.copy_(0.2 * noise)
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                p[0] = 0.0
 
 
 def make_reference_drafter(variant: Variant, target_dir: Path, out: Path, seed: int = 3) -> Path:
@@ -115,14 +121,17 @@ def reference_rounds(model, target, prompt_ids: torch.Tensor, new: int, stop_ids
     return ReferenceRun([b[1:] for b in blocks[1:]], list(stats.acceptance_lengths), stats.output_ids[0, n:].tolist())
 
 
-EMBED_CONSTANT, HEAD_CONSTANT = 3.0, 6.0
+EMBED_CONSTANT, HEAD_CONSTANT = 3.0, 20.0
 
 
-def make_few_token_target(tok, out: Path, speaks: tuple[int, ...], layers: int = 4, seed: int = 0) -> Path:
+def make_few_token_target(
+    tok, out: Path, speaks: tuple[int, ...], layers: int = 4, seed: int = 0, spread: float = 1.0
+) -> Path:
     """A tiny random Qwen3 target that writes only the tokens ``speaks``: every embedding carries a large constant in
     coordinate 0, which survives the final norm, and only the LM head rows of ``speaks`` read it. A random drafter
     sharing this head then drafts among the same few tokens and is right now and then, so rounds accept 0 to L
-    tokens and every path of the comparison runs (a target of the whole vocabulary accepts nothing from it)."""
+    tokens and every path of the comparison runs (a target of the whole vocabulary accepts nothing from it).
+    ``spread``: the scale of those rows' other weights, how far apart the few tokens' logits are."""
     from tests.tiny import make_target
 
     make_target("qwen3", tok, out, seed=seed, layers=layers)
@@ -135,7 +144,7 @@ def make_few_token_target(tok, out: Path, speaks: tuple[int, ...], layers: int =
         head = model.get_output_embeddings().weight
         head.zero_()
         rows = torch.tensor(speaks)
-        head[rows] = torch.randn((len(speaks), head.shape[1]), generator=gen)
+        head[rows] = spread * torch.randn((len(speaks), head.shape[1]), generator=gen)
         head[rows, 0] = HEAD_CONSTANT
     model.save_pretrained(out)
     return out

@@ -1,0 +1,124 @@
+"""xPress against the published DFlash reference (``dflash`` 0.1.0, tests/reference.py): checkpoints of both formats
+made by the reference classes, every round's draft, the tokens each round adds and the output compared with the
+reference ``dflash_generate`` (greedy, one chain draft of the checkpoint's block), and sampled outputs tested against
+the target's own distribution."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from tests.oracles import hf_greedy, run
+from tests.reference import Variant, load_reference, make_few_token_target, make_reference_drafter, reference_rounds
+from tests.tiny import make_tokenizer
+from xpress_core.config import DecodeConfig
+from xpress_core.models import encode_prompt, load_models
+
+PROMPTS = ["I want to book a table", "Once upon a time", "Please find me a flight"]
+NEW = 40
+SPEAKS = (20, 40, 60, 80)  # the few tokens the targets write (tests/reference.py)
+NEWER = (("input_embedding_scale", 0.7), ("output_multiplier", 1.6), ("final_logit_softcapping", 40.0))
+SLIDING = (
+    ("layer_types", ["sliding_attention", "full_attention"]),
+    ("use_sliding_window", True),
+    ("sliding_window", 3),
+)
+
+VARIANTS = [
+    Variant("dflash-b5-1layer", block_size=5, taps=(0, 2)),
+    Variant("dflash-b9-2layers", layers=2, block_size=9, taps=(1, 3)),
+    Variant("dflash-b4-3layers-4taps", layers=3, block_size=4, taps=(0, 1, 2, 3), kv_heads=4, head_dim=16),
+    Variant("dflash-newer-fields", layers=2, block_size=6, taps=(0, 3), fields=NEWER),
+    Variant("dflash-sliding-window", layers=2, block_size=6, taps=(1, 2), top_level=SLIDING),
+    Variant("dflash-causal", layers=1, block_size=5, taps=(3,), top_level=(("is_causal", True),)),
+    Variant("dflash2-b5-published-keys", kind="dflash2", block_size=5, taps=(0, 2), published_keys=True),
+    Variant("dflash2-b8-2layers", kind="dflash2", layers=2, block_size=8, taps=(1, 3)),
+    Variant(
+        "dflash2-newer-sliding", kind="dflash2", layers=2, block_size=6, taps=(0, 3), fields=NEWER, top_level=SLIDING
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    root = tmp_path_factory.mktemp("reference")
+    return make_few_token_target(make_tokenizer(root / "tok"), root / "target", SPEAKS)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+def test_greedy_rounds_equal_the_reference(target, tmp_path, variant):
+    drafter = make_reference_drafter(variant, target, tmp_path / variant.name)
+    models = load_models(target, drafter, device="cpu", dtype="float32")
+    reference = load_reference(variant.kind, drafter)
+    eos = [models.tokenizer.eos_token_id]
+    cfg = DecodeConfig(drafts=1, steps=1, block=variant.block_size - 1, diversity="none", max_new_tokens=NEW)
+    produced = []
+    for prompt in PROMPTS:
+        prompt_ids = encode_prompt(models.tokenizer, prompt, chat=True)
+        ref = reference_rounds(reference, models.target, prompt_ids, NEW, eos)
+        traces, result = run(models, prompt_ids, cfg)
+        assert [list(t.drafts[0]) for t in traces[1:]] == ref.drafts
+        assert [len(t.emitted) for t in traces[1:]] == ref.produced
+        assert list(result.token_ids) == ref.output == hf_greedy(models, prompt_ids, new=NEW)
+        produced += ref.produced
+    # The comparison covered rounds that accepted drafted tokens, not only rejections.
+    assert max(produced) >= 2, produced
+
+
+SAMPLED_NEW = 3  # tokens per sampled reply: 27 sequences of the target's three tokens
+SAMPLED_RUNS = 400
+
+
+def exact_distribution(target, prompt_ids: torch.Tensor, speaks: tuple[int, ...]) -> dict[tuple[int, ...], float]:
+    """P(first SAMPLED_NEW tokens = s) at temperature 1 for every sequence s of the target's few tokens, from one
+    batched forward (the rest of the vocabulary holds less than 1e-20 of the mass: logit 0 against about 50)."""
+    seqs = list(itertools.product(speaks, repeat=SAMPLED_NEW))
+    rows = torch.cat([prompt_ids.expand(len(seqs), -1), torch.tensor(seqs)], dim=1)
+    with torch.no_grad():
+        logp = target(rows).logits.float().log_softmax(-1)
+    n = prompt_ids.shape[1]
+    steps = logp[:, n - 1 : n - 1 + SAMPLED_NEW].gather(-1, torch.tensor(seqs)[..., None])[..., 0]
+    return dict(zip(seqs, steps.sum(-1).exp().tolist()))
+
+
+def chi_square_p(counts: dict, expected: dict[tuple[int, ...], float], runs: int) -> float:
+    """Pearson's test of ``counts`` against the distribution; cells expecting fewer than 5 pooled, with every
+    sequence outside it. Survival function of chi-square: the regularized upper incomplete gamma."""
+    big = [s for s, p in expected.items() if p * runs >= 5]
+    observed = [counts.get(s, 0) for s in big] + [runs - sum(counts.get(s, 0) for s in big)]
+    wanted = [expected[s] * runs for s in big] + [runs * (1 - sum(expected[s] for s in big))]
+    stat = sum((o - e) ** 2 / e for o, e in zip(observed, wanted) if e > 0)
+    df = len(observed) - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2)))
+
+
+@pytest.fixture(scope="module")
+def spread_target(tmp_path_factory):
+    """A few-token target whose three tokens are all likely (logits about 2 apart)."""
+    root = tmp_path_factory.mktemp("sampled")
+    return make_few_token_target(make_tokenizer(root / "tok"), root / "target", SPEAKS[:3], spread=0.15)
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dflash2"])
+def test_sampled_outputs_follow_the_target_like_the_references(spread_target, tmp_path, kind):
+    """xPress's coupled drafts and the reference's rejection sampling both leave the target's distribution as it is:
+    the first three tokens of 400 sampled replies each, against the exact probabilities of all 27 sequences."""
+    variant = Variant(kind, kind=kind, layers=1, block_size=4, taps=(1, 3))
+    drafter = make_reference_drafter(variant, spread_target, tmp_path / kind)
+    models = load_models(spread_target, drafter, device="cpu", dtype="float32")
+    reference = load_reference(kind, drafter)
+    prompt_ids = encode_prompt(models.tokenizer, PROMPTS[0], chat=True)
+    expected = exact_distribution(models.target, prompt_ids, SPEAKS[:3])
+    assert max(expected.values()) < 0.5  # a spread distribution, not one dominant reply
+    ours, theirs = {}, {}
+    for seed in range(SAMPLED_RUNS):
+        cfg = DecodeConfig(drafts=1, block=3, temperature=1.0, seed=seed, max_new_tokens=SAMPLED_NEW, diversity="none")
+        reply = tuple(run(models, prompt_ids, cfg)[1].token_ids)
+        ours[reply] = ours.get(reply, 0) + 1
+        torch.manual_seed(seed)
+        reply = tuple(reference_rounds(reference, models.target, prompt_ids, SAMPLED_NEW, [], temperature=1.0).output)
+        theirs[reply] = theirs.get(reply, 0) + 1
+    assert chi_square_p(ours, expected, SAMPLED_RUNS) > 1e-3, ours
+    assert chi_square_p(theirs, expected, SAMPLED_RUNS) > 1e-3, theirs
