@@ -140,12 +140,7 @@ class FixedControl:
         self.setting = RoundSetting(cfg.drafts, cfg.steps, cfg.block)
 
     def choose(self, remaining: int) -> RoundSetting:
-        """The request's setting, its block cut to the ``remaining`` tokens of the reply: positions past them would
-        be drafted and verified for nothing. It is the published DFlash loop's cut, so that its drafts and ours
-        agree in the last round too (tests/test_reference.py)."""
-        if remaining >= self.setting.block:
-            return self.setting
-        return RoundSetting(self.setting.drafts, min(self.setting.steps, remaining), remaining)
+        return self.setting
 
     def observe(self, setting: RoundSetting, accepted: int, with_fewer: tuple[int, ...] = ()) -> None:
         pass

@@ -14,6 +14,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelF
 from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
 from . import validation
+from .cache import check_target_layers
 from .chat import encode_chat, encode_text
 from .controller import CostModel
 from .drafters.autoregressive import AutoregressiveDrafter
@@ -204,7 +205,9 @@ def load_causal_lm(
 def load_target(spec: str | Path | ModelSpec, device: torch.device, dtype: torch.dtype, device_map=None, access=None):
     access = access or Access.from_env()
     spec = resolve_model("target", spec, access)
-    return load_causal_lm("target", spec, device, dtype, device_map, access), load_tokenizer(spec.name)
+    target = load_causal_lm("target", spec, device, dtype, device_map, access)
+    check_target_layers(target.config)
+    return target, load_tokenizer(spec.name)
 
 
 def same_vocabulary(a, b) -> bool:
