@@ -13,10 +13,20 @@ import pytest
 import torch
 
 from tests.oracles import hf_greedy, run
-from tests.reference import Variant, load_reference, make_few_token_target, make_reference_drafter, reference_rounds
+from tests.reference import (
+    Variant,
+    load_reference,
+    make_few_token_target,
+    make_reference_drafter,
+    randomize,
+    reference_rounds,
+)
 from tests.tiny import make_tokenizer
+from xpress_core.cli import main
 from xpress_core.config import DecodeConfig
-from xpress_core.models import encode_prompt, load_models
+from xpress_core.drafters.diffusion_model import XpressDrafter
+from xpress_core.errors import XpressError
+from xpress_core.models import encode_prompt, export_dflash, init_drafter, load_models
 
 PROMPTS = ["I want to book a table", "Once upon a time", "Please find me a flight"]
 NEW = 40
@@ -130,3 +140,31 @@ def test_sampled_outputs_follow_the_target_like_the_references(spread_target, tm
         theirs[reply] = theirs.get(reply, 0) + 1
     assert chi_square_p(ours, expected, SAMPLED_RUNS) > 1e-3, ours
     assert chi_square_p(theirs, expected, SAMPLED_RUNS) > 1e-3, theirs
+
+
+def test_an_exported_drafter_drafts_in_the_reference_what_it_drafts_in_xpress(target, tmp_path):
+    """A drafter of ours in the DFlash layout, written out by ``export-dflash``: the reference class loads it and drafts
+    every round what xPress drafts, from our format and from the exported one."""
+    ours = tmp_path / "ours"
+    init_drafter(target, ours, layers=2, block=5, tapped_layers=[0, 3], dflash_layout=True)
+    model = XpressDrafter.from_pretrained(ours)
+    randomize(model, seed=11)
+    model.save_pretrained(ours)
+    assert main(["export-dflash", "--drafter", str(ours), "--out", str(tmp_path / "exported")]) == 0
+    reference = load_reference("dflash", tmp_path / "exported")
+    runs = {name: load_models(target, tmp_path / name, device="cpu", dtype="float32") for name in ("ours", "exported")}
+    cfg = DecodeConfig(drafts=1, steps=1, block=5, diversity="none", max_new_tokens=NEW)
+    for prompt in PROMPTS:
+        prompt_ids = encode_prompt(runs["ours"].tokenizer, prompt, chat=True)
+        eos = [runs["ours"].tokenizer.eos_token_id]
+        ref = reference_rounds(reference, runs["ours"].target, prompt_ids, NEW + 6, eos)
+        for models in runs.values():
+            traces, result = run(models, prompt_ids, cfg)
+            assert [list(t.drafts[0]) for t in traces[1:]] == ref.drafts[: len(traces) - 1]
+            assert list(result.token_ids) == ref.output[:NEW]
+
+
+def test_export_refuses_what_the_format_cannot_hold(zoo, tmp_path):
+    with pytest.raises(XpressError, match="learned its own mask vector.*no per-head query and key norms"):
+        export_dflash(zoo["drafter_llama"], tmp_path / "out")
+    assert not (tmp_path / "out").exists()

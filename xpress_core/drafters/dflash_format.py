@@ -21,6 +21,7 @@ That is our ``XpressDrafter`` with ``qk_norm=True`` and ``learned_mask=False``; 
 from __future__ import annotations
 
 import math
+import re
 
 from transformers import Qwen3Config
 
@@ -137,3 +138,76 @@ def dflash_drafter_config(config: dict, spec: str) -> XpressDrafterConfig:
         selector_rank=int(rank),
         selector_top_k=int(top_k),
     )
+
+
+# Our parameter name (regex) -> the published one: DFLASH_KEY_MAPPING read backwards.
+EXPORT_KEY_MAPPING = {
+    r"^context_norm\.": "hidden_norm.",
+    r"\.attn\.": ".self_attn.",
+    r"\.input_norm\.": ".input_layernorm.",
+    r"\.post_norm\.": ".post_attention_layernorm.",
+    r"^(layers\.\d+)\.(gate|up|down)_proj\.": r"\1.mlp.\2_proj.",
+}
+
+
+def export_refusals(cfg: XpressDrafterConfig) -> list[str]:
+    """What in a drafter's config the DFlash formats cannot hold (empty: it exports exactly)."""
+    checks = [
+        (cfg.noise != "mask", "it is a gaussian drafter (DFlash drafters mask)"),
+        (
+            cfg.learned_mask,
+            (
+                "it learned its own mask vector, where DFlash embeds the mask token with the target's embedding "
+                "(train it with --format dflash)"
+            ),
+        ),
+        (not cfg.qk_norm, "it has no per-head query and key norms, which DFlash layers always have"),
+        (cfg.mask_token_id is None, "it has no mask token id"),
+        (cfg.root_predicts_next, "its root predicts the first token (in DFlash, position j predicts token j)"),
+        (cfg.fuse_previous, "its block reads the features of the token before the root (fuse_previous)"),
+        (cfg.layer_causal is not None, "it has causal or sliding-window layers (export writes full attention)"),
+    ]
+    return [why for bad, why in checks if bad]
+
+
+def dflash_export(model, spec: str) -> tuple[dict, dict]:
+    """(config.json, weights) of a drafter of ours in the DFlash format, or DFlash 2's when it has the convolutions
+    and the selector; refused, saying why, when the format cannot hold it. The weights are the module's own tensors
+    under the published names: the reference class drafts with them what xPress drafts (tests/test_reference.py)."""
+    cfg = model.config
+    refusals = export_refusals(cfg)
+    if refusals:
+        raise XpressError(f"drafter {spec!r} cannot be written in the DFlash format: {'; '.join(refusals)}")
+    second = cfg.selector_top_k > 0
+    dflash = {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.tapped_layers)}
+    dflash |= {k: getattr(cfg, k) for k, neutral in zip(SCALARS, (1.0, 1.0, None)) if getattr(cfg, k) != neutral}
+    if second:
+        dflash |= {k: getattr(cfg, k) for k in DFLASH2_FIELDS}
+    config = {
+        "architectures": [DFLASH2_ARCHITECTURE if second else DFLASH_ARCHITECTURE],
+        "model_type": "qwen3",
+        "hidden_size": cfg.hidden_size,
+        "num_hidden_layers": cfg.num_hidden_layers,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.intermediate_size,
+        "hidden_act": "silu",
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "attention_bias": cfg.attention_bias,
+        "layer_types": ["full_attention"] * cfg.num_hidden_layers,
+        "tie_word_embeddings": False,
+        "vocab_size": cfg.vocab_size,
+        # DFlash's block counts the committed first position.
+        "block_size": cfg.block_size + 1,
+        "num_target_layers": cfg.target_num_layers,
+        "dflash_config": dflash,
+        "tree_sharpness": cfg.tree_sharpness,  # xPress's loader reads it; the reference ignores it
+    }
+    weights = {}
+    for name, tensor in model.state_dict().items():
+        for pattern, replacement in EXPORT_KEY_MAPPING.items():
+            name = re.sub(pattern, replacement, name)
+        weights[name] = tensor.detach().contiguous()
+    return config, weights
