@@ -408,7 +408,7 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
         decay=args.decay,
         soft=args.soft,
         full_share=args.full_share,
-        tau_eval=tau_curve(target, tokenizer, drafter, args) if args.tau_prompts else None,
+        tau_eval=tau_curve(target, tokenizer, drafter, args, seqs) if args.tau_prompts else None,
         continued_from=read_summary(Path(args.init)) if args.init else None,
         distillation=written_by,
     )
@@ -417,13 +417,19 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
     return summary
 
 
-def tau_curve(target, tokenizer, drafter, args: argparse.Namespace):
-    """The learning curve's measure: tau and per-position acceptance at (1, 1, 8) on held-out chats, greedy."""
+def tau_curve(target, tokenizer, drafter, args: argparse.Namespace, seqs):
+    """The learning curve's measure: tau and per-position acceptance at (1, 1, 8) on held-out chats, greedy. A target
+    without a chat template (a story model) reads raw text instead: the prompts of the distillation's held-out rows,
+    which training never reads (``split_held_out``)."""
     from ..drafters.diffusion import diffusion_drafter
     from ..models import Models, target_banned_ids
     from .evaluate import acceptance_profile, heldout_prompts
+    from .loop import split_held_out
 
-    prompts = [p.ids(tokenizer) for p in heldout_prompts(args.eval_data, args.tau_prompts)]
+    if tokenizer.chat_template is None:
+        prompts = [row[: args.prompt_len][None] for row in split_held_out(seqs)[0][: args.tau_prompts]]
+    else:
+        prompts = [p.ids(tokenizer) for p in heldout_prompts(args.eval_data, args.tau_prompts)]
     models = Models(target, tokenizer, diffusion_drafter(drafter, target_banned_ids(target, tokenizer)))
     return lambda: acceptance_profile(models, prompts, block=min(8, drafter.config.block_size))
 
