@@ -81,16 +81,16 @@ class MaskedDiffusionDrafter(Drafter):
             else:
                 logits = stacked([self.denoise(state, root, tokens[r], committed[r]).to(device) for r in groups])
             if tree and step == cfg.steps:
+                if self.chooses_in_order():  # the tree reads each position's scores given the chain's token before
+                    logits = self.chain_tokens(state, root, logits[:1], tokens[:1], committed[:1], rows, randomness)[1]
                 return self.tree_drafts(logits[0], tokens[0], committed[0], cfg, randomness, steps, watch)
             # The last step commits every position left whatever their confidence: only the visualizer asks for it.
             ranked = watch or step < cfg.steps
             candidates, candidate_conf, forced = self.choose_tokens(logits, rows, step, randomness, ranked)
             if step == cfg.steps and self.chooses_in_order():
-                fixed = committed if forced is None else committed | forced
-                candidates = self.chain_tokens(state, root, logits, candidates, fixed, rows, randomness)
-                if watch:
-                    probs = allowed_logits(logits, self.banned).softmax(-1).expand(k, -1, -1)
-                    candidate_conf = probs.gather(-1, candidates[..., None])[..., 0]
+                candidates, candidate_conf = self.chosen_in_order(
+                    state, root, logits, candidates, committed, forced, rows, randomness, watch
+                )
             newly = self.commit_schedule(candidate_conf, committed, forced, math.ceil(length * step / cfg.steps), rows)
             tokens = torch.where(newly, candidates, tokens)
             if watch:
@@ -186,10 +186,20 @@ class MaskedDiffusionDrafter(Drafter):
         """Whether the last step chooses each position's token given the one before it (``chain_tokens``)."""
         return False
 
-    def chain_tokens(self, state, root, logits, tokens, fixed, cfg, randomness) -> torch.Tensor:
-        """(K, L) tokens of the last step chosen left to right, each given the one before it; ``fixed`` positions
-        keep ``tokens``' own (committed earlier, or branch tokens)."""
+    def chain_tokens(self, state, root, logits, tokens, fixed, cfg, randomness):
+        """(K, L) tokens of the last step chosen left to right, each given the one before it (``fixed`` positions
+        keep ``tokens``' own: committed earlier, or branch tokens), and (K, L, V) each position's scores given the
+        chosen token before it."""
         raise NotImplementedError
+
+    def chosen_in_order(self, state, root, logits, candidates, committed, forced, cfg, randomness, watch: bool):
+        """The last step's (K, L) tokens by ``chain_tokens``, and their (K, L) confidence when watched (else None)."""
+        fixed = committed if forced is None else committed | forced
+        chosen = self.chain_tokens(state, root, logits, candidates, fixed, cfg, randomness)[0]
+        if not watch:
+            return chosen, None
+        probs = allowed_logits(logits, self.banned).softmax(-1).expand(chosen.shape[0], -1, -1)
+        return chosen, probs.gather(-1, chosen[..., None])[..., 0]
 
     @staticmethod
     def commit_schedule(conf, committed, forced, total: int, cfg: DecodeConfig) -> torch.Tensor:
@@ -457,10 +467,11 @@ class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
     def chooses_in_order(self) -> bool:
         return self.model.candidate_selector is not None
 
-    def chain_tokens(self, state, root, logits, tokens, fixed, cfg, randomness) -> torch.Tensor:
+    def chain_tokens(self, state, root, logits, tokens, fixed, cfg, randomness):
         """DFlash 2's selection: each position's top ``selector_top_k`` tokens by logit (the reference's candidates,
         banned ones then scored -inf), rescored given the token before it (``XpressDrafter.conditional_scores``); the
-        best is the draft when greedy, the one coupled to the target's draw there when sampling."""
+        best is the draft when greedy, the one coupled to the target's draw there when sampling. The scores, as
+        (K, L, V) logits (-inf outside the candidates), are what a draft tree reads."""
         k, length = tokens.shape
         hidden = state.selector_hidden.expand(k, -1, -1)  # (K, L, H)
         logits = logits.expand(k, -1, -1)
@@ -468,17 +479,17 @@ class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
         unary = unary.float() + self.banned[candidates]
         previous = torch.full((k,), root, device=tokens.device)
         chosen = tokens.clone()
+        conditional = torch.full((k, length, logits.shape[-1]), float("-inf"), device=logits.device)
         for position in range(length):
             at = candidates[:, position]
-            scores = self.model.conditional_scores(hidden[:, position], previous, at, unary[:, position])
+            scores = self.model.conditional_scores(hidden[:, position], previous, at, unary[:, position]).float()
+            conditional[:, position] = conditional[:, position].scatter(-1, at, scores)
             if randomness.upcoming is not None:  # the candidates' scores as a distribution, with the target's noise
-                spread = torch.full((k, logits.shape[-1]), float("-inf"), device=scores.device)
-                spread = spread.scatter(-1, at, scores.float())
-                scores = noisy_logits(spread, cfg, randomness.upcoming[position]).gather(-1, at)
+                scores = noisy_logits(conditional[:, position], cfg, randomness.upcoming[position]).gather(-1, at)
             best = at.gather(-1, scores.argmax(-1, keepdim=True))[:, 0]
             chosen[:, position] = torch.where(fixed[:, position], tokens[:, position], best)
             previous = chosen[:, position]
-        return chosen
+        return chosen, conditional
 
 
 class GaussianDiffusionDrafter(TargetConditionedDrafter):
