@@ -38,6 +38,27 @@ from transformers import initialization as init
 from ..config import NOISE_TYPES
 from .refiner import BlockRefiner
 
+# Fields of the DFlash releases (dflash_format.py), with values that change nothing (our own drafters'):
+# - input_embedding_scale: masked positions and the root enter as the target's raw embedding rows times this (not
+#   its embedding module's output, which some families scale);
+# - output_multiplier, final_logit_softcapping: the logits multiplied by it, then soft-capped;
+# - layer_causal, layer_window: per layer, whether the block attends causally and its sliding window over absolute
+#   positions; None: every layer attends to the whole context and bidirectionally within the block;
+# - conv_kernel_size, conv_group_size (DFlash 2): grouped dynamic causal convolutions around each layer's attention
+#   and MLP (0: none); selector_rank, selector_top_k (DFlash 2): a candidate selector that rescores a position's top
+#   tokens given the token before it (0: none).
+DFLASH_FIELDS = {
+    "input_embedding_scale": 1.0,
+    "output_multiplier": 1.0,
+    "final_logit_softcapping": None,
+    "layer_causal": None,
+    "layer_window": None,
+    "conv_kernel_size": 0,
+    "conv_group_size": 0,
+    "selector_rank": 0,
+    "selector_top_k": 0,
+}
+
 
 class XpressDrafterConfig(PreTrainedConfig):
     model_type = "xpress_drafter"
@@ -69,15 +90,6 @@ class XpressDrafterConfig(PreTrainedConfig):
         tree_sharpness: float = 1.0,
         refiner_rank: int = 0,
         refiner_gains: list[list[float]] | None = None,
-        input_embedding_scale: float = 1.0,
-        output_multiplier: float = 1.0,
-        final_logit_softcapping: float | None = None,
-        layer_causal: list[bool] | None = None,
-        layer_window: list[int | None] | None = None,
-        conv_kernel_size: int = 0,
-        conv_group_size: int = 0,
-        selector_rank: int = 0,
-        selector_top_k: int = 0,
         **kwargs,
     ):
         if noise not in NOISE_TYPES:
@@ -127,22 +139,8 @@ class XpressDrafterConfig(PreTrainedConfig):
         # Per number of passes 1, 2, ...: each block position's greedy acceptance after them over after none, on
         # held-out text (``train refiner`` measures it): the prior the controller auto starts T > 1 from.
         self.refiner_gains = refiner_gains
-        # DFlash's newer fields (dflash_format.py), neutral for our own drafters: masked positions and the root enter
-        # as the target's raw embedding rows times ``input_embedding_scale`` (not its embedding module's output, which
-        # some families scale); logits are multiplied by ``output_multiplier`` and soft-capped.
-        self.input_embedding_scale = input_embedding_scale
-        self.output_multiplier = output_multiplier
-        self.final_logit_softcapping = final_logit_softcapping
-        # Per layer: whether the block attends causally, and its sliding window over absolute positions (None: none);
-        # None for both: every layer attends to the whole context and bidirectionally within the block.
-        self.layer_causal = layer_causal
-        self.layer_window = layer_window
-        # DFlash 2: grouped dynamic causal convolutions around each layer's attention and MLP (0: none), and a
-        # candidate selector that scores a position's top tokens given the token before it (0: none).
-        self.conv_kernel_size = conv_kernel_size
-        self.conv_group_size = conv_group_size
-        self.selector_rank = selector_rank
-        self.selector_top_k = selector_top_k
+        for name, neutral in DFLASH_FIELDS.items():
+            setattr(self, name, kwargs.pop(name, neutral))
         super().__init__(**kwargs)
 
 

@@ -392,8 +392,7 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
         drafter.config.root_predicts_next = True
     if drafter.config.noise != args.noise:
         raise XpressError(f"{init_dir} holds a {drafter.config.noise!r} drafter; --noise asks for {args.noise!r}")
-    refusals = export_refusals(drafter.config) if args.format == "dflash" else []
-    if refusals:  # before the hours of training, not after
+    if args.format == "dflash" and (refusals := export_refusals(drafter.config)):  # before training, not after
         raise XpressError(f"--format dflash: the drafter cannot be written in the DFlash format: {'; '.join(refusals)}")
     summary = train_drafter(
         drafter,
