@@ -164,10 +164,13 @@ def test_an_exported_drafter_drafts_in_the_reference_what_it_drafts_in_xpress(ta
             assert list(result.token_ids) == ref.output[:NEW]
 
 
-def test_export_refuses_what_the_format_cannot_hold(zoo, tmp_path):
+def test_export_refuses_what_the_format_cannot_hold(zoo, tmp_path, capsys):
     with pytest.raises(XpressError, match="learned its own mask vector.*no per-head query and key norms"):
         export_dflash(zoo["drafter_llama"], tmp_path / "out")
     assert not (tmp_path / "out").exists()
+    for drafter, reason in ((zoo["llama"], "neither an xPress drafter nor a DFlash"), (tmp_path / "nope", "not exist")):
+        assert main(["export-dflash", "--drafter", str(drafter), "--out", str(tmp_path / "out")]) == 2
+        assert reason in capsys.readouterr().err
 
 
 def test_dflash2_trees_branches_and_sampling_stay_exact(target, tmp_path):

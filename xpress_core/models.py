@@ -370,10 +370,12 @@ def read_conditioned_drafter(spec: str | Path, dtype: torch.dtype = torch.float3
     training on and for export)."""
     spec = str(spec)
     config = read_config_json(spec)
+    if config is None:
+        raise _describe_missing("drafter", spec, OSError("no readable config.json"))
     extra = {}
-    if config is not None and drafter_kind(config) == "dflash":
+    if drafter_kind(config) == "dflash":
         extra = {"config": dflash_drafter_config(config, spec), "key_mapping": DFLASH_KEY_MAPPING}
-    elif config is None or drafter_kind(config) != "xpress":
+    elif drafter_kind(config) != "xpress":
         raise XpressError(f"drafter {spec!r} is neither an xPress drafter nor a DFlash checkpoint")
     try:
         return XpressDrafter.from_pretrained(spec, dtype=dtype, **extra)

@@ -14,8 +14,18 @@ What the format is, as the z-lab checkpoints and reference code publish it (read
   context and to itself bidirectionally, rotary positions are absolute, logits = target LM head on the final norm,
   position j of the block predicting token j (no shift).
 
-That is our ``XpressDrafter`` with ``qk_norm=True`` and ``learned_mask=False``; only the parameter names differ, and
-``key_mapping`` renames them at load time. No remote code runs: the checkpoint's own ``dflash.py`` is never imported.
+- Newer releases (z-lab's reference package ``dflash`` 0.1.0, the oracle of tests/test_reference.py): masked positions
+  are the target's *raw* embedding rows times ``input_embedding_scale``; logits are multiplied by
+  ``output_multiplier`` and soft-capped at ``final_logit_softcapping``; ``layer_types`` may hold sliding-window layers
+  (causal by default, full layers bidirectional, ``is_causal`` overriding both).
+- DFlash 2 (``architectures: [DFlash2DraftModel]``): around each layer's attention and MLP, grouped dynamic causal
+  convolutions along the block (``conv_kernel_size``, ``conv_group_size``), and a candidate selector choosing each
+  position among its ``selector_top_k`` best tokens given the token before it (``selector_rank``); its codebooks are
+  published without the ``.weight`` of an embedding.
+
+That is our ``XpressDrafter`` with ``qk_norm=True`` and ``learned_mask=False`` (and the fields above); only the
+parameter names differ, and ``key_mapping`` renames them at load time. No remote code runs: the checkpoint's own
+``dflash.py`` is never imported. ``dflash_export`` goes the other way, for a drafter of ours of that architecture.
 """
 
 from __future__ import annotations
@@ -166,6 +176,7 @@ def export_refusals(cfg: XpressDrafterConfig) -> list[str]:
         (cfg.root_predicts_next, "its root predicts the first token (in DFlash, position j predicts token j)"),
         (cfg.fuse_previous, "its block reads the features of the token before the root (fuse_previous)"),
         (cfg.layer_causal is not None, "it has causal or sliding-window layers (export writes full attention)"),
+        (getattr(cfg, "refiner_rank", 0) > 0, "it has a refiner head, which DFlash drafters do not have"),
     ]
     return [why for bad, why in checks if bad]
 

@@ -7,7 +7,8 @@
   shares the tokenizer by construction, and ``bind(target)`` attaches them after loading.
 - Two options make the same module run published DFlash checkpoints (``dflash_format.py``): per-head RMSNorm on
   queries and keys (``qk_norm``, as Qwen3 and DFlash have), and masked positions embedded as the target's embedding of
-  the mask token instead of a learned vector (``learned_mask=False``).
+  the mask token instead of a learned vector (``learned_mask=False``); the newer releases' fields and DFlash 2's
+  convolutions and candidate selector are ``DFLASH_FIELDS``, neutral for our own drafters.
 
 Two noise types (``config.noise``), one architecture:
 
@@ -549,7 +550,9 @@ class XpressDrafter(PreTrainedModel):
             if is_causal:
                 visible &= key <= query
             if window is not None:
-                visible &= (query - key < window) & (is_causal | (key - query < window))
+                visible &= query - key < window
+                if not is_causal:  # a bidirectional window reaches as far ahead as back
+                    visible &= key - query < window
             masks.append(None if visible.all() else visible[None, None])
         return masks
 
