@@ -21,6 +21,7 @@ from tests.reference import (
     randomize,
     reference_rounds,
 )
+from tests.test_families import FAMILIES, make_family_target
 from tests.tiny import make_tokenizer
 from xpress_core.cli import main
 from xpress_core.config import DecodeConfig
@@ -190,3 +191,19 @@ def test_dflash2_trees_branches_and_sampling_stay_exact(target, tmp_path):
         for diversity in ("tree", "none"):
             cfg = DecodeConfig(drafts=2, block=7, temperature=0.8, seed=3, diversity=diversity, max_new_tokens=NEW)
             assert run(models, prompt_ids, cfg)[1].token_ids == run(plain, prompt_ids, cfg)[1].token_ids
+
+
+@pytest.mark.parametrize("family", ["gemma4", "gpt-oss"])
+def test_drafts_equal_the_reference_on_targets_with_scaled_embeddings_and_sliding_windows(family, tmp_path):
+    """Gemma 4 scales its embeddings inside its embedding module; DFlash embeds the block with the raw rows (times
+    ``input_embedding_scale``), which xPress once missed (2 of 23 drafts equal here). GPT-OSS: sinks and windows."""
+    tok = make_tokenizer(tmp_path / "tok")
+    target = make_family_target(*FAMILIES[family], tok, tmp_path / family)
+    variant = Variant(family, layers=1, block_size=5, taps=(0, 2), head_dim=16)
+    drafter = make_reference_drafter(variant, target, tmp_path / "drafter")
+    models = load_models(target, drafter, device="cpu", dtype="float32")
+    prompt_ids = encode_prompt(models.tokenizer, PROMPTS[1], chat=True)
+    ref = reference_rounds(load_reference("dflash", drafter), models.target, prompt_ids, 30, [tok.eos_token_id])
+    traces, result = run(models, prompt_ids, DecodeConfig(drafts=1, block=4, diversity="none", max_new_tokens=24))
+    assert [list(t.drafts[0]) for t in traces[1:]] == ref.drafts[: len(traces) - 1]
+    assert list(result.token_ids) == ref.output[:24] == hf_greedy(models, prompt_ids, new=24)
