@@ -176,7 +176,7 @@ def test_export_refuses_what_the_format_cannot_hold(zoo, tmp_path, capsys):
 
 def test_dflash2_trees_branches_and_sampling_stay_exact(target, tmp_path):
     """Beyond the reference's one chain: a DFlash 2 drafter's trees (each position's selector scores given the
-    chain's token before it), branched drafts and sampled drafts leave the output the target's own."""
+    chain's token before it), branched, gumbel and sampled drafts leave the output the target's own."""
     variant = Variant("dflash2-for-trees", kind="dflash2", layers=2, block_size=8, taps=(1, 3))
     models = load_models(target, make_reference_drafter(variant, target, tmp_path / "d2"), device="cpu")
     plain = load_models(target, "none", device="cpu")
@@ -186,8 +186,12 @@ def test_dflash2_trees_branches_and_sampling_stay_exact(target, tmp_path):
         for cfg in (
             DecodeConfig(drafts=3, block=7, max_new_tokens=NEW),
             DecodeConfig(drafts=2, steps=2, block=6, diversity="branch-first", max_new_tokens=NEW),
+            DecodeConfig(drafts=3, block=6, diversity="gumbel", max_new_tokens=NEW),
         ):
-            assert list(run(models, prompt_ids, cfg)[1].token_ids) == ref, cfg
+            traces, result = run(models, prompt_ids, cfg)
+            assert list(result.token_ids) == ref, cfg
+            if cfg.drafts > 1 and cfg.diversity != "tree":  # the rows differ (a selector walk would align gumbel's)
+                assert all(len(set(t.drafts)) > 1 for t in traces[1:]), cfg
         for diversity in ("tree", "none"):
             cfg = DecodeConfig(drafts=2, block=7, temperature=0.8, seed=3, diversity=diversity, max_new_tokens=NEW)
             assert run(models, prompt_ids, cfg)[1].token_ids == run(plain, prompt_ids, cfg)[1].token_ids

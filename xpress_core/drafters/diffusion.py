@@ -81,13 +81,13 @@ class MaskedDiffusionDrafter(Drafter):
             else:
                 logits = stacked([self.denoise(state, root, tokens[r], committed[r]).to(device) for r in groups])
             if tree and step == cfg.steps:
-                if self.chooses_in_order():  # the tree reads each position's scores given the chain's token before
+                if self.chooses_in_order(cfg):  # the tree reads each position's scores given the chain's token before
                     logits = self.chain_tokens(state, root, logits[:1], tokens[:1], committed[:1], rows, randomness)[1]
                 return self.tree_drafts(logits[0], tokens[0], committed[0], cfg, randomness, steps, watch)
             # The last step commits every position left whatever their confidence: only the visualizer asks for it.
             ranked = watch or step < cfg.steps
             candidates, candidate_conf, forced = self.choose_tokens(logits, rows, step, randomness, ranked)
-            if step == cfg.steps and self.chooses_in_order():
+            if step == cfg.steps and self.chooses_in_order(rows):
                 candidates, candidate_conf = self.chosen_in_order(
                     state, root, logits, candidates, committed, forced, rows, randomness, watch
                 )
@@ -182,7 +182,7 @@ class MaskedDiffusionDrafter(Drafter):
             candidates[:, pos], conf[:, pos], forced[:, pos] = top, probs[0, pos, top], True
         return candidates, conf, forced
 
-    def chooses_in_order(self) -> bool:
+    def chooses_in_order(self, cfg: DecodeConfig) -> bool:
         """Whether the last step chooses each position's token given the one before it (``chain_tokens``)."""
         return False
 
@@ -464,8 +464,9 @@ class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
         masked = torch.cat([torch.zeros((rows, 1), dtype=torch.bool, device=tokens.device), ~committed], dim=1)
         return self.block_logits(state, self.model.embed_block(block, masked))
 
-    def chooses_in_order(self) -> bool:
-        return self.model.candidate_selector is not None
+    def chooses_in_order(self, cfg: DecodeConfig) -> bool:
+        # Gumbel rows differ by their own noise only; one selector walk would make them all alike.
+        return self.model.candidate_selector is not None and not (cfg.diversity == "gumbel" and cfg.drafts > 1)
 
     def chain_tokens(self, state, root, logits, tokens, fixed, cfg, randomness):
         """DFlash 2's selection: each position's top ``selector_top_k`` tokens by logit (the reference's candidates,
