@@ -11,6 +11,7 @@ import itertools
 
 import pytest
 import torch
+from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 from tests.oracles import hf_greedy, run
 from tests.reference import (
@@ -25,7 +26,7 @@ from tests.test_families import FAMILIES, make_family_target
 from tests.tiny import make_tokenizer
 from xpress_core.cli import main
 from xpress_core.config import DecodeConfig
-from xpress_core.drafters.diffusion_model import XpressDrafter
+from xpress_core.drafters.diffusion_model import ReferenceRMSNorm, XpressDrafter
 from xpress_core.errors import XpressError
 from xpress_core.models import encode_prompt, export_dflash, init_drafter, load_models
 
@@ -211,3 +212,20 @@ def test_drafts_equal_the_reference_on_targets_with_scaled_embeddings_and_slidin
     traces, result = run(models, prompt_ids, DecodeConfig(drafts=1, block=4, diversity="none", max_new_tokens=24))
     assert [list(t.drafts[0]) for t in traces[1:]] == ref.drafts[: len(traces) - 1]
     assert list(result.token_ids) == ref.output[:24] == hf_greedy(models, prompt_ids, new=24)
+
+
+def test_dflash_drafters_round_their_norms_as_the_reference(target, tmp_path):
+    """In bf16 the order of an RMSNorm's roundings moves a draft token now and then: a DFlash drafter's norms round as
+    transformers' Qwen3 norm (the reference's) does, bit for bit; torch's fused norm, kept for our own drafters, does
+    not everywhere."""
+    x = torch.randn(64, 48, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16) * 3
+    ours, theirs, fused = ReferenceRMSNorm(48, eps=1e-6), Qwen3RMSNorm(48, eps=1e-6), torch.nn.RMSNorm(48, eps=1e-6)
+    with torch.no_grad():
+        for norm in (ours, theirs, fused):
+            norm.weight.copy_(torch.linspace(0.5, 1.5, 48))
+            norm.to(torch.bfloat16)
+        assert torch.equal(ours(x), theirs(x)) and not torch.equal(fused(x), theirs(x))
+    drafter = make_reference_drafter(VARIANTS[7], target, tmp_path / "d2")
+    loaded = load_models(target, drafter, device="cpu").drafter.model
+    norms = [m for m in loaded.modules() if isinstance(m, torch.nn.RMSNorm)]
+    assert len(norms) == 2 + 4 * VARIANTS[7].layers and all(type(m) is ReferenceRMSNorm for m in norms)

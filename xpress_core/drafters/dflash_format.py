@@ -147,6 +147,7 @@ def dflash_drafter_config(config: dict, spec: str) -> XpressDrafterConfig:
         conv_group_size=int(group),
         selector_rank=int(rank),
         selector_top_k=int(top_k),
+        reference_norms=True,
     )
 
 
