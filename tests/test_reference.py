@@ -229,3 +229,20 @@ def test_dflash_drafters_round_their_norms_as_the_reference(target, tmp_path):
     loaded = load_models(target, drafter, device="cpu").drafter.model
     norms = [m for m in loaded.modules() if isinstance(m, torch.nn.RMSNorm)]
     assert len(norms) == 2 + 4 * VARIANTS[7].layers and all(type(m) is ReferenceRMSNorm for m in norms)
+
+
+def test_a_dflash2_checkpoint_written_back_by_export_drafts_as_the_original(target, tmp_path):
+    """export-dflash of a DFlash 2 checkpoint with the newer fields (read into our module, written back): the reference
+    class loads the copy and drafts every round what it drafts from the original."""
+    variant = Variant("dflash2-newer", kind="dflash2", layers=2, block_size=6, taps=(0, 3), fields=NEWER)
+    original = make_reference_drafter(variant, target, tmp_path / "original")
+    config = export_dflash(original, tmp_path / "copy")
+    assert config["architectures"] == ["DFlash2DraftModel"] and config["dflash_config"]["output_multiplier"] == 1.6
+    models = load_models(target, tmp_path / "copy", device="cpu", dtype="float32")
+    prompt_ids = encode_prompt(models.tokenizer, PROMPTS[0], chat=True)
+    eos = [models.tokenizer.eos_token_id]
+    runs = [
+        reference_rounds(load_reference("dflash2", d), models.target, prompt_ids, NEW, eos)
+        for d in (original, tmp_path / "copy")
+    ]
+    assert runs[0].drafts == runs[1].drafts and runs[0].output == runs[1].output
