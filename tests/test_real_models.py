@@ -289,8 +289,10 @@ def test_mismatched_tokenizer_or_vocabulary_is_refused(zoo, real, tmp_path):
 def test_dflash_variants_the_drafter_does_not_compute_are_refused(zoo, real, tmp_path):
     config = json.loads((real["dflash"] / "config.json").read_text())
     for change, needle in [
-        ({"architectures": ["DFlash2DraftModel"]}, "DFlashDraftModel only"),
-        ({"layer_types": ["sliding_attention"]}, "sliding-window"),
+        ({"architectures": ["DFlash3DraftModel"]}, "loads DFlashDraftModel and DFlash2DraftModel"),
+        ({"architectures": ["DFlash2DraftModel"]}, "without conv_kernel_size, conv_group_size, selector_rank"),
+        ({"layer_types": ["chunked_attention"]}, r"layer_types \['chunked_attention'\]"),
+        ({"output_multiplier": "2"}, "output_multiplier in its config.json must be a finite number"),
         ({"dflash_config": {"mask_token_id": 3}}, "without target_layer_ids"),
     ]:
         variant = tmp_path / f"variant{len(list(tmp_path.iterdir()))}"

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from tests.oracles import hf_greedy, run
+from tests.tiny import SENTENCES, make_target
 from xpress_core.config import DecodeConfig
 from xpress_core.engine import decode, decode_to_end
 from xpress_core.models import encode_prompt, load_models
@@ -534,3 +536,25 @@ def test_a_refiner_head_trains_logs_a_curve_per_pass_and_decodes_exactly(pipelin
     for diversity in ("tree", "none"):
         cfg = DecodeConfig(drafts=2, steps=3, block=8, diversity=diversity, max_new_tokens=20)
         assert list(decode_to_end(models, prompt_ids, cfg).token_ids) == reference.tolist()
+
+
+def test_a_target_without_a_chat_template_trains_a_drafter_written_in_the_dflash_format(zoo, tmp_path):
+    """``train drafter`` for a story model (no chat template) on a text file: the learning curve reads raw-text
+    prompts (the distillation's held-out rows) instead of chats, and ``--format dflash`` writes the DFlash format,
+    which xPress loads and decodes exactly with."""
+    tok = AutoTokenizer.from_pretrained(zoo["tokenizer"])
+    tok.chat_template = None
+    target = make_target("llama", tok, tmp_path / "story_target", layers=2)
+    stories = tmp_path / "stories.txt"
+    stories.write_text("\n".join(SENTENCES * 20))
+    out, work = tmp_path / "drafter", tmp_path / "work"
+    args = ["--target", str(target), "--data", str(stories), "--distill-dir", str(tmp_path / "distill")]
+    args += ["--workdir", str(work), "--out", str(out), "--sequences", "72", "--prompt-len", "16"]
+    args += ["--new-tokens", "16", "--steps", "3", "--batch-size", "4", "--block", "4", "--anchors", "4"]
+    train_cli("drafter", *args, "--layers", "1", "--tau-prompts", "2", "--format", "dflash")
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["DFlashDraftModel"]
+    assert any("tau" in r for r in map(json.loads, (work / "train_log.jsonl").read_text().splitlines()))
+    models = load_models(target, out, device="cpu", dtype="float32")
+    prompt_ids = encode_prompt(models.tokenizer, "Once upon a time", chat=False)
+    _, result = run(models, prompt_ids, DecodeConfig(block=4, max_new_tokens=16))
+    assert list(result.token_ids) == hf_greedy(models, prompt_ids, new=16)

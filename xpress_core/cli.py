@@ -161,6 +161,13 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--layers", type=int, default=1)
     init.add_argument("--block", type=int, default=16)
     init.add_argument("--noise", choices=NOISE_TYPES, default="mask", help="the drafter's noise type")
+    init.add_argument(
+        "--format", choices=("xpress", "dflash"), default="xpress", help="dflash: written in the DFlash format"
+    )
+
+    export = sub.add_parser("export-dflash", help="write a drafter of ours in the DFlash format (serving engines)")
+    export.add_argument("--drafter", required=True, help="an xPress drafter directory (DFlash layout)")
+    export.add_argument("--out", type=Path, required=True)
 
     add_train_parser(sub)
     add_bench_parser(sub)
@@ -220,11 +227,16 @@ def run_presets(args: argparse.Namespace) -> int:
 
 
 def run_init_drafter(args: argparse.Namespace) -> int:
-    from .models import init_drafter
+    from .models import export_dflash, init_drafter
 
     if args.layers < 1 or args.block < 1:
         raise XpressError("--layers and --block must be >= 1")
-    model = init_drafter(args.target, args.out, layers=args.layers, block=args.block, noise=args.noise)
+    dflash = args.format == "dflash"
+    model = init_drafter(
+        args.target, args.out, layers=args.layers, block=args.block, noise=args.noise, dflash_layout=dflash
+    )
+    if dflash:
+        export_dflash(args.out, args.out)
     print(
         json.dumps(
             {
@@ -239,10 +251,19 @@ def run_init_drafter(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_export_dflash(args: argparse.Namespace) -> int:
+    from .models import export_dflash
+
+    config = export_dflash(args.drafter, args.out)
+    print(json.dumps({"out": str(args.out), "architectures": config["architectures"], **config["dflash_config"]}))
+    return 0
+
+
 COMMANDS = {
     "generate": run_generate,
     "presets": run_presets,
     "init-drafter": run_init_drafter,
+    "export-dflash": run_export_dflash,
     "train": run_train,
     "bench": run_bench,
 }

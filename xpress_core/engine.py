@@ -24,7 +24,7 @@ from .errors import XpressError
 from .models import Models, context_limit, eos_ids, tapped_forward
 from .sampling import TargetNoise, draw_token
 from .trace import DecodeResult, RoundTrace, peak_memory_mb
-from .tree import Acceptance, DraftTree, accept, build_tree, tree_attention_mask, tree_position_ids
+from .tree import Acceptance, DraftTree, accept, build_tree, tree_attention_mask, tree_position_ids, windowed_mask
 
 
 @dataclass
@@ -158,6 +158,9 @@ class TreeVerifier:
         # A chain is what causal attention over the new tokens gives anyway: without a mask the attention takes its
         # causal path (bf16, a 9-token verify: 5.9 ms against 6.0 ms with the tree mask; the same logits).
         mask = None if tree.is_chain else tree_attention_mask(tree, past, models.target.dtype, device)
+        window = kv.sliding_window(models.target.config)
+        if mask is not None and window is not None:  # per layer kind, as HF's own mask mapping
+            mask = {"full_attention": mask, "sliding_attention": windowed_mask(mask, tree, past, window)}
         logits, features = target_forward(models, ids, tree_position_ids(tree, past, device), mask, state.cache)
         return Verified(logits[0], None if features is None else features[0], past)
 

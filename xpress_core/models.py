@@ -5,20 +5,23 @@ Nothing here runs at import time; every loader is called by the CLI, the app, th
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
 from . import validation
+from .cache import check_target_layers
 from .chat import encode_chat, encode_text
 from .controller import CostModel
 from .drafters.autoregressive import AutoregressiveDrafter
 from .drafters.base import Drafter, NoDrafter
-from .drafters.dflash_format import DFLASH_KEY_MAPPING, dflash_drafter_config, is_dflash_config
+from .drafters.dflash_format import DFLASH_KEY_MAPPING, dflash_drafter_config, dflash_export, is_dflash_config
 from .drafters.diffusion import TargetConditionedDrafter, diffusion_drafter
 from .drafters.diffusion_lm import FAMILIES, DiffusionLMDrafter, family_convention, resolve_mask_token_id
 from .drafters.diffusion_model import XpressDrafter, XpressDrafterConfig, default_tapped_layers
@@ -204,7 +207,9 @@ def load_causal_lm(
 def load_target(spec: str | Path | ModelSpec, device: torch.device, dtype: torch.dtype, device_map=None, access=None):
     access = access or Access.from_env()
     spec = resolve_model("target", spec, access)
-    return load_causal_lm("target", spec, device, dtype, device_map, access), load_tokenizer(spec.name)
+    target = load_causal_lm("target", spec, device, dtype, device_map, access)
+    check_target_layers(target.config)
+    return target, load_tokenizer(spec.name)
 
 
 def same_vocabulary(a, b) -> bool:
@@ -360,6 +365,39 @@ def load_conditioned_drafter(
     return diffusion_drafter(model.bind(target), banned)
 
 
+def read_conditioned_drafter(spec: str | Path, dtype: torch.dtype = torch.float32) -> XpressDrafter:
+    """Our target-conditioned drafter module, unbound and unfused, from its own format or a DFlash checkpoint (for
+    training on and for export)."""
+    spec = str(spec)
+    config = read_config_json(spec)
+    if config is None:
+        raise _describe_missing("drafter", spec, OSError("no readable config.json"))
+    extra = {}
+    if drafter_kind(config) == "dflash":
+        extra = {"config": dflash_drafter_config(config, spec), "key_mapping": DFLASH_KEY_MAPPING}
+    elif drafter_kind(config) != "xpress":
+        raise XpressError(f"drafter {spec!r} is neither an xPress drafter nor a DFlash checkpoint")
+    try:
+        return XpressDrafter.from_pretrained(spec, dtype=dtype, **extra)
+    except (OSError, ValueError) as error:
+        raise _describe_missing("drafter", spec, error) from error
+
+
+def export_dflash(spec: str | Path, out: Path) -> dict:
+    """Write a drafter of ours in the DFlash format (config.json, model.safetensors, the tokenizer it ships): what
+    the reference classes and the serving engines that read z-lab's checkpoints load. Returns the written config."""
+    model = read_conditioned_drafter(spec)
+    config, weights = dflash_export(model, str(spec))
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in ("config.json", "model.safetensors", "model.safetensors.index.json"):
+        (out / stale).unlink(missing_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
+    if ships_tokenizer(str(spec)) and Path(spec).resolve() != out.resolve():
+        load_tokenizer(str(spec)).save_pretrained(out)
+    return config
+
+
 def diffusion_lm_class(config: dict | None):
     """The auto class a diffusion LM's repository registers (LLaDA and Dream: AutoModel; MDLM, dllm: masked LM)."""
     auto_map = (config or {}).get("auto_map") or {}
@@ -472,13 +510,20 @@ def init_drafter(
     clean_rms: float = 1.0,
     tapped_layers: list[int] | None = None,
     fuse_previous: bool = False,
+    dflash_layout: bool = False,
 ) -> XpressDrafter:
     """An untrained diffusion drafter sized for any HF causal-LM target (the start of training, and for tests).
+    ``dflash_layout``: the architecture the DFlash format holds (per-head query/key norms, masked positions embedded
+    as the target's mask token), so that the trained drafter can be exported (``export_dflash``).
 
     ``noise``: "mask" or "gaussian"; ``clean_rms``: the gaussian drafter's clean-embedding scale (see its config);
     ``tapped_layers``: the target layers it reads (default ``default_tapped_layers``); ``fuse_previous``: block
     inputs also read the features of the token before the root (see its config)."""
     target, tokenizer = load_target(target_spec, torch.device("cpu"), torch.float32)
+    if dflash_layout and (noise != "mask" or fuse_previous or tokenizer.mask_token_id is None):
+        raise XpressError(
+            "the DFlash layout needs a masked drafter without fuse_previous, and a target tokenizer with a mask token"
+        )
     embed = target.get_input_embeddings().weight
     tcfg = target.config
     heads = tcfg.num_attention_heads
@@ -498,6 +543,8 @@ def init_drafter(
         noise=noise,
         clean_rms=clean_rms,
         fuse_previous=fuse_previous,
+        qk_norm=dflash_layout,
+        learned_mask=not dflash_layout,
     )
     torch.manual_seed(seed)
     model = XpressDrafter(config)

@@ -145,6 +145,16 @@ def tree_attention_mask(tree: DraftTree, past: int, dtype: torch.dtype, device) 
     return mask[None, None]
 
 
+def windowed_mask(mask: torch.Tensor, tree: DraftTree, past: int, window: int) -> torch.Tensor:
+    """``tree_attention_mask`` for a sliding-window layer: also hidden, every key ``window`` or more positions before
+    the node (positions: the cache's by slot, a node's ``past + depth``), as HF's sliding mask hides them."""
+    device = mask.device
+    depths = torch.tensor(tree.depths, device=device)
+    query = past + depths[:, None]  # (N+1, 1)
+    key = torch.cat([torch.arange(past, device=device), past + depths])[None]  # (1, past+N+1)
+    return mask.masked_fill((query - key >= window)[None, None], torch.finfo(mask.dtype).min)
+
+
 def tree_position_ids(tree: DraftTree, past: int, device) -> torch.Tensor:
     """(1, N+1): the root sits at position ``past``; a node at depth d at ``past + d``."""
     return torch.tensor([[past + d for d in tree.depths]], device=device)

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from ..config import TREE, DecodeConfig
 from ..controller import AUTO_PASSES, RoundSetting
-from ..sampling import gumbel
+from ..sampling import gumbel, noisy_logits
 from ..trace import MASKED, DenoiseStep
 from ..tree import best_first_paths
 from .base import (
@@ -81,10 +81,16 @@ class MaskedDiffusionDrafter(Drafter):
             else:
                 logits = stacked([self.denoise(state, root, tokens[r], committed[r]).to(device) for r in groups])
             if tree and step == cfg.steps:
+                if self.chooses_in_order(cfg):  # the tree reads each position's scores given the chain's token before
+                    logits = self.chain_tokens(state, root, logits[:1], tokens[:1], committed[:1], rows, randomness)[1]
                 return self.tree_drafts(logits[0], tokens[0], committed[0], cfg, randomness, steps, watch)
             # The last step commits every position left whatever their confidence: only the visualizer asks for it.
             ranked = watch or step < cfg.steps
             candidates, candidate_conf, forced = self.choose_tokens(logits, rows, step, randomness, ranked)
+            if step == cfg.steps and self.chooses_in_order(rows):
+                candidates, candidate_conf = self.chosen_in_order(
+                    state, root, logits, candidates, committed, forced, rows, randomness, watch
+                )
             newly = self.commit_schedule(candidate_conf, committed, forced, math.ceil(length * step / cfg.steps), rows)
             tokens = torch.where(newly, candidates, tokens)
             if watch:
@@ -176,6 +182,25 @@ class MaskedDiffusionDrafter(Drafter):
             candidates[:, pos], conf[:, pos], forced[:, pos] = top, probs[0, pos, top], True
         return candidates, conf, forced
 
+    def chooses_in_order(self, cfg: DecodeConfig) -> bool:
+        """Whether the last step chooses each position's token given the one before it (``chain_tokens``)."""
+        return False
+
+    def chain_tokens(self, state, root, logits, tokens, fixed, cfg, randomness):
+        """(K, L) tokens of the last step chosen left to right, each given the one before it (``fixed`` positions
+        keep ``tokens``' own: committed earlier, or branch tokens), and (K, L, V) each position's scores given the
+        chosen token before it."""
+        raise NotImplementedError
+
+    def chosen_in_order(self, state, root, logits, candidates, committed, forced, cfg, randomness, watch: bool):
+        """The last step's (K, L) tokens by ``chain_tokens``, and their (K, L) confidence when watched (else None)."""
+        fixed = committed if forced is None else committed | forced
+        chosen = self.chain_tokens(state, root, logits, candidates, fixed, cfg, randomness)[0]
+        if not watch:
+            return chosen, None
+        probs = allowed_logits(logits, self.banned).softmax(-1).expand(chosen.shape[0], -1, -1)
+        return chosen, probs.gather(-1, chosen[..., None])[..., 0]
+
     @staticmethod
     def commit_schedule(conf, committed, forced, total: int, cfg: DecodeConfig) -> torch.Tensor:
         """(K, L) bool: positions to commit this step so that ``total`` are committed in each row."""
@@ -231,6 +256,7 @@ class DiffusionState:
     length: int  # tokens whose keys/values are in the buffers
     previous: torch.Tensor  # (F,) tapped features of the last committed token, the one before the root
     pending: list[torch.Tensor] = field(default_factory=list)  # (m, F) tapped features of tokens committed since
+    selector_hidden: torch.Tensor | None = None  # (R, L, H) the last block forward's final hidden states (DFlash 2)
 
     @property
     def committed(self) -> int:
@@ -306,8 +332,12 @@ class TargetConditionedDrafter(Drafter):
             state.append(self.model.context_kv(features[None], positions))
 
     def block_logits(self, state: DiffusionState, block_embeds: torch.Tensor) -> torch.Tensor:
-        """One drafter forward on R blocks ``[root, L positions]`` (R, L+1, H) after the context -> (R, L, V)."""
-        return self.model.head_logits(self.block_hidden(state, block_embeds))
+        """One drafter forward on R blocks ``[root, L positions]`` (R, L+1, H) after the context -> (R, L, V). A
+        drafter with a candidate selector (DFlash 2) keeps the hidden states for it (``chain_tokens``)."""
+        hidden = self.block_hidden(state, block_embeds)
+        if self.model.candidate_selector is not None:
+            state.selector_hidden = hidden
+        return self.model.head_logits(hidden)
 
     def block_hidden(self, state: DiffusionState, block_embeds: torch.Tensor) -> torch.Tensor:
         """One drafter forward on R blocks ``[root, L positions]`` (R, L+1, H) after the context -> (R, L, H) the
@@ -438,6 +468,34 @@ class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
         block = torch.cat([torch.full((rows, 1), root, device=tokens.device), tokens], dim=1)
         masked = torch.cat([torch.zeros((rows, 1), dtype=torch.bool, device=tokens.device), ~committed], dim=1)
         return self.block_logits(state, self.model.embed_block(block, masked))
+
+    def chooses_in_order(self, cfg: DecodeConfig) -> bool:
+        # Gumbel rows differ by their own noise only; one selector walk would make them all alike.
+        return self.model.candidate_selector is not None and not (cfg.diversity == "gumbel" and cfg.drafts > 1)
+
+    def chain_tokens(self, state, root, logits, tokens, fixed, cfg, randomness):
+        """DFlash 2's selection: each position's top ``selector_top_k`` tokens by logit (the reference's candidates,
+        banned ones then scored -inf), rescored given the token before it (``XpressDrafter.conditional_scores``); the
+        best is the draft when greedy, the one coupled to the target's draw there when sampling. The scores, as
+        (K, L, V) logits (-inf outside the candidates), are what a draft tree reads."""
+        k, length = tokens.shape
+        hidden = state.selector_hidden.expand(k, -1, -1)  # (K, L, H)
+        logits = logits.expand(k, -1, -1)
+        unary, candidates = torch.topk(logits, self.model.candidate_selector.top_k, dim=-1, sorted=False)
+        unary = unary.float() + self.banned[candidates]
+        previous = torch.full((k,), root, device=tokens.device)
+        chosen = tokens.clone()
+        conditional = torch.full((k, length, logits.shape[-1]), float("-inf"), device=logits.device)
+        for position in range(length):
+            at = candidates[:, position]
+            scores = self.model.conditional_scores(hidden[:, position], previous, at, unary[:, position]).float()
+            conditional[:, position] = conditional[:, position].scatter(-1, at, scores)
+            if randomness.upcoming is not None:  # the candidates' scores as a distribution, with the target's noise
+                scores = noisy_logits(conditional[:, position], cfg, randomness.upcoming[position]).gather(-1, at)
+            best = at.gather(-1, scores.argmax(-1, keepdim=True))[:, 0]
+            chosen[:, position] = torch.where(fixed[:, position], tokens[:, position], best)
+            previous = chosen[:, position]
+        return chosen, conditional
 
 
 class GaussianDiffusionDrafter(TargetConditionedDrafter):

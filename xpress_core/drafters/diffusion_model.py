@@ -7,7 +7,8 @@
   shares the tokenizer by construction, and ``bind(target)`` attaches them after loading.
 - Two options make the same module run published DFlash checkpoints (``dflash_format.py``): per-head RMSNorm on
   queries and keys (``qk_norm``, as Qwen3 and DFlash have), and masked positions embedded as the target's embedding of
-  the mask token instead of a learned vector (``learned_mask=False``).
+  the mask token instead of a learned vector (``learned_mask=False``); the newer releases' fields and DFlash 2's
+  convolutions and candidate selector are ``DFLASH_FIELDS``, neutral for our own drafters.
 
 Two noise types (``config.noise``), one architecture:
 
@@ -37,6 +38,29 @@ from transformers import initialization as init
 
 from ..config import NOISE_TYPES
 from .refiner import BlockRefiner
+
+# Fields of the DFlash releases (dflash_format.py), with values that change nothing (our own drafters'):
+# - input_embedding_scale: masked positions and the root enter as the target's raw embedding rows times this (not
+#   its embedding module's output, which some families scale);
+# - output_multiplier, final_logit_softcapping: the logits multiplied by it, then soft-capped;
+# - layer_causal, layer_window: per layer, whether the block attends causally and its sliding window over absolute
+#   positions; None: every layer attends to the whole context and bidirectionally within the block;
+# - conv_kernel_size, conv_group_size (DFlash 2): grouped dynamic causal convolutions around each layer's attention
+#   and MLP (0: none); selector_rank, selector_top_k (DFlash 2): a candidate selector that rescores a position's top
+#   tokens given the token before it (0: none);
+# - reference_norms: RMSNorm rounded as DFlash's own code rounds it (``ReferenceRMSNorm``), not torch's fused one.
+DFLASH_FIELDS = {
+    "input_embedding_scale": 1.0,
+    "output_multiplier": 1.0,
+    "final_logit_softcapping": None,
+    "layer_causal": None,
+    "layer_window": None,
+    "conv_kernel_size": 0,
+    "conv_group_size": 0,
+    "selector_rank": 0,
+    "selector_top_k": 0,
+    "reference_norms": False,
+}
 
 
 class XpressDrafterConfig(PreTrainedConfig):
@@ -118,6 +142,8 @@ class XpressDrafterConfig(PreTrainedConfig):
         # Per number of passes 1, 2, ...: each block position's greedy acceptance after them over after none, on
         # held-out text (``train refiner`` measures it): the prior the controller auto starts T > 1 from.
         self.refiner_gains = refiner_gains
+        for name, neutral in DFLASH_FIELDS.items():
+            setattr(self, name, kwargs.pop(name, neutral))
         super().__init__(**kwargs)
 
 
@@ -156,6 +182,23 @@ class Rotary(nn.Module):
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
+class ReferenceRMSNorm(nn.RMSNorm):
+    """RMSNorm rounded as transformers' Qwen3 norm (DFlash's): normalised in fp32, cast back, then scaled by the
+    weight in the input's dtype. The same function as ``nn.RMSNorm``; in bf16 the rounding differs, and with it now
+    and then a draft token (measured against z-lab's reference in bf16: 373 of 392 rounds' drafts equal with
+    ``nn.RMSNorm``, 654 of 659 with this; docs/experiments.md)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+def rms_norm(size: int, cfg: XpressDrafterConfig) -> nn.RMSNorm:
+    """A drafter norm: DFlash checkpoints' rounding (``reference_norms``), or torch's fused one (ours)."""
+    norm = ReferenceRMSNorm if cfg.reference_norms else nn.RMSNorm
+    return norm(size, eps=cfg.rms_norm_eps)
+
+
 class DrafterAttention(nn.Module):
     def __init__(self, cfg: XpressDrafterConfig):
         super().__init__()
@@ -166,8 +209,8 @@ class DrafterAttention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=bias)
         # Per-head norms before the rotation (Qwen3 / DFlash); identity for our own drafters.
-        self.q_norm = nn.RMSNorm(self.head_dim, eps=cfg.rms_norm_eps) if cfg.qk_norm else nn.Identity()
-        self.k_norm = nn.RMSNorm(self.head_dim, eps=cfg.rms_norm_eps) if cfg.qk_norm else nn.Identity()
+        self.q_norm = rms_norm(self.head_dim, cfg) if cfg.qk_norm else nn.Identity()
+        self.k_norm = rms_norm(self.head_dim, cfg) if cfg.qk_norm else nn.Identity()
         self.qkv_proj: nn.Linear | None = None  # the three in one product, once fused for inference (``fuse``)
 
     def fuse(self) -> None:
@@ -245,16 +288,58 @@ class KVSlots:
         return self.keys[:, :, :end], self.values[:, :, :end]
 
 
+def grouped_causal_conv(x: torch.Tensor, dynamic: torch.Tensor, base: torch.Tensor, group: int) -> torch.Tensor:
+    """DFlash 2's convolution along the block: output t = sum over lags j of (base[j] + dynamic[t, j]) * x[t - j],
+    zero before the block's start. x (B, Q, H); base (kernel, H) per channel; dynamic (B, Q, kernel, H / group), one
+    weight per group of ``group`` channels, computed from the position's own input. Summed lag by lag, the fixed
+    kernel's term before the dynamic one, as the reference sums them (the same rounding)."""
+    b, q, h = x.shape
+    groups = h // group
+    x = x.view(b, q, groups, group)
+    dynamic = dynamic.reshape(b, q, base.shape[0], groups, 1)
+    out = torch.zeros_like(x)
+    for lag in range(base.shape[0]):
+        shifted = x if lag == 0 else F.pad(x[:, :-lag], (0, 0, 0, 0, lag, 0))
+        out = out + base[lag].view(1, 1, groups, group).to(x.dtype) * shifted
+        out = torch.addcmul(out, dynamic[:, :, lag], shifted)
+    return out.view(b, q, h)
+
+
+class BlockConvolution(nn.Module):
+    """DFlash 2's grouped dynamic causal convolution around a sublayer (attention or MLP): the sublayer's input is
+    convolved before it and its output after it, both kernels' dynamic parts projected from the normed input."""
+
+    def __init__(self, hidden_size: int, kernel_size: int, group_size: int):
+        super().__init__()
+        self.kernel_size, self.group_size = kernel_size, group_size
+        self.base_kernel = nn.Parameter(torch.zeros(2, kernel_size, hidden_size))  # (before / after, lag, channel)
+        self.kernel_projection = nn.Linear(hidden_size, 2 * kernel_size * (hidden_size // group_size), bias=False)
+
+    def before(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sublayer's input (B, Q, H) convolved, and the dynamic kernel ``after`` will use."""
+        dynamic = self.kernel_projection(x).view(*x.shape[:-1], 2, self.kernel_size, -1)
+        return grouped_causal_conv(x, dynamic[..., 0, :, :], self.base_kernel[0], self.group_size), dynamic[
+            ..., 1, :, :
+        ]
+
+    def after(self, x: torch.Tensor, dynamic: torch.Tensor) -> torch.Tensor:
+        return grouped_causal_conv(x, dynamic, self.base_kernel[1], self.group_size)
+
+
 class DrafterLayer(nn.Module):
     def __init__(self, cfg: XpressDrafterConfig):
         super().__init__()
-        self.input_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.input_norm = rms_norm(cfg.hidden_size, cfg)
         self.attn = DrafterAttention(cfg)
-        self.post_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.post_norm = rms_norm(cfg.hidden_size, cfg)
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
         self.gate_up_proj: nn.Linear | None = None  # gate and up in one product, once fused for inference
+        convolved = cfg.conv_kernel_size > 0
+        kernel, group = cfg.conv_kernel_size, cfg.conv_group_size
+        self.attention_conv = BlockConvolution(cfg.hidden_size, kernel, group) if convolved else None
+        self.mlp_conv = BlockConvolution(cfg.hidden_size, kernel, group) if convolved else None
 
     def fuse(self) -> None:
         self.attn.fuse()
@@ -262,13 +347,41 @@ class DrafterLayer(nn.Module):
         del self.gate_proj, self.up_proj
 
     def forward(self, h, cos, sin, context, mask, pending=None):
-        h = h + self.attn(self.input_norm(h), cos, sin, context, mask, pending)
+        x = self.input_norm(h)
+        if self.attention_conv is not None:
+            x, after = self.attention_conv.before(x)
+        x = self.attn(x, cos, sin, context, mask, pending)
+        h = h + (x if self.attention_conv is None else self.attention_conv.after(x, after))
         x = self.post_norm(h)
+        if self.mlp_conv is not None:
+            x, after = self.mlp_conv.before(x)
+        x = self.mlp(x)
+        return h + (x if self.mlp_conv is None else self.mlp_conv.after(x, after))
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_proj is None:
             gate, up = self.gate_proj(x), self.up_proj(x)
         else:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return h + self.down_proj(F.silu(gate) * up)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class CandidateSelector(nn.Module):
+    """DFlash 2's candidate selector: a position's top tokens rescored given the token before it, by a low-rank
+    bilinear term <predecessor code of the previous token * projected hidden state, successor code of the token>."""
+
+    def __init__(self, cfg: XpressDrafterConfig):
+        super().__init__()
+        self.top_k = cfg.selector_top_k
+        self.predecessor_codebook = nn.Embedding(cfg.vocab_size, cfg.selector_rank)
+        self.successor_codebook = nn.Embedding(cfg.vocab_size, cfg.selector_rank)
+        self.hidden_projection = nn.Linear(cfg.hidden_size, cfg.selector_rank, bias=False)
+
+    def pairwise(self, projected: torch.Tensor, previous: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        """projected (B, r) hidden states (``hidden_projection``), previous (B,) ids, candidates (B, C) ids -> (B, C)
+        the bilinear term."""
+        query = self.predecessor_codebook(previous) * projected
+        return torch.einsum("br,bcr->bc", query, self.successor_codebook(candidates))
 
 
 def signal_share(t: torch.Tensor) -> torch.Tensor:
@@ -313,7 +426,7 @@ class XpressDrafter(PreTrainedModel):
         super().__init__(config)
         n_tapped = len(config.tapped_layers)
         self.fc = nn.Linear(n_tapped * config.hidden_size, config.hidden_size, bias=False)
-        self.context_norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.context_norm = rms_norm(config.hidden_size, config)
         # Each noise type owns only the input it uses: the mask vector, or the timestep embedding. DFlash-format
         # drafters embed masked positions as the target's embedding of the mask token instead of a learned vector.
         self.mask_embedding = None
@@ -325,7 +438,8 @@ class XpressDrafter(PreTrainedModel):
             nn.Linear(config.hidden_size, config.hidden_size, bias=False) if config.fuse_previous else None
         )
         self.layers = nn.ModuleList(DrafterLayer(config) for _ in range(config.num_hidden_layers))
-        self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.candidate_selector = CandidateSelector(config) if config.selector_top_k > 0 else None
+        self.norm = rms_norm(config.hidden_size, config)
         self.rotary = Rotary(config.head_dim, config.rope_theta)
         self.refiner = (
             BlockRefiner(config.hidden_size, config.refiner_rank, config.block_size, config.rms_norm_eps)
@@ -346,6 +460,8 @@ class XpressDrafter(PreTrainedModel):
         if module is self.previous_proj:
             # Zero: a drafter given this input for continued training drafts exactly as before until it learns.
             init.zeros_(module.weight)
+        if isinstance(module, BlockConvolution):
+            init.zeros_(module.base_kernel)
         if isinstance(module, Rotary):
             # Not in the checkpoint (non-persistent): from_pretrained builds on the meta device, so without this the
             # buffer is uninitialised memory and drafts come out of garbage positions (NaN at random).
@@ -394,8 +510,11 @@ class XpressDrafter(PreTrainedModel):
 
     def embed_block(self, tokens: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
         """(B, Q) token ids and (B, Q) masked flags -> (B, Q, H) embeddings, masked positions get the mask vector."""
-        if self.mask_embedding is None:
-            return self.shared[0](torch.where(masked, self.config.mask_token_id, tokens)).to(self.norm.weight.dtype)
+        if self.mask_embedding is None:  # DFlash: the target's raw rows (dflash_format.py), scaled by the config
+            ids = torch.where(masked, self.config.mask_token_id, tokens)
+            embeds = F.embedding(ids, self.shared[0].weight).to(self.norm.weight.dtype)
+            scale = self.config.input_embedding_scale
+            return embeds if scale == 1.0 else embeds * scale
         embeds = self.shared[0](tokens.clamp(min=0)).to(self.mask_embedding.dtype)
         return torch.where(masked[..., None], self.mask_embedding.expand_as(embeds), embeds)
 
@@ -425,16 +544,51 @@ class XpressDrafter(PreTrainedModel):
         attention_mask: torch.Tensor | None = None,  # (B or 1, 1, Q, S + Q) additive; None = attend to everything
     ) -> torch.Tensor:
         """Logits (B, Q, V) for every block position (no shift: position j predicts token j)."""
-        return self.shared[1](self.hidden(block_embeds, positions, context, attention_mask))
+        return self.processed(self.shared[1](self.hidden(block_embeds, positions, context, attention_mask)))
+
+    def processed(self, logits: torch.Tensor) -> torch.Tensor:
+        """The LM head's logits times ``output_multiplier``, soft-capped at ``final_logit_softcapping`` (DFlash's
+        newer fields; our drafters have neither)."""
+        if self.config.output_multiplier != 1.0:
+            logits = logits * self.config.output_multiplier
+        cap = self.config.final_logit_softcapping
+        return logits if not cap or cap <= 0 else torch.tanh(logits / cap) * cap
+
+    def layer_masks(self, positions: torch.Tensor, q_len: int) -> list[torch.Tensor | None]:
+        """Per layer, the block's (1, 1, Q, S) boolean attention mask from ``layer_causal`` / ``layer_window``, or
+        None (everything visible). Drafting keeps the context from position 0 on, so a key's slot is its absolute
+        position and the keys run up to the block's last position."""
+        causal, windows = self.config.layer_causal, self.config.layer_window
+        if causal is None:
+            return [None] * len(self.layers)
+        query = positions[0, -q_len:, None]  # (Q, 1)
+        key = torch.arange(int(positions[0, -1]) + 1, device=positions.device)[None]  # (1, S)
+        masks = []
+        for is_causal, window in zip(causal, windows):
+            visible = torch.ones((q_len, key.shape[1]), dtype=torch.bool, device=positions.device)
+            if is_causal:
+                visible &= key <= query
+            if window is not None:
+                visible &= query - key < window
+                if not is_causal:  # a bidirectional window reaches as far ahead as back
+                    visible &= key - query < window
+            masks.append(None if visible.all() else visible[None, None])
+        return masks
 
     def hidden(self, block_embeds, positions, context, attention_mask=None, pending=None) -> torch.Tensor:
         """The final normed hidden states (B, Q, H) of every block position, what the LM head reads. ``context``: per
         layer, keys/values (``ContextKV``) or ``KVSlots``; ``pending`` (1, m, H) fused context features projected in
         the same forward (``DrafterAttention``), ``positions`` then covering them first."""
         cos, sin = self.rotary(positions, block_embeds.dtype)
+        if attention_mask is None:
+            masks = self.layer_masks(positions, block_embeds.shape[1])
+        elif self.config.layer_causal is None:
+            masks = [attention_mask] * len(self.layers)
+        else:
+            raise ValueError("a drafter with causal or sliding-window layers takes no attention mask (no training)")
         h = block_embeds
-        for layer, layer_context in zip(self.layers, context):
-            h = layer(h, cos, sin, layer_context, attention_mask, pending)
+        for layer, layer_context, mask in zip(self.layers, context, masks):
+            h = layer(h, cos, sin, layer_context, mask, pending)
         return self.norm(h)
 
     def draft_hidden(self, block_embeds, positions, context, pending=None) -> torch.Tensor:
@@ -443,10 +597,10 @@ class XpressDrafter(PreTrainedModel):
         return self.block_predictions(self.hidden(block_embeds, positions, context, pending=pending))
 
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The LM head on (..., L, H) hidden states -> (..., L, V)."""
+        """The LM head on (..., L, H) hidden states -> (..., L, V), processed (``processed``)."""
         # As rows of a matrix: a slice keeps its parent's batch stride, which sends CPU bf16 matmuls down a path
         # 8x slower than for the same rows laid out afresh (measured: 1.33 ms against 0.15 ms for 8 x 256 x 4096).
-        return self.shared[1](hidden.reshape(-1, hidden.shape[-1])).view(*hidden.shape[:-1], -1)
+        return self.processed(self.shared[1](hidden.reshape(-1, hidden.shape[-1])).view(*hidden.shape[:-1], -1))
 
     def refined_logits(self, hidden: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
         """One refinement pass: (..., L, V) logits of the block positions from the drafter's hidden states (..., L, H)
@@ -454,6 +608,20 @@ class XpressDrafter(PreTrainedModel):
         dtype = self.refiner.out.weight.dtype  # fp32 for inference (``fuse_projections``)
         corrected = self.refiner(hidden.to(dtype), self.shared[0](previous).to(dtype))
         return self.head_logits(corrected.to(hidden.dtype))
+
+    def conditional_scores(
+        self, hidden: torch.Tensor, previous: torch.Tensor, candidates: torch.Tensor, unary: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """DFlash 2's score of each candidate token given the token before it: the candidate's logit plus the
+        selector's bilinear term. hidden (B, H) final hidden states of one block position per row, previous (B,)
+        the token before that position, candidates (B, C) ids -> (B, C). ``unary``: the candidates' logits, when
+        the caller has them (read off the LM head otherwise). A drafter without a selector scores by the logit."""
+        if unary is None:
+            unary = self.head_logits(hidden[:, None])[:, 0].gather(-1, candidates)
+        if self.candidate_selector is None:
+            return unary
+        selector = self.candidate_selector
+        return unary + selector.pairwise(selector.hidden_projection(hidden), previous, candidates)
 
     def block_predictions(self, logits: torch.Tensor) -> torch.Tensor:
         """Per block (..., L+1, D) outputs of ``[root, positions 1..L]`` (logits, or the hidden states the head reads)

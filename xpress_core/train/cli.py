@@ -151,6 +151,13 @@ def add_diffusion_drafter_args(step: argparse.ArgumentParser) -> None:
     )
     step.add_argument("--init", help="start from this drafter directory instead of a fresh one")
     step.add_argument(
+        "--format",
+        choices=("xpress", "dflash"),
+        default="xpress",
+        help="dflash: train the architecture the DFlash format holds and write --out in that format "
+        "(what serving engines load; xPress loads it too)",
+    )
+    step.add_argument(
         "--noise",
         choices=NOISE_TYPES,
         default="mask",
@@ -349,7 +356,7 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
     if not 0 <= args.sample_fraction <= 1:
         raise XpressError(f"--sample-fraction is a share of sequences, 0 to 1; got {args.sample_fraction}")
 
-    from ..models import init_drafter, load_target
+    from ..models import export_dflash, init_drafter, load_target, read_conditioned_drafter
     from .ar_drafter import make_ar_drafter, train_ar_drafter
     from .distill import distillation_record, load_distillation, requested, write_distillation
     from .drafter import extend_drafter, train_drafter
@@ -362,7 +369,7 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
     if args.step == "ar-drafter":
         model = make_ar_drafter(target, args.layers or 2)
         return train_ar_drafter(model, seqs, cfg, args.workdir, args.out, tokenizer, target, args.soft, written_by)
-    from ..drafters.diffusion_model import XpressDrafter
+    from ..drafters.dflash_format import export_refusals
 
     init_dir = Path(args.init) if args.init else args.workdir / "init"
     if not args.init and not (init_dir / "config.json").exists():
@@ -375,8 +382,9 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
             clean_rms=args.clean_rms,
             tapped_layers=args.taps,
             fuse_previous=args.fuse_previous,
+            dflash_layout=args.format == "dflash",
         )
-    drafter = XpressDrafter.from_pretrained(init_dir)
+    drafter = read_conditioned_drafter(init_dir)
     if args.init and (args.taps or args.block or args.layers or args.fuse_previous):
         taps = args.taps or drafter.config.tapped_layers
         drafter = extend_drafter(drafter, taps, args.block, args.layers, args.fuse_previous)
@@ -384,7 +392,9 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
         drafter.config.root_predicts_next = True
     if drafter.config.noise != args.noise:
         raise XpressError(f"{init_dir} holds a {drafter.config.noise!r} drafter; --noise asks for {args.noise!r}")
-    return train_drafter(
+    if args.format == "dflash" and (refusals := export_refusals(drafter.config)):  # before training, not after
+        raise XpressError(f"--format dflash: the drafter cannot be written in the DFlash format: {'; '.join(refusals)}")
+    summary = train_drafter(
         drafter,
         target,
         seqs,
@@ -397,19 +407,28 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
         decay=args.decay,
         soft=args.soft,
         full_share=args.full_share,
-        tau_eval=tau_curve(target, tokenizer, drafter, args) if args.tau_prompts else None,
+        tau_eval=tau_curve(target, tokenizer, drafter, args, seqs) if args.tau_prompts else None,
         continued_from=read_summary(Path(args.init)) if args.init else None,
         distillation=written_by,
     )
+    if args.format == "dflash":
+        export_dflash(args.out, args.out)
+    return summary
 
 
-def tau_curve(target, tokenizer, drafter, args: argparse.Namespace):
-    """The learning curve's measure: tau and per-position acceptance at (1, 1, 8) on held-out chats, greedy."""
+def tau_curve(target, tokenizer, drafter, args: argparse.Namespace, seqs):
+    """The learning curve's measure: tau and per-position acceptance at (1, 1, 8) on held-out chats, greedy. A target
+    without a chat template (a story model) reads raw text instead: the prompts of the distillation's held-out rows,
+    which training never reads (``split_held_out``)."""
     from ..drafters.diffusion import diffusion_drafter
     from ..models import Models, target_banned_ids
     from .evaluate import acceptance_profile, heldout_prompts
+    from .loop import split_held_out
 
-    prompts = [p.ids(tokenizer) for p in heldout_prompts(args.eval_data, args.tau_prompts)]
+    if tokenizer.chat_template is None:
+        prompts = [row[: args.prompt_len][None] for row in split_held_out(seqs)[0][: args.tau_prompts]]
+    else:
+        prompts = [p.ids(tokenizer) for p in heldout_prompts(args.eval_data, args.tau_prompts)]
     models = Models(target, tokenizer, diffusion_drafter(drafter, target_banned_ids(target, tokenizer)))
     return lambda: acceptance_profile(models, prompts, block=min(8, drafter.config.block_size))
 
