@@ -162,6 +162,11 @@ def test_bench_outputs_are_complete_and_valid(bench_run):
             assert summary["prefill_share"] == pytest.approx(shares["prefill"] / sum(shares.values()), abs=2e-3)
     reference = [s for s in doc["summaries"] if s["method"] == REFERENCE and not s["setting"]]
     assert all(s["speedup"] == 1.0 for s in reference)
+
+
+def test_bench_figures_table_and_goals_come_from_its_summaries(bench_run):
+    doc = json.loads(bench_run.read_text())
+    generate = [s for s in doc["summaries"] if s["method"] == REFERENCE and s["temperature"] == 0.0]
     for name in ("speedup", "tau_hist", "latency", "heatmap_tokens_per_s", "heatmap_tau"):
         html = Path(doc["files"][name])
         assert html.exists() and "plotly" in html.read_text()
