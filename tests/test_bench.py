@@ -353,6 +353,8 @@ def test_prompt_sources(tmp_path, prompt_file):
         ("sgd_short-3", (("user", "hello 3"),)),
     ]
     assert {prompt_class(p.name) for p in shorts} == {"sgd_short"}
+    only_short = default_prompts(data, sgd=0, stories=0, short=2)  # one class alone (it divided by zero)
+    assert [p.name for p in only_short] == ["sgd_short-0", "sgd_short-3"]
     with pytest.raises(XpressError, match="shared data folder"):
         default_prompts(tmp_path / "missing")
 

@@ -124,7 +124,7 @@ def default_prompts(
 
 def default_chat_indices(dialogues: int, sgd: int = SGD_PROMPTS) -> range:
     """Which sgd_dev dialogues the default prompts open with: ``sgd`` of them, spread over the file."""
-    return range(0, dialogues, max(1, dialogues // sgd))[:sgd]
+    return range(0, dialogues, max(1, dialogues // max(sgd, 1)))[:sgd]  # none when sgd is 0
 
 
 def dev_dialogues(data_dir: Path) -> list[Chat]:
