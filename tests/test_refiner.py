@@ -309,3 +309,13 @@ def test_the_draft_panel_marks_what_each_pass_changed(refining):
     assert changed_somewhere
     tree_traces, _ = run(models, prompts[0], DecodeConfig(drafts=2, steps=3, block=8))
     assert "draft tree after" in draft_evolution_figure(tree_traces[1], str).layout.title.text
+
+
+def test_a_grafted_tree_shows_each_row_with_its_own_confidences(refining):
+    models, prompts, _ = refining
+    traces, _ = run(models, prompts[0], DecodeConfig(drafts=2, steps=3, block=8))
+    for trace in traces[1:]:
+        shown = trace.steps[-1]
+        assert shown.kind == "tree" and shown.tokens == trace.drafts
+        assert [len(c) for c in shown.confidence] == [len(t) for t in shown.tokens]
+        assert all(0.0 <= c <= 1.0 for row in shown.confidence for c in row)

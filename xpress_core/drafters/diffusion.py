@@ -455,11 +455,12 @@ class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
         paths = tree.tokens if chain in held else (*tree.tokens, chain)
         order = order if chain in held else (*order, (-1,) * len(chain))
         grafted = replace(tree, tokens=paths, order=order)
-        if watch:  # the last step shows the tree as verified, the refined chain its last row
-            last = replace(
-                tree.steps[-1], tokens=grafted.tokens, confidence=(*tree.steps[-1].confidence, (1.0,) * len(chain))
-            )
-            grafted = replace(grafted, steps=(*tree.steps[:-1], replace(last, kind="tree")))
+        if watch:  # the last step shows the tree as verified; a grafted chain is its last row, with the last pass's
+            # confidence in its tokens
+            shown = tree.steps[-1]
+            if chain not in held:
+                shown = replace(shown, tokens=paths, confidence=(*shown.confidence, steps[-1].confidence[0]))
+            grafted = replace(grafted, steps=(*tree.steps[:-1], replace(shown, kind="tree")))
         return grafted
 
     def denoise(self, state: DiffusionState, root: int, tokens: torch.Tensor, committed: torch.Tensor) -> torch.Tensor:
