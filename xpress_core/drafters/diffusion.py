@@ -40,6 +40,7 @@ from .base import (
     top_choices,
 )
 from .diffusion_model import ContextKV, KVSlots, XpressDrafter, add_noise, signal_share
+from .refiner import previous_tokens
 
 
 def stacked(parts: list[torch.Tensor]) -> torch.Tensor:
@@ -414,9 +415,9 @@ class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
         tokens, confidence, forced = self.choose_tokens(logits, rows, 1, randomness, watch, noise)
         forced = torch.zeros_like(tokens, dtype=torch.bool) if forced is None else forced
         steps = [DenoiseStep(as_rows(tokens), as_rows(confidence), kind="pass")] if watch else []
-        roots = torch.full((rows.drafts, 1), root, device=self.device)
+        roots = torch.full((rows.drafts,), root, device=self.device)
         for _ in range(cfg.steps - 1):
-            previous = torch.cat([roots, tokens[:, :-1]], dim=1)  # (K, L): each position's token one earlier
+            previous = previous_tokens(roots, tokens)  # (K, L): each position's token one earlier
             # Parallel refinement: the K rows in one pass; serial: a pass per row (the comparison; same drafts).
             logits = stacked(
                 [self.model.refined_logits(hidden.expand(len(g), -1, -1), previous[g]) for g in refine_groups(rows)]

@@ -56,3 +56,9 @@ class BlockRefiner(nn.Module):
         # add there, and a correction only moves it off what the drafter learned (measured: first-position
         # agreement 0.858 corrected against 0.867).
         return hidden + torch.cat([torch.zeros_like(correction[..., :1, :]), correction[..., 1:, :]], dim=-2)
+
+
+def previous_tokens(roots: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """(..., L) the token one position earlier than each block position, what the head reads: the root (...,), then
+    the block's tokens 1..L-1."""
+    return torch.cat([roots[..., None], tokens[..., :-1]], dim=-1)

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from ..drafters.diffusion_model import XpressDrafter
+from ..drafters.refiner import previous_tokens
 from ..errors import XpressError
 from .drafter import (
     TargetReading,
@@ -67,18 +68,13 @@ def attach_refiner(drafter: XpressDrafter, rank: int) -> XpressDrafter:
     return refined
 
 
-def block_hidden(drafter: XpressDrafter, reading: TargetReading, seqs_blocks) -> torch.Tensor:
+def block_hidden(drafter: XpressDrafter, reading: TargetReading, blocks) -> torch.Tensor:
     """(B, M, L, H) the drafter's hidden states that predict each block's tokens 1..L (pass 0's)."""
     span = drafter.config.block_size + 1
-    embeds = block_inputs(drafter, seqs_blocks, reading, torch.Generator())
+    embeds = block_inputs(drafter, blocks, reading, torch.Generator())
     context = context_features(drafter, reading.features)
-    hidden = drafter.hidden(embeds, seqs_blocks.positions, context, seqs_blocks.attention_mask.to(embeds.dtype))
+    hidden = drafter.hidden(embeds, blocks.positions, context, blocks.attention_mask.to(embeds.dtype))
     return drafter.block_predictions(per_block(hidden, span))
-
-
-def shifted(roots: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """(..., L) the tokens one position earlier than each block position: the root, then tokens 1..L-1."""
-    return torch.cat([roots[..., None], tokens[..., :-1]], dim=-1)
 
 
 def pass_tokens(drafter: XpressDrafter, hidden: torch.Tensor, roots: torch.Tensor, passes: int) -> list[torch.Tensor]:
@@ -86,29 +82,29 @@ def pass_tokens(drafter: XpressDrafter, hidden: torch.Tensor, roots: torch.Tenso
     refiner reading the pass before (``refine_passes`` as decoding runs it, greedy)."""
     tokens = [drafter.head_logits(hidden).argmax(-1)]
     for _ in range(passes):
-        tokens.append(drafter.refined_logits(hidden, shifted(roots, tokens[-1])).argmax(-1))
+        tokens.append(drafter.refined_logits(hidden, previous_tokens(roots, tokens[-1])).argmax(-1))
     return tokens
 
 
-def refiner_loss(drafter: XpressDrafter, reading: TargetReading, seqs_blocks, recipe: RefinerRecipe) -> torch.Tensor:
+def refiner_loss(drafter: XpressDrafter, reading: TargetReading, blocks, recipe: RefinerRecipe) -> torch.Tensor:
     span = drafter.config.block_size + 1
     with torch.set_grad_enabled(recipe.co_train):
-        hidden = block_hidden(drafter, reading, seqs_blocks)  # (B, M, L, H)
-    ids = per_block(seqs_blocks.block_ids, span)  # (B, M, L+1): root and tokens 1..L
+        hidden = block_hidden(drafter, reading, blocks)  # (B, M, L, H)
+    ids = per_block(blocks.block_ids, span)  # (B, M, L+1): root and tokens 1..L
     roots, tokens = ids[..., 0], ids[..., 1:]
-    target_logp = soft_targets(reading, per_block(seqs_blocks.positions, span)[..., 1:])
+    target_logp = soft_targets(reading, per_block(blocks.positions, span)[..., 1:])
     weights = torch.exp(-torch.arange(span - 1, dtype=torch.float32) / recipe.decay)  # (L,)
 
     def weighted(logits: torch.Tensor) -> torch.Tensor:
         losses = distillation_loss(logits, tokens, target_logp, recipe.soft)  # (B, M, L)
         return (losses * weights).sum() / (weights.sum() * losses[..., 0].numel())
 
-    loss = weighted(drafter.refined_logits(hidden, shifted(roots, tokens)))  # teacher-forced
+    loss = weighted(drafter.refined_logits(hidden, previous_tokens(roots, tokens)))  # teacher-forced
     with torch.no_grad():
         drafted = drafter.head_logits(hidden).argmax(-1)
     free = []
     for _ in range(recipe.passes):
-        logits = drafter.refined_logits(hidden, shifted(roots, drafted))
+        logits = drafter.refined_logits(hidden, previous_tokens(roots, drafted))
         free.append(weighted(logits))
         drafted = logits.detach().argmax(-1)
     loss = loss + recipe.free_weight * torch.stack(free).mean()
@@ -142,7 +138,7 @@ def pass_agreement(drafter: XpressDrafter, target, seqs: torch.Tensor, first_anc
                 "accepted": round(float(leading.sum()), 4),
             }
         )
-    forced = drafter.refined_logits(hidden, shifted(ids[..., 0], ids[..., 1:])).argmax(-1) == greedy
+    forced = drafter.refined_logits(hidden, previous_tokens(ids[..., 0], ids[..., 1:])).argmax(-1) == greedy
     teacher = [round(float(x), 4) for x in forced.float().mean(dim=(0, 1))]
     return {"passes": curve, "teacher_forced": teacher}
 
