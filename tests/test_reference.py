@@ -148,7 +148,7 @@ def test_an_exported_drafter_drafts_in_the_reference_what_it_drafts_in_xpress(ta
     """A drafter of ours in the DFlash layout, written out by ``export-dflash``: the reference class loads it and drafts
     every round what xPress drafts, from our format and from the exported one."""
     ours = tmp_path / "ours"
-    init_drafter(target, ours, layers=2, block=5, tapped_layers=[0, 3], dflash_layout=True)
+    init_drafter(target, ours, layers=2, block=5, tapped_layers=[0, 2], dflash_layout=True)
     model = XpressDrafter.from_pretrained(ours)
     randomize(model, seed=11)
     model.save_pretrained(ours)
@@ -234,7 +234,7 @@ def test_dflash_drafters_round_their_norms_as_the_reference(target, tmp_path):
 def test_a_dflash2_checkpoint_written_back_by_export_drafts_as_the_original(target, tmp_path):
     """export-dflash of a DFlash 2 checkpoint with the newer fields (read into our module, written back): the reference
     class loads the copy and drafts every round what it drafts from the original."""
-    variant = Variant("dflash2-newer", kind="dflash2", layers=2, block_size=6, taps=(0, 3), fields=NEWER)
+    variant = Variant("dflash2-newer", kind="dflash2", layers=2, block_size=6, taps=(0, 2), fields=NEWER)
     original = make_reference_drafter(variant, target, tmp_path / "original")
     config = export_dflash(original, tmp_path / "copy")
     assert config["architectures"] == ["DFlash2DraftModel"] and config["dflash_config"]["output_multiplier"] == 1.6

@@ -10,6 +10,8 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.oracles import hf_greedy, run
@@ -541,18 +543,29 @@ def test_a_refiner_head_trains_logs_a_curve_per_pass_and_decodes_exactly(pipelin
 def test_a_target_without_a_chat_template_trains_a_drafter_written_in_the_dflash_format(zoo, tmp_path):
     """``train drafter`` for a story model (no chat template) on a text file: the learning curve reads raw-text
     prompts (the distillation's held-out rows) instead of chats, and ``--format dflash`` writes the DFlash format,
-    which xPress loads and decodes exactly with."""
+    which xPress loads and decodes exactly with. For serving engines: the default taps leave out the target's last
+    layer (engines read it differently), a last-layer tap is refused before any training, and the layers' key norms
+    are one (vLLM's CPU backend applies the first layer's to all)."""
+    from tests.oracles import cli
+
     tok = AutoTokenizer.from_pretrained(zoo["tokenizer"])
     tok.chat_template = None
-    target = make_target("llama", tok, tmp_path / "story_target", layers=2)
+    target = make_target("llama", tok, tmp_path / "story_target", layers=3)
     stories = tmp_path / "stories.txt"
     stories.write_text("\n".join(SENTENCES * 20))
     out, work = tmp_path / "drafter", tmp_path / "work"
     args = ["--target", str(target), "--data", str(stories), "--distill-dir", str(tmp_path / "distill")]
     args += ["--workdir", str(work), "--out", str(out), "--sequences", "72", "--prompt-len", "16"]
     args += ["--new-tokens", "16", "--steps", "3", "--batch-size", "4", "--block", "4", "--anchors", "4"]
-    train_cli("drafter", *args, "--layers", "1", "--tau-prompts", "2", "--format", "dflash")
-    assert json.loads((out / "config.json").read_text())["architectures"] == ["DFlashDraftModel"]
+    refused = cli("train", "drafter", *args, "--layers", "2", "--format", "dflash", "--taps", "0", "2")
+    assert refused.returncode == 2 and "taps the target's last layer (2)" in refused.stderr, refused.stderr[-2000:]
+    assert not (work / "ckpt.pt").exists()
+    train_cli("drafter", *args, "--layers", "2", "--tau-prompts", "2", "--format", "dflash")
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"] and config["dflash_config"]["target_layer_ids"] == [1]
+    weights = load_file(out / "model.safetensors")
+    assert torch.equal(weights["layers.0.self_attn.k_norm.weight"], weights["layers.1.self_attn.k_norm.weight"])
+    assert not torch.equal(weights["layers.0.self_attn.q_norm.weight"], weights["layers.1.self_attn.q_norm.weight"])
     assert any("tau" in r for r in map(json.loads, (work / "train_log.jsonl").read_text().splitlines()))
     models = load_models(target, out, device="cpu", dtype="float32")
     prompt_ids = encode_prompt(models.tokenizer, "Once upon a time", chat=False)

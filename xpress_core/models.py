@@ -21,7 +21,14 @@ from .chat import encode_chat, encode_text
 from .controller import CostModel
 from .drafters.autoregressive import AutoregressiveDrafter
 from .drafters.base import Drafter, NoDrafter
-from .drafters.dflash_format import DFLASH_KEY_MAPPING, dflash_drafter_config, dflash_export, is_dflash_config
+from .drafters.dflash_format import (
+    DFLASH_KEY_MAPPING,
+    dflash_drafter_config,
+    dflash_export,
+    export_refusals,
+    is_dflash_config,
+    serving_taps,
+)
 from .drafters.diffusion import TargetConditionedDrafter, diffusion_drafter
 from .drafters.diffusion_lm import FAMILIES, DiffusionLMDrafter, family_convention, resolve_mask_token_id
 from .drafters.diffusion_model import XpressDrafter, XpressDrafterConfig, default_tapped_layers
@@ -517,9 +524,11 @@ def init_drafter(
     as the target's mask token), so that the trained drafter can be exported (``export_dflash``).
 
     ``noise``: "mask" or "gaussian"; ``clean_rms``: the gaussian drafter's clean-embedding scale (see its config);
-    ``tapped_layers``: the target layers it reads (default ``default_tapped_layers``); ``fuse_previous``: block
+    ``tapped_layers``: the target layers it reads (default ``default_tapped_layers``, ``serving_taps`` in the DFlash
+    layout: engines read the last layer differently); ``fuse_previous``: block
     inputs also read the features of the token before the root (see its config)."""
     target, tokenizer = load_target(target_spec, torch.device("cpu"), torch.float32)
+    taps_for = serving_taps if dflash_layout else default_tapped_layers
     if dflash_layout and (noise != "mask" or fuse_previous or tokenizer.mask_token_id is None):
         raise XpressError(
             "the DFlash layout needs a masked drafter without fuse_previous, and a target tokenizer with a mask token"
@@ -534,7 +543,7 @@ def init_drafter(
         num_key_value_heads=getattr(tcfg, "num_key_value_heads", None) or heads,
         intermediate_size=getattr(tcfg, "intermediate_size", None) or 4 * embed.shape[1],
         vocab_size=embed.shape[0],
-        tapped_layers=tapped_layers or default_tapped_layers(tcfg.num_hidden_layers),
+        tapped_layers=tapped_layers or taps_for(tcfg.num_hidden_layers),
         block_size=block,
         mask_token_id=tokenizer.mask_token_id,
         target_name_or_path=str(target_spec),
@@ -546,6 +555,8 @@ def init_drafter(
         qk_norm=dflash_layout,
         learned_mask=not dflash_layout,
     )
+    if dflash_layout and (refusals := export_refusals(config)):  # before anything is written
+        raise XpressError(f"the drafter could not be written in the DFlash format: {'; '.join(refusals)}")
     torch.manual_seed(seed)
     model = XpressDrafter(config)
     out.mkdir(parents=True, exist_ok=True)

@@ -161,6 +161,15 @@ EXPORT_KEY_MAPPING = {
 }
 
 
+def serving_taps(num_layers: int, count: int = 3) -> list[int]:
+    """Taps for a drafter that serving engines will load: spread from layer 1 to the one before the last, never the
+    last (what an engine hands the drafter for the last layer is not what transformers' ``hidden_states`` holds)."""
+    if num_layers <= 2:
+        return [0]
+    last = num_layers - 2
+    return sorted({round(1 + i * (last - 1) / max(count - 1, 1)) for i in range(count)})
+
+
 def export_refusals(cfg: XpressDrafterConfig) -> list[str]:
     """What in a drafter's config the DFlash formats cannot hold (empty: it exports exactly)."""
     checks = [
@@ -178,6 +187,14 @@ def export_refusals(cfg: XpressDrafterConfig) -> list[str]:
         (cfg.fuse_previous, "its block reads the features of the token before the root (fuse_previous)"),
         (cfg.layer_causal is not None, "it has causal or sliding-window layers (export writes full attention)"),
         (getattr(cfg, "refiner_rank", 0) > 0, "it has a refiner head, which DFlash drafters do not have"),
+        (
+            cfg.target_num_layers is not None and cfg.target_num_layers - 1 in cfg.tapped_layers,
+            (
+                f"it taps the target's last layer ({(cfg.target_num_layers or 0) - 1}), which engines read differently: "
+                "transformers (xPress, z-lab's reference) after the final norm, vLLM before it (tap earlier layers, "
+                "--taps)"
+            ),
+        ),
     ]
     return [why for bad, why in checks if bad]
 

@@ -359,7 +359,7 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
     from ..models import export_dflash, init_drafter, load_target, read_conditioned_drafter
     from .ar_drafter import make_ar_drafter, train_ar_drafter
     from .distill import distillation_record, load_distillation, requested, write_distillation
-    from .drafter import extend_drafter, train_drafter
+    from .drafter import extend_drafter, tie_key_norms, train_drafter
     from .loop import drafter_training
 
     target, tokenizer = load_target(args.target, torch.device("cpu"), torch.float32)
@@ -394,6 +394,8 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
         raise XpressError(f"{init_dir} holds a {drafter.config.noise!r} drafter; --noise asks for {args.noise!r}")
     if args.format == "dflash" and (refusals := export_refusals(drafter.config)):  # before training, not after
         raise XpressError(f"--format dflash: the drafter cannot be written in the DFlash format: {'; '.join(refusals)}")
+    if args.format == "dflash":
+        tie_key_norms(drafter)
     summary = train_drafter(
         drafter,
         target,

@@ -234,6 +234,18 @@ def greedy_rewritten(target, seqs: torch.Tensor, prompt_len: int) -> torch.Tenso
     return continue_batch(target, seqs[:, :prompt_len], seqs.shape[1] - prompt_len, 0.0, None)
 
 
+@torch.no_grad()
+def tie_key_norms(drafter: XpressDrafter) -> None:
+    """Give every layer the same per-head key norm (their mean) and freeze it. vLLM's CPU backend normalises the
+    context keys of all layers with the first layer's key norm (one kernel call over the stacked layers): a drafter
+    whose key norms are equal is read alike by both engines (docs/experiments.md, "Served by vLLM")."""
+    norms = [layer.attn.k_norm.weight for layer in drafter.layers]
+    mean = torch.stack(norms).mean(0)
+    for weight in norms:
+        weight.copy_(mean)
+        weight.requires_grad_(False)
+
+
 def train_drafter(
     drafter: XpressDrafter,
     target,
