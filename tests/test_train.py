@@ -571,3 +571,25 @@ def test_a_target_without_a_chat_template_trains_a_drafter_written_in_the_dflash
     prompt_ids = encode_prompt(models.tokenizer, "Once upon a time", chat=False)
     _, result = run(models, prompt_ids, DecodeConfig(block=4, max_new_tokens=16))
     assert list(result.token_ids) == hf_greedy(models, prompt_ids, new=16)
+
+
+def test_a_drafter_of_ours_starts_a_servable_drafter_in_the_dflash_layout(zoo):
+    """``train drafter --format dflash --init`` on a drafter of ours (a learned mask, no query and key norms, the
+    target's last layer tapped): the DFlash-layout drafter keeps its layers and the fusion slices of the layers both
+    tap, leaves out the last layer, and is one the DFlash format holds."""
+    from xpress_core.drafters.dflash_format import export_refusals, serving_taps
+    from xpress_core.drafters.diffusion_model import XpressDrafter
+    from xpress_core.train.drafter import in_dflash_layout
+
+    source = XpressDrafter.from_pretrained(zoo["drafter_llama"])
+    with torch.no_grad():
+        for p in source.parameters():
+            p.normal_()
+    assert source.config.tapped_layers == [0, 1, 2] and export_refusals(source.config)
+    relaid = in_dflash_layout(source, serving_taps(3))
+    assert relaid.config.tapped_layers == [1] and export_refusals(relaid.config) == []
+    ours, theirs = source.state_dict(), relaid.state_dict()
+    assert all(torch.equal(theirs[k], v) for k, v in ours.items() if k.startswith("layers."))
+    hidden = source.config.hidden_size
+    assert torch.equal(theirs["fc.weight"], ours["fc.weight"][:, hidden : 2 * hidden])
+    assert "mask_embedding" not in theirs and relaid.refiner is None

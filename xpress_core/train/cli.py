@@ -359,7 +359,7 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
     from ..models import export_dflash, init_drafter, load_target, read_conditioned_drafter
     from .ar_drafter import make_ar_drafter, train_ar_drafter
     from .distill import distillation_record, load_distillation, requested, write_distillation
-    from .drafter import extend_drafter, tie_key_norms, train_drafter
+    from .drafter import extend_drafter, in_dflash_layout, tie_key_norms, train_drafter
     from .loop import drafter_training
 
     target, tokenizer = load_target(args.target, torch.device("cpu"), torch.float32)
@@ -369,7 +369,7 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
     if args.step == "ar-drafter":
         model = make_ar_drafter(target, args.layers or 2)
         return train_ar_drafter(model, seqs, cfg, args.workdir, args.out, tokenizer, target, args.soft, written_by)
-    from ..drafters.dflash_format import export_refusals
+    from ..drafters.dflash_format import export_refusals, serving_taps
 
     init_dir = Path(args.init) if args.init else args.workdir / "init"
     if not args.init and not (init_dir / "config.json").exists():
@@ -385,6 +385,8 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
             dflash_layout=args.format == "dflash",
         )
     drafter = read_conditioned_drafter(init_dir)
+    if args.init and args.format == "dflash" and export_refusals(drafter.config):  # start from a drafter of ours
+        drafter = in_dflash_layout(drafter, args.taps or serving_taps(drafter.config.target_num_layers))
     if args.init and (args.taps or args.block or args.layers or args.fuse_previous):
         taps = args.taps or drafter.config.tapped_layers
         drafter = extend_drafter(drafter, taps, args.block, args.layers, args.fuse_previous)

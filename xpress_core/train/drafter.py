@@ -197,14 +197,44 @@ def extend_drafter(
     for layer in extended.layers[depth:]:
         layer.attn.o_proj.weight.zero_()
         layer.down_proj.weight.zero_()
-    state = extended.state_dict() | drafter.state_dict()
-    hidden = drafter.config.hidden_size
-    fc = torch.zeros_like(extended.fc.weight)  # (H, n_taps * H): one H-wide slice per tapped layer
-    for i, layer in enumerate(old):
-        j = extended.config.tapped_layers.index(layer)
-        fc[:, j * hidden : (j + 1) * hidden] = state["fc.weight"][:, i * hidden : (i + 1) * hidden]
-    extended.load_state_dict(state | {"fc.weight": fc})
+    extended.load_state_dict(
+        extended.state_dict() | drafter.state_dict() | {"fc.weight": fusion_by_tap(drafter, extended)}
+    )
     return extended
+
+
+def fusion_by_tap(source: XpressDrafter, new: XpressDrafter) -> torch.Tensor:
+    """``new``'s fusion weight (H, n_taps * H), one H-wide slice per tapped layer: the source's slice for a layer
+    both tap, zero for a layer only ``new`` taps (it adds nothing until trained)."""
+    hidden = source.config.hidden_size
+    fc = torch.zeros_like(new.fc.weight)
+    for i, layer in enumerate(source.config.tapped_layers):
+        if layer in new.config.tapped_layers:
+            j = new.config.tapped_layers.index(layer)
+            fc[:, j * hidden : (j + 1) * hidden] = source.fc.weight[:, i * hidden : (i + 1) * hidden]
+    return fc
+
+
+@torch.no_grad()
+def in_dflash_layout(drafter: XpressDrafter, taps: list[int]) -> XpressDrafter:
+    """A drafter in the DFlash layout (what serving engines load) that starts from a trained drafter of another
+    layout: its layers, norms and the fusion slices of the layers both tap are copied; the per-head query and key
+    norms start at one, masked positions read the target's embedding of the mask token instead of a learned vector,
+    a refiner head is dropped, and a tap left out (the target's last layer, which engines read differently) loses
+    its slice. It drafts worse than the source at first: continued training brings it back far sooner than a fresh
+    drafter gets there (docs/experiments.md, "Served by vLLM")."""
+    config = drafter.config.to_dict() | {
+        "tapped_layers": sorted(taps),
+        "qk_norm": True,
+        "learned_mask": False,
+        "refiner_rank": 0,
+        "refiner_gains": None,
+    }
+    relaid = XpressDrafter(type(drafter.config).from_dict(config))
+    fusion = {"fc.weight": fusion_by_tap(drafter, relaid)}
+    kept = {k: v for k, v in drafter.state_dict().items() if k in relaid.state_dict() and k != "fc.weight"}
+    relaid.load_state_dict(relaid.state_dict() | kept | fusion)
+    return relaid
 
 
 @torch.no_grad()
