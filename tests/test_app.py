@@ -464,6 +464,21 @@ def test_env_vars_and_flags_configure_the_app(monkeypatch):
         parse_args(["--concurrency", "0"])
 
 
+def test_host_and_port_come_from_the_flags_else_from_gradios_variables(monkeypatch, capsys):
+    monkeypatch.delenv("GRADIO_SERVER_NAME", raising=False)
+    monkeypatch.delenv("GRADIO_SERVER_PORT", raising=False)
+    assert (parse_args([]).host, parse_args([]).port) == ("127.0.0.1", 7860)  # Gradio's own defaults
+    monkeypatch.setenv("GRADIO_SERVER_NAME", "0.0.0.0")
+    monkeypatch.setenv("GRADIO_SERVER_PORT", "7870")
+    assert (parse_args([]).host, parse_args([]).port) == ("0.0.0.0", 7870)
+    config = parse_args(["--host", "::1", "--port", "7861"])
+    assert (config.host, config.port) == ("::1", 7861)
+    for bad in ("0", "65536", "http"):
+        with pytest.raises(SystemExit):
+            parse_args(["--port", bad])
+    assert "--port" in capsys.readouterr().err
+
+
 # --- long prompts --------------------------------------------------------------------------------------------------
 
 

@@ -37,7 +37,7 @@ from ..models import (
     unmeasured,
 )
 from ..packing import warm_packed
-from ..precision import fastest
+from ..precision import DTYPE_AUTO_HELP, fastest
 from ..presets import Access
 from .grid import FULL_GRID, QUICK_GRID, parse_grid
 from .measure import RunPlan
@@ -101,9 +101,7 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
         help="CPU threads every method runs with (default: this process's, which the app and the CLI also use: "
         f"{torch.get_num_threads()} here)",
     )
-    bench.add_argument(
-        "--dtype", default="auto", help="auto (bf16 on CUDA and on CPUs with native bf16, else fp32), float32, bfloat16"
-    )
+    bench.add_argument("--dtype", default="auto", help=f"{DTYPE_AUTO_HELP}, float32, bfloat16")
     bench.add_argument(
         "--generate-dtypes",
         default="auto",
