@@ -30,21 +30,24 @@ def zoo_env(zoo) -> dict[str, str]:
 
 @contextmanager
 def serve_app(env: dict[str, str], name: str) -> Iterator[str]:
-    """Start ``python app.py`` with ``env`` on a free port; yield its URL; stop it. Its output goes to test-output/."""
+    """Start ``python app.py --host 127.0.0.1 --port N`` with ``env`` on a free port N; yield its URL; stop it. Its
+    output goes to test-output/."""
     port = free_port()
     OUTPUT.mkdir(exist_ok=True)
     full_env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
         "GRADIO_ANALYTICS_ENABLED": "False",
-        "GRADIO_SERVER_NAME": "127.0.0.1",
-        "GRADIO_SERVER_PORT": str(port),
         **env,
     }
     url = f"http://127.0.0.1:{port}/"
     with open(OUTPUT / f"{name}.log", "w") as log:
         process = subprocess.Popen(
-            [sys.executable, "app.py"], cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT
+            [sys.executable, "app.py", "--host", "127.0.0.1", "--port", str(port)],
+            cwd=ROOT,
+            env=full_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         try:
             wait_until_serving(url, process)

@@ -39,7 +39,6 @@ from xpress_core.bench import measure as bench_measure
 from xpress_core.bench.methods import REFERENCE, XPRESS
 from xpress_core.chat import MAX_MESSAGE_CHARS, fit_prompt
 from xpress_core.config import DecodeConfig
-from xpress_core.data import SGD_DEV, default_prompts, spread
 from xpress_core.drafters.base import NoDrafter
 from xpress_core.engine import Models, decode
 from xpress_core.errors import XpressError
@@ -465,6 +464,21 @@ def test_env_vars_and_flags_configure_the_app(monkeypatch):
         parse_args(["--concurrency", "0"])
 
 
+def test_host_and_port_come_from_the_flags_else_from_gradios_variables(monkeypatch, capsys):
+    monkeypatch.delenv("GRADIO_SERVER_NAME", raising=False)
+    monkeypatch.delenv("GRADIO_SERVER_PORT", raising=False)
+    assert (parse_args([]).host, parse_args([]).port) == ("127.0.0.1", 7860)  # Gradio's own defaults
+    monkeypatch.setenv("GRADIO_SERVER_NAME", "0.0.0.0")
+    monkeypatch.setenv("GRADIO_SERVER_PORT", "7870")
+    assert (parse_args([]).host, parse_args([]).port) == ("0.0.0.0", 7870)
+    config = parse_args(["--host", "::1", "--port", "7861"])
+    assert (config.host, config.port) == ("::1", 7861)
+    for bad in ("0", "65536", "http"):
+        with pytest.raises(SystemExit):
+            parse_args(["--port", bad])
+    assert "--port" in capsys.readouterr().err
+
+
 # --- long prompts --------------------------------------------------------------------------------------------------
 
 
@@ -774,8 +788,9 @@ def test_a_preset_without_a_drafter_has_nothing_to_sweep(zoo):
         run_sweep(plain, sweep_request(preset="plain"), "hello")
 
 
-def test_sweep_on_held_out_prompts(cache, tmp_path, monkeypatch):
-    """The benchmark's held-out prompts, spread; without the data folder the built-in story requests stand in."""
+def test_sweep_on_held_out_prompts(cache, monkeypatch):
+    """The benchmark's held-out prompts, shipped with the project (no data folder needed), spread over chats and
+    stories: of the 50 chats (sgd_dev dialogues 0, 49, ..., 2401) and the 10 story requests, the 1st and 31st."""
     used, real_sweep = [], bench_measure.sweep
     monkeypatch.setattr(
         bench_measure,
@@ -783,15 +798,11 @@ def test_sweep_on_held_out_prompts(cache, tmp_path, monkeypatch):
         lambda models, prompts, grid, **kw: used.append(prompts) or real_sweep(models, prompts, grid, **kw),
     )
     request = sweep_request(source=HELD_OUT, prompts=2, drafts=(1,), steps=(1,), max_new_tokens=4)
-    view = run_sweep(cache, request, "", data_dir=tmp_path / "missing")
-    assert [p.name for p in used[-1]] == ["story-0", "story-5"]
-    assert "built-in story requests stand in" in view.status
-    (tmp_path / "sgd").mkdir()
-    dialogues = [f"User: hello {i}\nAssistant: hi {i}\nUser: book {i}\n" for i in range(10)]
-    (tmp_path / SGD_DEV).write_text("\n".join(dialogues))
-    view = run_sweep(cache, request, "", data_dir=tmp_path)
-    assert [p.name for p in used[-1]] == [p.name for p in spread(default_prompts(tmp_path), 2)]
-    assert "stand in" not in view.status
+    view = run_sweep(cache, request, "")
+    assert [p.name for p in used[-1]] == ["sgd_dev-0", "sgd_dev-1470"]
+    first = "I want to make a restaurant reservation for 2 people at half past 11 in the morning."
+    assert used[-1][0].content[0] == ("user", first)  # the SGD dev split's first dialogue
+    assert view.status.startswith("✓") and "⚠" not in view.status
 
 
 @pytest.mark.parametrize(

@@ -73,7 +73,7 @@ def status_of(outputs) -> str:
     return outputs[2]
 
 
-def test_page_is_served_where_the_environment_says(server):
+def test_page_is_served_where_host_and_port_say(server):
     with urllib.request.urlopen(server, timeout=10) as response:
         assert response.status == 200
     client = Client(server, verbose=False)

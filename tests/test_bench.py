@@ -174,8 +174,10 @@ def test_bench_figures_table_and_goals_come_from_its_summaries(bench_run):
     table = Path(doc["files"]["table"]).read_text().splitlines()
     assert table[0].startswith("| method |") and "| prefill share |" in table[0]
     generate_row = next(line for line in table if line.startswith(f"| {REFERENCE} | - | 0 |"))
+    # The table rounds the share to a whole percent, the JSON to 0.1 %: a measured 12.53 % reads 13 % there and
+    # 0.125 here, so the two agree within half a percent and the JSON's rounding, whatever the timings.
     share = next(s["prefill_share"] for s in generate if not s["setting"])
-    assert generate_row.split(" | ")[6] == f"{share:.0%}"
+    assert abs(float(generate_row.split(" | ")[6].rstrip("%")) - 100 * share) <= 0.5 + 0.05
     assert {"best_xpress", "engine_overhead", "refinement", "auto", "auto_over_best_fixed"} <= set(doc["goals"])
     over_fixed = doc["goals"]["auto_over_best_fixed"]
     auto, fixed = (
@@ -355,7 +357,7 @@ def test_prompt_sources(tmp_path, prompt_file):
     assert {prompt_class(p.name) for p in shorts} == {"sgd_short"}
     only_short = default_prompts(data, sgd=0, stories=0, short=2)  # one class alone (it divided by zero)
     assert [p.name for p in only_short] == ["sgd_short-0", "sgd_short-3"]
-    with pytest.raises(XpressError, match="shared data folder"):
+    with pytest.raises(XpressError, match="lacks sgd/sgd_dev.txt"):
         default_prompts(tmp_path / "missing")
 
 

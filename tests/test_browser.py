@@ -85,9 +85,19 @@ def screenshot(page, name: str) -> None:
     page.screenshot(path=str(OUTPUT / name), full_page=True)
 
 
-def test_a_reply_streams_in_and_the_four_panels_draw_it(page, models):
+def start_pinned(page) -> None:
+    """An empty chat with Auto off: each test on the shared page compares its rounds with the engine's at pinned
+    K, T, L, whichever tests ran before it (or none)."""
     start_fresh(page)
-    set_checkbox(page, "auto", False)  # the pinned defaults K, T, L: the rounds are the engine's own run's
+    set_checkbox(page, "auto", False)
+
+
+def inside(box: dict, width: int, height: int) -> bool:
+    return box["x"] >= 0 and box["y"] >= 0 and box["x"] + box["width"] <= width and box["y"] + box["height"] <= height
+
+
+def test_a_reply_streams_in_and_the_four_panels_draw_it(page, models):
+    start_pinned(page)  # the pinned defaults K, T, L: the rounds are the engine's own run's
     set_checkbox(page, "animate", True)  # a frame per denoise step: the stream is slow enough to watch
     set_number(page, "max-new-tokens", 12)
     page.evaluate("""() => {
@@ -135,18 +145,20 @@ FIRST_SCREEN = ("chatbot", "verdict", "plot-evolution", "round-slider", "step-sl
 @pytest.mark.parametrize("width,height", [(1440, 900), (1280, 720)])
 def test_after_an_example_reply_the_first_screen_shows_chat_drafts_and_the_engines_verdict(page, models, width, height):
     screen = open_page(page.context.browser, page.url, width, height)  # a new visitor
+    # The page as it settles: the preset note, filled when the page has loaded, moves what is below it. Clicked
+    # before, the button may be out of view for an instant and playwright scrolls to it (seen on a busy machine).
+    screen.wait_for_function("document.querySelector('#preset-note').innerText.trim().length > 0")
     label, text = next(iter(EXAMPLES.items()))
-    screen.get_by_role("button", name=label).click()  # one click sends it
+    button = screen.get_by_role("button", name=label)
+    assert inside(button.bounding_box(), width, height), "the example buttons are not on the first screen"
+    button.click()  # one click sends it
     done = wait_done(screen)
     assert screen.inner_text("#chatbot [data-testid='user']").strip() == text
     screen.wait_for_timeout(1000)  # the last Plotly redraws
     assert screen.evaluate("window.scrollY") == 0
     for elem_id in FIRST_SCREEN:
         box = screen.locator(f"#{elem_id}").bounding_box()
-        inside = (
-            box["x"] >= 0 and box["y"] >= 0 and box["x"] + box["width"] <= width and box["y"] + box["height"] <= height
-        )
-        assert inside, f"#{elem_id} at {box} is not inside the first {width}x{height} screen"
+        assert inside(box, width, height), f"#{elem_id} at {box} is not inside the first {width}x{height} screen"
     screen.screenshot(path=str(OUTPUT / f"browser-first-screen-{width}x{height}.png"))
 
     expected = engine_result(models, text)  # the tokens; auto picked the rounds' settings
@@ -175,7 +187,7 @@ def test_after_an_example_reply_the_first_screen_shows_chat_drafts_and_the_engin
 
 
 def test_more_drafts_and_a_race_then_scrubbing_the_rounds(page, models):
-    start_fresh(page)
+    start_pinned(page)
     set_checkbox(page, "animate", False)
     set_number(page, "max-new-tokens", 40)
     drafts = page.locator("#drafts input[type=range]")
@@ -218,14 +230,15 @@ def test_more_drafts_and_a_race_then_scrubbing_the_rounds(page, models):
 
 
 def test_stop_midway_keeps_the_partial_reply_and_clear_empties_the_chat(page, models):
-    start_fresh(page)
+    start_pinned(page)
     set_checkbox(page, "animate", True)
     set_number(page, "max-new-tokens", 300)
     send(page, "Once upon a time")
     page.wait_for_function("/… round ([3-9]|\\d\\d)/.test(document.querySelector('#status').innerText)")
     # While animating, the draft panel beside the buttons redraws five times a second: on a busy machine the browser
-    # may never show playwright the idle frame its click waits for, so the click goes to the button as it stands.
-    page.click("#stop", force=True)
+    # may never show playwright the idle frame a click waits for, before or after it (a forced click still timed out
+    # after clicking, waiting for navigations), so the click event goes to the button as it stands.
+    page.dispatch_event("#stop", "click")
     page.wait_for_function("document.querySelector('#status').innerText.includes('Stopped after')")
     stopped = int(re.search(r"Stopped after (\d+) tokens", status(page))[1])
     assert 0 < stopped < 300
@@ -258,7 +271,7 @@ def test_stop_midway_keeps_the_partial_reply_and_clear_empties_the_chat(page, mo
     set_checkbox(page, "animate", True)
     send(page, "Once upon a time")
     page.wait_for_function("/… round ([2-9]|\\d\\d)/.test(document.querySelector('#status').innerText)")
-    page.click("#clear", force=True)  # mid-animation too (see above)
+    page.dispatch_event("#clear", "click")  # mid-animation too (see above)
     page.wait_for_function(f'document.querySelectorAll("{BOT}").length === 0')
     page.wait_for_timeout(1500)
     assert page.locator(BOT).count() == 0 and status(page) == "", "a late update came back after Clear"

@@ -19,6 +19,7 @@ from xpress_core.models import (
     resolve_dtype,
 )
 from xpress_core.packing import packing_available
+from xpress_core.precision import DTYPE_AUTO_HELP
 from xpress_core.presets import ALLOW_UNKNOWN_ENV, TRUST_REMOTE_CODE_ENV, Access, ModelPreset, hub_presets
 
 from .budget import DEFAULT_MEMORY_MB, DEFAULT_WALL_S, Budget
@@ -38,7 +39,7 @@ ENV = {
     "request_s": "XPRESS_REQUEST_S",  # a request's wall-time budget (a sweep's whole grid included)
     "request_mb": "XPRESS_REQUEST_MB",  # the server memory a request may grow it by
 }
-DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 7860  # overridden by Gradio's GRADIO_SERVER_NAME / GRADIO_SERVER_PORT
+DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 7860  # Gradio's GRADIO_SERVER_NAME / GRADIO_SERVER_PORT set others
 DEFAULT_CONCURRENCY = 2
 QUEUE_SIZE = 64
 DEFAULT_MAX_LOADED = 2
@@ -86,6 +87,8 @@ class AppConfig:
     hardware: Hardware | None = None  # None: detected from the device and the machine
     max_loaded: int = DEFAULT_MAX_LOADED
     budget: Budget = field(default_factory=Budget)
+    host: str = DEFAULT_HOST  # what the server listens on (Gradio's server_name and server_port)
+    port: int = DEFAULT_PORT
 
 
 def default_presets(
@@ -138,7 +141,7 @@ def parse_args(argv: list[str] | None = None) -> AppConfig:
     parser.add_argument(
         "--dtype",
         default=env.get(ENV["dtype"], "auto"),
-        help=f"auto (bf16 on CUDA and on CPUs with native bf16, else fp32), float32, bfloat16 (env {ENV['dtype']})",
+        help=f"{DTYPE_AUTO_HELP}, float32, bfloat16 (env {ENV['dtype']})",
     )
     parser.add_argument(
         "--device-map",
@@ -180,11 +183,14 @@ def parse_args(argv: list[str] | None = None) -> AppConfig:
         help=f"model pairs kept loaded; the least recently used is unloaded (env {ENV['max_loaded']})",
     )
     add_budget_args(parser, env)
+    add_server_args(parser, env)
     args = parser.parse_args(argv)
     if args.concurrency < 1 or args.max_loaded < 1:
         parser.error("--concurrency and --max-loaded must be at least 1")
     if not (args.request_seconds > 0 and args.request_memory_mb > 0):
         parser.error("--request-seconds and --request-memory-mb must be positive")
+    if not 0 < args.port < 65536:
+        parser.error(f"--port must be from 1 to 65535, got {args.port}")
     try:
         presets = default_presets(args.target, args.drafter, args.presets)
         hardware = Hardware.detect(args.device, args.dtype, args.memory_gb)
@@ -193,7 +199,33 @@ def parse_args(argv: list[str] | None = None) -> AppConfig:
     access = Access.from_env(args.allow_unknown_models, args.trust_remote_code)
     budget = Budget(args.request_seconds, args.request_memory_mb)
     return AppConfig(
-        presets, args.device, args.dtype, args.concurrency, args.device_map, access, hardware, args.max_loaded, budget
+        presets,
+        args.device,
+        args.dtype,
+        args.concurrency,
+        args.device_map,
+        access,
+        hardware,
+        args.max_loaded,
+        budget,
+        args.host,
+        args.port,
+    )
+
+
+def add_server_args(parser: argparse.ArgumentParser, env) -> None:
+    """Where the page is served. Gradio's own variables are the defaults, so a Space or a launcher that sets them
+    keeps working."""
+    parser.add_argument(
+        "--host",
+        default=env.get("GRADIO_SERVER_NAME", DEFAULT_HOST),
+        help="address to listen on; 0.0.0.0 for every interface (env GRADIO_SERVER_NAME)",
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=env.get("GRADIO_SERVER_PORT", str(DEFAULT_PORT)),
+        help="port to serve on (env GRADIO_SERVER_PORT)",
     )
 
 

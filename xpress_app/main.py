@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 
@@ -10,7 +9,7 @@ from starlette.middleware import Middleware
 
 from xpress_core.errors import XpressError
 
-from .config import DEFAULT_HOST, DEFAULT_PORT, MAX_UPLOAD, parse_args
+from .config import MAX_UPLOAD, parse_args
 from .log import log_to_stderr
 from .models import ModelCache
 from .routes import RouteGuard
@@ -33,8 +32,8 @@ def main(argv: list[str] | None = None) -> None:
     # and the exit handlers remove the temporary files.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     demo.launch(
-        server_name=os.environ.get("GRADIO_SERVER_NAME", DEFAULT_HOST),
-        server_port=int(os.environ.get("GRADIO_SERVER_PORT", DEFAULT_PORT)),
+        server_name=config.host,
+        server_port=config.port,
         share=False,
         max_file_size=MAX_UPLOAD,
         app_kwargs={"middleware": [Middleware(RouteGuard, blocks=demo)]},

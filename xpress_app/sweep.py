@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from xpress_core import validation
 from xpress_core.bench import measure
@@ -16,7 +15,7 @@ from xpress_core.bench.methods import REFERENCE, XPRESS
 from xpress_core.bench.summary import Summary
 from xpress_core.chat import cap_chars, fit_prompt
 from xpress_core.config import DecodeConfig
-from xpress_core.data import DEFAULT_DATA, SGD_DEV, Prompt, default_prompts, spread, story_prompts
+from xpress_core.data import Prompt, evaluation_prompts, spread
 from xpress_core.drafters.base import NoDrafter
 from xpress_core.errors import XpressError
 from xpress_core.models import context_limit
@@ -107,10 +106,13 @@ def values(name: str, chosen) -> tuple:
     return tuple(chosen)
 
 
-def sweep_prompts(request: SweepRequest, message: str | None, data_dir: Path) -> tuple[tuple[Prompt, ...], str | None]:
-    """The prompts to sweep on, and a note when the held-out chats are not there (a Space has no data folder). The
-    chat box text is held to the character caps here, before anything loads, and fitted to the tokens later, as
-    every prompt is (``xpress_core.chat.fit_prompt``)."""
+SWEEP_SETS = ("sgd_dev", "stories")  # shipped with the project (xpress_core/prompts/): a Space has them too
+
+
+def sweep_prompts(request: SweepRequest, message: str | None) -> tuple[Prompt, ...]:
+    """The prompts to sweep on: the held-out ones spread, or the chat box text. That text is held to the character
+    caps here, before anything loads, and fitted to the tokens later, as every prompt is
+    (``xpress_core.chat.fit_prompt``)."""
     if request.source == CHAT_BOX:
         text = user_message(message)
         if not text:
@@ -118,11 +120,8 @@ def sweep_prompts(request: SweepRequest, message: str | None, data_dir: Path) ->
                 "The chat box is empty: type a prompt there (no need to send it), or use held-out prompts."
             )
         capped = cap_chars([{"role": "user", "content": text}])
-        return (Prompt(CHAT_BOX_PROMPT, (("user", capped.prompt[-1]["content"]),), chat=True),), None
-    if (data_dir / SGD_DEV).exists():
-        return spread(default_prompts(data_dir), request.prompts), None
-    note = f"no held-out chats here ({data_dir / SGD_DEV} is missing): the built-in story requests stand in"
-    return spread(story_prompts(), request.prompts), note
+        return (Prompt(CHAT_BOX_PROMPT, (("user", capped.prompt[-1]["content"]),), chat=True),)
+    return spread(evaluation_prompts(SWEEP_SETS), request.prompts)
 
 
 def run_sweep(
@@ -131,7 +130,6 @@ def run_sweep(
     message: str | None,
     progress: Progress | None = None,
     stop_requested: Callable[[], bool] = never,
-    data_dir: Path = DEFAULT_DATA,
     budget: Budget | None = None,
 ) -> SweepView:
     """Run the Sweep tab's grid with ``bench.measure.sweep`` and build its heatmaps and table.
@@ -140,14 +138,13 @@ def run_sweep(
     grid's; default ``Budget()``) are checked after every run and end the sweep there.
     """
     grid = request.grid()
-    prompts, note = sweep_prompts(request, message, data_dir)
+    prompts = sweep_prompts(request, message)
     loaded = cache.get(request.preset)
     meter = Meter(budget or Budget())  # from here: loading is shared, not this request's
     check_block(request.block, loaded, request.preset)
     if isinstance(loaded.speculative.drafter, NoDrafter):
         raise XpressError(f"“{request.preset}” has no drafter: there is nothing to sweep.")
-    if request.source == CHAT_BOX:
-        note = fitted_notice(loaded, message, int(request.max_new_tokens))
+    note = fitted_notice(loaded, message, int(request.max_new_tokens)) if request.source == CHAT_BOX else None
     reached = [0, 0]
 
     def report(done: int, total: int, label: str) -> None:

@@ -16,6 +16,7 @@ from . import validation
 from .bench.cli import add_bench_parser, run_bench
 from .config import DIVERSITY, NOISE_TYPES, REFINE_MODES, SAMPLED_DRAFTS, SCHEDULES, VERIFY_MODES, DecodeConfig
 from .errors import XpressError
+from .precision import DTYPE_AUTO_HELP
 from .train.cli import add_train_parser, run_train
 
 
@@ -37,7 +38,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtype",
         default="auto",
-        help="auto (bf16 on CUDA and on CPUs with native bf16, else fp32), float32 (token-for-token exact), bfloat16",
+        help=f"{DTYPE_AUTO_HELP}, float32 (token-for-token exact), bfloat16",
     )
     parser.add_argument("--device-map", help="'auto': spread the target over all GPUs (accelerate), for big targets")
     parser.add_argument(

@@ -1,5 +1,7 @@
-"""The shared data folder and what reads it: where the data lives, its dialogue and story readers, and the held-out
-prompts the benchmark, the app's Sweep tab and ``train eval`` measure on (never trained on).
+"""The data folder and what reads it: where the data lives, its dialogue and story readers, and the held-out
+prompts the benchmark, the app's Sweep tab and ``train eval`` measure on (never trained on). The benchmark's and the
+Sweep's prompt sets ship in ``xpress_core/prompts/`` (derived from the data folder by ``scripts/make_prompts.py``), so
+that a clone with no data folder beside it (a Space, a laptop) measures the same prompts.
 
 Neutral ground: the benchmark, the training pipeline and the app all import it; it imports none of them.
 """
@@ -18,6 +20,35 @@ from .chat import FittedPrompt, fit_prompt
 from .errors import XpressError
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+PROMPTS = Path(__file__).resolve().parent / "prompts"
+
+
+# Where each corpus of the data folder comes from, and the plain-text layout the readers below expect: what a user
+# without the folder fetches (``missing_data``). The public sources, with the licences the model cards name.
+DATA_SOURCES = """\
+  sgd/sgd_train.txt, sgd/sgd_dev.txt: Schema-Guided Dialogue (CC BY-SA 4.0), the train and dev splits of
+    https://github.com/google-research-datasets/dstc8-schema-guided-dialogue (git clone); each dialogue's turns one a
+    line, 'User: ...' (speaker USER) or 'Assistant: ...' (SYSTEM), a blank line between dialogues
+  topical_chat/topical_chat_AB.txt: Topical-Chat (CDLA-Sharing-1.0), the validation and test conversations of
+    https://github.com/alexa/Topical-Chat (git clone; conversations/*.json), 'A: ...' (agent_1) or 'B: ...'
+    (agent_2) a line, a blank line between conversations
+  tinystories/tinystories_a.txt, tinystories/tinystories_b.txt: TinyStories (CDLA-Sharing-1.0), the Hugging Face
+    dataset roneneldan/TinyStories (datasets.load_dataset("roneneldan/TinyStories")): about 2 MB of the train split,
+    stories separated by <|endoftext|>, and about 0.8 MB of the validation split, a blank line between stories"""
+
+
+def missing_data(data_dir: Path, needed: Sequence[Path]) -> XpressError | None:
+    """The error for a data folder without the ``needed`` files (relative to it): which ones, and where to get them."""
+    missing = [str(name) for name in needed if not (data_dir / name).exists()]
+    if not missing:
+        return None
+    return XpressError(
+        f"the data folder {data_dir} lacks {', '.join(missing)}: fetch the datasets and lay them out as below, in "
+        f"{DEFAULT_DATA} (beside the clone) or in a folder passed as --data DIR\n{DATA_SOURCES}"
+    )
+
 
 Chat = list[dict[str, str]]
 
@@ -60,6 +91,9 @@ SGD_PROMPTS = 50
 
 
 SHORT_CHATS = 20  # the benchmark's single-turn chats (``short_chat``), beside the 50 longer ones
+
+
+QUICK_PROMPTS = (2, 2, 2)  # (sgd chats, story requests, short chats) in ``bench --quick``
 
 
 SGD_CONTEXT_TURNS = 3
@@ -129,12 +163,10 @@ def default_chat_indices(dialogues: int, sgd: int = SGD_PROMPTS) -> range:
 
 def dev_dialogues(data_dir: Path) -> list[Chat]:
     """The sgd_dev dialogues that open with the user, in the file's order (a prompt's index is its place here)."""
-    path = data_dir / SGD_DEV
-    if not path.exists():
-        raise XpressError(
-            f"the default prompts need {path} (the shared data folder); pass --data DIR or --prompts FILE.jsonl"
-        )
-    return [d for d in read_dialogues(path) if d and d[0]["role"] == "user"]
+    error = missing_data(data_dir, [SGD_DEV])
+    if error:
+        raise error
+    return [d for d in read_dialogues(data_dir / SGD_DEV) if d and d[0]["role"] == "user"]
 
 
 def dev_chat(index: int, dialogue: Chat) -> Prompt:
@@ -207,6 +239,37 @@ def read_prompt_file(path: Path) -> tuple[Prompt, ...]:
     if not prompts:
         raise XpressError(f"prompt file {path} holds no prompt")
     return tuple(prompts)
+
+
+def derive_prompt_sets(data_dir: Path) -> dict[str, tuple[Prompt, ...]]:
+    """The shipped prompt sets (``xpress_core/prompts/<name>.jsonl``) as derived from the data folder: what
+    ``scripts/make_prompts.py`` writes, and what ``evaluation_prompts`` derives afresh from another folder."""
+    return {
+        "sgd_dev": default_prompts(data_dir, stories=0),
+        "sgd_short": default_prompts(data_dir, sgd=0, stories=0, short=SHORT_CHATS),
+        "stories": story_prompts(),
+        "quick": default_prompts(data_dir, *QUICK_PROMPTS),
+    }
+
+
+def evaluation_prompts(sets: Sequence[str], data_dir: Path | None = None) -> tuple[Prompt, ...]:
+    """The named prompt sets, one after the other: as shipped, or derived afresh from ``data_dir``."""
+    if data_dir is None:
+        return tuple(p for name in sets for p in read_prompt_file(PROMPTS / f"{name}.jsonl"))
+    derived = derive_prompt_sets(data_dir)
+    return tuple(p for name in sets for p in derived[name])
+
+
+def prompt_lines(prompts: Sequence[Prompt]) -> str:
+    """JSONL as ``read_prompt_file`` reads it back: each prompt's name, and its messages or its raw text."""
+    lines = []
+    for p in prompts:
+        if isinstance(p.content, str):
+            item = {"name": p.name, "prompt": p.content}
+        else:
+            item = {"name": p.name, "messages": [{"role": r, "content": c} for r, c in p.content]}
+        lines.append(json.dumps(item, ensure_ascii=False) + "\n")
+    return "".join(lines)
 
 
 def spread(prompts: Sequence[Prompt], count: int) -> tuple[Prompt, ...]:

@@ -145,9 +145,9 @@ def native_bf16() -> bool:
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """``auto``: bf16 on CUDA and on CPUs with native bf16 (faster there: speculation verifies many tokens per
-    forward), else fp32. Exactness: fp32 gives plain decoding's tokens exactly; bf16 gives plain bf16 decoding's up to
-    rounding, which differs between forward shapes (docs/DESIGN.md §2.5)."""
+    """``auto``: bf16 on CUDA and on CPUs with native bf16, else fp32; where ``measures_dtype``, only a first guess
+    (``precision.fastest`` times both). Exactness: fp32 gives plain decoding's tokens exactly; bf16 gives plain bf16
+    decoding's up to rounding, which differs between forward shapes (docs/DESIGN.md §2.5)."""
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" or native_bf16() else torch.float32
     choices = {

@@ -34,6 +34,11 @@ from .presets import Access
 CANDIDATES = ("float32", "bfloat16")
 # bf16 must be this much faster (per token) to be kept: below it fp32's exactness wins.
 BF16_MARGIN = 0.05
+# What ``--dtype auto`` does (``measures_dtype``, ``fastest``), as the command lines' --help says it ("%%": argparse).
+DTYPE_AUTO_HELP = (
+    "auto (bf16 on CUDA; fp32 on a CPU without native bf16; on one with it both are timed at load and the faster "
+    f"kept, bf16 only if {100 * BF16_MARGIN:.0f}%% faster)"
+)
 TIMING_PROMPT_TOKENS = 32  # a short chat's prompt
 TIMING_TOKENS = 16  # tokens per timed request
 TIMING_TURNS = 3  # timed turns, after one that warms up

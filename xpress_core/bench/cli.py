@@ -12,15 +12,7 @@ from pathlib import Path
 import torch
 
 from .. import validation
-from ..data import (
-    DEFAULT_DATA,
-    HELD_OUT_STORIES,
-    SGD_PROMPTS,
-    SHORT_CHATS,
-    default_prompts,
-    read_prompt_file,
-    spread,
-)
+from ..data import QUICK_PROMPTS, evaluation_prompts, read_prompt_file, spread
 from ..engine import calibrate
 from ..errors import XpressError
 from ..models import (
@@ -45,7 +37,7 @@ from ..models import (
     unmeasured,
 )
 from ..packing import warm_packed
-from ..precision import fastest
+from ..precision import DTYPE_AUTO_HELP, fastest
 from ..presets import Access
 from .grid import FULL_GRID, QUICK_GRID, parse_grid
 from .measure import RunPlan
@@ -71,9 +63,6 @@ SAMPLING_TEMPERATURE = 0.7
 TEMPERATURES = (0.0, SAMPLING_TEMPERATURE)
 
 
-QUICK_PROMPTS = (2, 2, 2)  # (sgd chats, story requests, short chats) in --quick
-
-
 @dataclass(frozen=True)
 class BenchPreset:
     """A benchmark size: the full run or ``--quick``."""
@@ -83,16 +72,16 @@ class BenchPreset:
     lookup_tokens: tuple[int | None, ...]
     max_new_tokens: int
     repeats: int
-    prompts: tuple[int, int, int]  # (sgd chats, story requests, short single-turn chats)
+    prompt_sets: tuple[str, ...]  # shipped in xpress_core/prompts/ (``data.evaluation_prompts``)
     search_prompts: int
 
 
 FULL = BenchPreset(
-    FULL_GRID, ASSISTED_TOKENS, LOOKUP_TOKENS, 128, 3, (SGD_PROMPTS, len(HELD_OUT_STORIES), SHORT_CHATS), SEARCH_PROMPTS
+    FULL_GRID, ASSISTED_TOKENS, LOOKUP_TOKENS, 128, 3, ("sgd_dev", "sgd_short", "stories"), SEARCH_PROMPTS
 )
 
 
-QUICK = BenchPreset(QUICK_GRID, ASSISTED_TOKENS_QUICK, LOOKUP_TOKENS_QUICK, 64, 1, QUICK_PROMPTS, 0)
+QUICK = BenchPreset(QUICK_GRID, ASSISTED_TOKENS_QUICK, LOOKUP_TOKENS_QUICK, 64, 1, ("quick",), 0)
 
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:
@@ -112,9 +101,7 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
         help="CPU threads every method runs with (default: this process's, which the app and the CLI also use: "
         f"{torch.get_num_threads()} here)",
     )
-    bench.add_argument(
-        "--dtype", default="auto", help="auto (bf16 on CUDA and on CPUs with native bf16, else fp32), float32, bfloat16"
-    )
+    bench.add_argument("--dtype", default="auto", help=f"{DTYPE_AUTO_HELP}, float32, bfloat16")
     bench.add_argument(
         "--generate-dtypes",
         default="auto",
@@ -122,7 +109,11 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
         "is not, on CUDA none; none: only the run's), so that no speedup comes from a baseline held to its slower dtype",
     )
     bench.add_argument("--prompts", type=Path, help='JSONL: {"messages": [...]} or {"prompt": "..."} a line')
-    bench.add_argument("--data", type=Path, default=DEFAULT_DATA, help="shared data folder (default prompts)")
+    bench.add_argument(
+        "--data",
+        type=Path,
+        help="derive the default prompt sets from this data folder instead of the shipped ones (xpress_core/prompts/)",
+    )
     bench.add_argument(
         "--num-prompts", type=int, help="use only the first N prompts (the defaults: chats, short chats, then stories)"
     )
@@ -269,7 +260,7 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.prompts:
         prompts = read_prompt_file(args.prompts)
     else:
-        prompts = default_prompts(args.data, *preset.prompts)
+        prompts = evaluation_prompts(preset.prompt_sets, args.data)
     prompts = prompts[: args.num_prompts] if args.num_prompts else prompts
     torch.set_num_threads(args.threads)
     device = resolve_device(args.device)

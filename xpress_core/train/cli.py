@@ -31,7 +31,7 @@ def add_target_steps(steps: argparse._SubParsersAction) -> None:
     tok.add_argument("--vocab-size", type=int, default=4096)
     tok.add_argument("--out", type=Path, default=DEFAULT_WORK / "tokenizer")
 
-    corpus = steps.add_parser("corpus", help="tokenize shared/data into train.bin / val.bin")
+    corpus = steps.add_parser("corpus", help="tokenize the data folder (../shared/data) into train.bin / val.bin")
     corpus.add_argument("--data", type=Path, default=DEFAULT_DATA)
     corpus.add_argument("--tokenizer", type=Path, default=DEFAULT_WORK / "tokenizer")
     corpus.add_argument("--out", type=Path, default=DEFAULT_WORK / "corpus")
@@ -297,17 +297,19 @@ def run_sharpness(args: argparse.Namespace) -> dict:
 
 def run_train(args: argparse.Namespace) -> int:
     if args.step == "tokenizer":
-        from .corpus import training_documents
+        from .corpus import check_data, training_documents
         from .tokenizer import train_tokenizer
 
+        check_data(args.data)
         docs = list(training_documents(args.data))
         tok = train_tokenizer(docs, args.vocab_size, args.out)
         print(json.dumps({"vocab_size": len(tok), "out": str(args.out)}))
     elif args.step == "corpus":
         from transformers import AutoTokenizer
 
-        from .corpus import build_corpus
+        from .corpus import build_corpus, check_data
 
+        check_data(args.data)  # before the tokenizer loads
         stats = build_corpus(args.data, AutoTokenizer.from_pretrained(args.tokenizer), args.out)
         print(json.dumps(stats))
     elif args.step == "target":

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data import Chat, read_dialogues, read_stories
+from ..data import SGD_DEV, Chat, missing_data, read_dialogues, read_stories
 from .tokenizer import SPECIAL
 
 STORY_REQUESTS = (
@@ -37,21 +37,37 @@ def render_text(text: str) -> str:
     return SPECIAL.bos + text + SPECIAL.eos
 
 
+SGD_TRAIN = Path("sgd") / "sgd_train.txt"
+
+
+TOPICAL_CHAT = Path("topical_chat") / "topical_chat_AB.txt"
+
+
+STORIES = (Path("tinystories") / "tinystories_a.txt", Path("tinystories") / "tinystories_b.txt")
+
+
+def check_data(data_dir: Path) -> None:
+    """Before a tokenizer or a corpus is built: every file they read is there, or the error says where to get it."""
+    error = missing_data(data_dir, [SGD_TRAIN, SGD_DEV, TOPICAL_CHAT, *STORIES])
+    if error:
+        raise error
+
+
 def training_documents(data_dir: Path) -> Iterator[str]:
     """Every training document as rendered text (never ``sgd_dev``)."""
-    for chat in read_dialogues(data_dir / "sgd" / "sgd_train.txt"):
+    for chat in read_dialogues(data_dir / SGD_TRAIN):
         yield render_chat(chat)
-    for chat in read_dialogues(data_dir / "topical_chat" / "topical_chat_AB.txt"):
+    for chat in read_dialogues(data_dir / TOPICAL_CHAT):
         yield render_chat(chat)
-    for i, story in enumerate(read_stories(data_dir / "tinystories" / "tinystories_a.txt")):
+    for i, story in enumerate(read_stories(data_dir / STORIES[0])):
         request = STORY_REQUESTS[i % len(STORY_REQUESTS)]
         yield render_chat([{"role": "user", "content": request}, {"role": "assistant", "content": story}])
-    for story in read_stories(data_dir / "tinystories" / "tinystories_b.txt"):
+    for story in read_stories(data_dir / STORIES[1]):
         yield render_text(story)
 
 
 def validation_chats(data_dir: Path) -> list[Chat]:
-    return list(read_dialogues(data_dir / "sgd" / "sgd_dev.txt"))
+    return list(read_dialogues(data_dir / SGD_DEV))
 
 
 def encode_documents(tokenizer, docs: list[str], batch: int = 2000) -> np.ndarray:
