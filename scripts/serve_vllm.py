@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from xpress_core.config import DecodeConfig
-from xpress_core.data import DEFAULT_DATA, default_prompts
+from xpress_core.data import evaluation_prompts, read_prompt_file
 from xpress_core.drafters.base import NoDrafter
 from xpress_core.engine import decode
 from xpress_core.models import Models, load_models
@@ -107,7 +107,9 @@ def vllm_side(python: str, job: dict) -> dict:
 
 def compare(args: argparse.Namespace) -> dict:
     models = load_models(args.target, args.drafter, device="cpu", dtype="float32")
-    chats = default_prompts(args.data, sgd=args.prompts, stories=0)
+    chats = (read_prompt_file(args.prompts_file) if args.prompts_file else evaluation_prompts(["sgd_dev"]))[
+        : args.prompts
+    ]
     prompts = [p.ids(models.tokenizer) for p in chats]
     block = args.block
     job = {
@@ -202,8 +204,10 @@ def main() -> None:
     parser.add_argument("--vllm-python", default=os.environ.get("XPRESS_VLLM_PYTHON"), help="vLLM venv's python")
     parser.add_argument("--target", default=str(ROOT / "assets" / "target"))
     parser.add_argument("--drafter", default=str(ROOT / "assets" / "drafter_dflash"))
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
-    parser.add_argument("--prompts", type=int, default=24, help="held-out chats")
+    parser.add_argument("--prompts", type=int, default=24, help="how many prompts (the first of the file)")
+    parser.add_argument(
+        "--prompts-file", type=Path, help="JSONL as bench --prompts reads (default: the held-out chats)"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--block", type=int, default=8, help="draft tokens per round (vLLM's num_speculative_tokens)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
