@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from itertools import pairwise
 from pathlib import Path
 
@@ -593,3 +594,33 @@ def test_a_drafter_of_ours_starts_a_servable_drafter_in_the_dflash_layout(zoo):
     hidden = source.config.hidden_size
     assert torch.equal(theirs["fc.weight"], ours["fc.weight"][:, hidden : 2 * hidden])
     assert "mask_embedding" not in theirs and relaid.refiner is None
+
+
+def test_each_parameter_learns_at_its_own_rate_and_a_resumed_run_keeps_the_rates_asked_now(tmp_path):
+    """Co-training's slower drafter (``train(..., lr_scale=...)``): a part at scale 0 is left as it was, weight decay
+    included, while the rest trains; resumed from the checkpoint with other scales, the new ones hold."""
+    from torch import nn
+
+    from xpress_core.train.loop import TrainConfig, train
+
+    torch.manual_seed(0)
+    model = nn.ModuleDict({"head": nn.Linear(4, 4), "body": nn.Linear(4, 4)})
+    x = torch.randn(8, 4)
+
+    def loss_fn(rng) -> torch.Tensor:
+        return model["head"](model["body"](x)).pow(2).mean()
+
+    def weights(part: str) -> list[torch.Tensor]:
+        return [p.detach().clone() for p in model[part].parameters()]
+
+    body, head = weights("body"), weights("head")
+    cfg = TrainConfig(steps=3, lr=1e-2, warmup=1, bf16=False, eval_every=100)
+    train(model, loss_fn, cfg, tmp_path, lr_scale=lambda name: 0.0 if name.startswith("body.") else 1.0)
+    assert all(torch.equal(a, b) for a, b in zip(weights("body"), body))
+    assert not any(torch.equal(a, b) for a, b in zip(weights("head"), head))
+    body, head = weights("body"), weights("head")
+    train(
+        model, loss_fn, replace(cfg, steps=5), tmp_path, lr_scale=lambda name: 0.0 if name.startswith("head.") else 1.0
+    )
+    assert all(torch.equal(a, b) for a, b in zip(weights("head"), head))
+    assert not any(torch.equal(a, b) for a, b in zip(weights("body"), body))

@@ -71,8 +71,10 @@ def train(
     workdir: Path,
     eval_fn: Callable[[], dict] | None = None,
     desc: str = "train",
+    lr_scale: Callable[[str], float] | None = None,
 ) -> dict:
     """Run (or resume) ``cfg.steps`` optimizer steps; ``loss_fn(rng)`` draws one batch and returns its loss.
+    ``lr_scale(name)``: a parameter's learning rate over the schedule's (default 1).
 
     Every ``eval_every`` steps ``eval_fn()`` returns named figures, logged with the rows seen so far and the wall
     time: the run's learning curve."""
@@ -80,19 +82,16 @@ def train(
     ckpt_path = workdir / "ckpt.pt"
     log_path = workdir / "train_log.jsonl"
     params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr,
-        betas=(0.9, 0.95),
-    )
+    groups = param_groups(model, cfg, lr_scale)
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
     step = 0
     prior_wall = 0.0  # training seconds spent before a resume, so the model card reports the whole run
     if ckpt_path.exists():
         state = torch.load(ckpt_path, map_location="cpu", weights_only=True)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
+        for group, ours in zip(opt.param_groups, groups):  # the scales asked for now, not the checkpoint's
+            group["scale"] = ours["scale"]
         step = state["step"]
         prior_wall = state.get("wall_s", 0.0)
     (workdir / "train_config.json").write_text(json.dumps(asdict(cfg), indent=2))
@@ -104,7 +103,7 @@ def train(
     with log_path.open("a") as log:
         while step < cfg.steps:
             for group in opt.param_groups:
-                group["lr"] = cosine_lr(cfg, step)
+                group["lr"] = cosine_lr(cfg, step) * group["scale"]
             rng = np.random.default_rng([cfg.seed, step])
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
                 loss = loss_fn(rng)
@@ -131,6 +130,18 @@ def train(
     bar.close()
     model.eval()
     return {"steps": step, "resumed_from": start_step, "wall_s": round(prior_wall + time.time() - started, 1)}
+
+
+def param_groups(model: torch.nn.Module, cfg: TrainConfig, lr_scale: Callable[[str], float] | None) -> list[dict]:
+    """AdamW's groups of the trained parameters: weight decay on matrices only, each group at its learning-rate
+    scale (co-training: the trained drafter slower than its new head). Matrices first, as checkpoints hold them."""
+    groups: dict[tuple[float, float], list[torch.nn.Parameter]] = {}
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            key = (cfg.weight_decay if p.dim() >= 2 else 0.0, lr_scale(name) if lr_scale else 1.0)
+            groups.setdefault(key, []).append(p)
+    ordered = sorted(groups.items(), key=lambda item: (-item[0][0], -item[0][1]))
+    return [{"params": ps, "weight_decay": decay, "scale": scale} for (decay, scale), ps in ordered]
 
 
 def save_trained(model, tokenizer, out_dir: Path, summary: dict) -> dict:

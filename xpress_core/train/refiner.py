@@ -46,6 +46,7 @@ class RefinerRecipe:
     passes: int = 3  # free-running passes trained (decoding's T - 1)
     free_weight: float = 0.3
     drafter_weight: float = 0.6  # only when the drafter is trained along (``co_train``)
+    drafter_lr: float = 1.0  # co-training: the drafter's learning rate over the head's
     co_train: bool = False
     anchors: int = 32
     decay: float = 4.0
@@ -192,7 +193,10 @@ def train_refiner(
             "sampled": pass_agreement(drafter, target, held_out, first_anchor, recipe.anchors, curve_passes),
         }
 
-    summary = train(drafter, loss_fn, cfg, workdir, desc="refiner", eval_fn=eval_fn)
+    def lr_scale(name: str) -> float:
+        return 1.0 if name.startswith("refiner.") else recipe.drafter_lr
+
+    summary = train(drafter, loss_fn, cfg, workdir, desc="refiner", eval_fn=eval_fn, lr_scale=lr_scale)
     summary["heldout_refiner"] = eval_fn()
     drafter.config.refiner_gains = pass_gains(summary["heldout_refiner"]["greedy"]["passes"])
     summary["refiner_recipe"] = asdict(recipe)

@@ -34,6 +34,9 @@ def add_refiner_step(steps: argparse._SubParsersAction) -> None:
     step.add_argument("--decay", type=float, default=4.0, help="loss weight of block position j: exp(-(j-1)/decay)")
     step.add_argument("--soft", type=float, default=1.0, help="weight of the KL to the target's distribution")
     step.add_argument("--co-train", action="store_true", help="train the drafter along (with its own loss)")
+    step.add_argument(
+        "--drafter-lr", type=float, default=1.0, help="co-training: the drafter's learning rate over the head's (--lr)"
+    )
     step.add_argument("--eval-every", type=int, default=250)
     step.add_argument("--no-bf16", action="store_true")
 
@@ -57,6 +60,7 @@ def run_refiner_step(args: argparse.Namespace) -> dict:
         passes=args.passes,
         free_weight=args.free_weight,
         co_train=args.co_train,
+        drafter_lr=args.drafter_lr,
         anchors=args.anchors,
         decay=args.decay,
         soft=args.soft,
