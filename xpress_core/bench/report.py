@@ -221,10 +221,13 @@ def output_paths(json_path: Path, figure_names: Sequence[str]) -> dict[str, Path
 def write_outputs(stages: Sequence[Stage], args: argparse.Namespace, models: BenchModels) -> dict[str, str]:
     """CSV of every measurement of every stage; JSON with the final stage's summaries (the headline), the grid's
     (the search stage's, or the final's when no search ran), goals, mismatches and the measurements; figures."""
-    from .figures import bench_figures  # plotly is imported only when a run writes its figures
-
     final, grid = stages[-1], stages[0]
-    figures = bench_figures(final.run.summaries, grid.run.summaries)
+    try:
+        from .figures import bench_figures  # plotly is imported only when a run writes its figures
+    except ImportError as missing:  # a GPU machine without plotly (scripts/device_run.py): the measurements still count
+        figures, no_figures = {}, f"no figures: {missing}"
+    else:
+        figures, no_figures = bench_figures(final.run.summaries, grid.run.summaries), None
     paths = output_paths(args.json, list(figures))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     rows = [{"stage": st.name, **m.row()} for st in stages for m in st.run.measurements]
@@ -270,6 +273,7 @@ def write_outputs(stages: Sequence[Stage], args: argparse.Namespace, models: Ben
         ],
         "measurements": rows,
         "files": files,
+        "no_figures": no_figures,
     }
     paths["json"].write_text(json.dumps(document, indent=1, default=str))
     return files

@@ -10,7 +10,7 @@ from pathlib import Path
 from ..config import NOISE_TYPES
 from ..data import DEFAULT_DATA
 from ..errors import XpressError
-from .refiner_cli import add_refiner_step, run_refiner_step
+from .refiner_cli import add_device_arg, add_refiner_step, run_refiner_step
 
 DEFAULT_WORK = Path("runs")
 
@@ -60,6 +60,7 @@ def add_drafter_steps(steps: argparse._SubParsersAction) -> None:
         step = steps.add_parser(name, help=help_text)
         add_distillation_args(step, name)
         add_training_args(step)
+        add_device_arg(step)
         if name == "drafter":
             add_diffusion_drafter_args(step)
 
@@ -364,12 +365,14 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
     from .drafter import extend_drafter, in_dflash_layout, tie_key_norms, train_drafter
     from .loop import drafter_training
 
-    target, tokenizer = load_target(args.target, torch.device("cpu"), torch.float32)
-    seqs = load_distillation(write_distillation(target, tokenizer, args.data, args.distill_dir, requested(args)))
+    cfg = drafter_training(args, eval_every=max(50, args.steps // 10))  # first: a missing device is refused at once
+    device = torch.device(cfg.device)
+    target, tokenizer = load_target(args.target, device, torch.float32)
+    distilled = write_distillation(target, tokenizer, args.data, args.distill_dir, requested(args))
+    seqs = load_distillation(distilled).to(device)
     written_by = distillation_record(args.distill_dir)
-    cfg = drafter_training(args, eval_every=max(50, args.steps // 10))
     if args.step == "ar-drafter":
-        model = make_ar_drafter(target, args.layers or 2)
+        model = make_ar_drafter(target, args.layers or 2).to(device)
         return train_ar_drafter(model, seqs, cfg, args.workdir, args.out, tokenizer, target, args.soft, written_by)
     from ..drafters.dflash_format import export_refusals, serving_taps
 
@@ -400,6 +403,7 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
         raise XpressError(f"--format dflash: the drafter cannot be written in the DFlash format: {'; '.join(refusals)}")
     if args.format == "dflash":
         tie_key_norms(drafter)
+    drafter = drafter.to(device)
     summary = train_drafter(
         drafter,
         target,

@@ -44,7 +44,8 @@ def make_blocks(
     dtype: torch.dtype,
     full_share: float = 0.5,
 ) -> DrafterBatch:
-    """``anchors`` blocks per sequence, each masked at a ratio drawn from U(0, 1], or fully (``full_share`` of them)."""
+    """``anchors`` blocks per sequence, each masked at a ratio drawn from U(0, 1], or fully (``full_share`` of them).
+    Drawn on the CPU from ``rng`` (the same blocks on every device), returned on ``seqs``' device."""
     b, s = seqs.shape
     span = block + 1
     candidates = np.arange(first_anchor, s - block)
@@ -53,7 +54,7 @@ def make_blocks(
     starts_t = torch.from_numpy(starts)  # (B, M)
     offsets = torch.arange(span)
     positions = (starts_t[..., None] + offsets).reshape(b, -1)  # (B, M*span)
-    block_ids = seqs.gather(1, positions)
+    block_ids = seqs.gather(1, positions.to(seqs.device))
     ratio = torch.from_numpy(rng.uniform(0.0, 1.0, size=(b, anchors, 1))).float()
     full = torch.from_numpy(rng.uniform(size=(b, anchors, 1)) < full_share)
     ratio = torch.where(full, torch.ones_like(ratio), ratio).clamp(min=1e-3)  # t = 0 would teach nothing
@@ -70,7 +71,10 @@ def make_blocks(
     mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
     levels = ratio.expand(b, anchors, span).clone()
     levels[..., 0] = 0.0
-    return DrafterBatch(block_ids, masked.reshape(b, -1), levels.reshape(b, -1), positions, mask[:, None])
+    on = seqs.device
+    return DrafterBatch(
+        block_ids, masked.reshape(b, -1).to(on), levels.reshape(b, -1).to(on), positions.to(on), mask[:, None].to(on)
+    )
 
 
 @dataclass(frozen=True)
@@ -101,7 +105,7 @@ def block_inputs(
         embeds = drafter.embed_block(batch.block_ids, batch.masked)
     else:
         clean = drafter.token_embeddings(batch.block_ids)
-        noise = torch.randn(clean.shape, generator=generator).to(clean.dtype)
+        noise = torch.randn(clean.shape, generator=generator).to(clean.device, clean.dtype)  # CPU-drawn: resumable
         embeds = drafter.embed_noisy_block(add_noise(clean, noise, batch.levels), batch.levels)
     if drafter.previous_proj is None:
         return embeds
@@ -114,7 +118,7 @@ def block_inputs(
 def context_features(drafter: XpressDrafter, features: torch.Tensor):
     """Per-layer context keys/values of the drafter from the frozen target's tapped hidden states (B, S, F)."""
     b, s, _ = features.shape
-    return drafter.context_kv(features, torch.arange(s).expand(b, -1))
+    return drafter.context_kv(features, torch.arange(s, device=features.device).expand(b, -1))
 
 
 def soft_targets(reading: TargetReading, positions: torch.Tensor) -> torch.Tensor:
@@ -162,7 +166,7 @@ def drafter_loss(
     losses = distillation_loss(predictions, per_block(batch.block_ids, span)[:, :, 1:], target_logp, soft)
     # Acceptance stops at the first wrong token, so early block positions matter most: weight position j by
     # exp(-(j - 1) / decay) (DFlash weights its loss the same way), predicted positions only.
-    decays = torch.exp(-torch.arange(span - 1, dtype=torch.float32) / decay)  # (L,)
+    decays = torch.exp(-torch.arange(span - 1, dtype=torch.float32, device=losses.device) / decay)  # (L,)
     weights = decays * per_block(predicted_positions(drafter, batch), span)[:, :, 1:].float()
     return (losses * weights).sum() / weights.sum()
 
@@ -246,7 +250,7 @@ def block_agreement(drafter: XpressDrafter, target, seqs: torch.Tensor, first_an
     rng = np.random.default_rng(12345)
     span = drafter.config.block_size + 1
     b = make_blocks(seqs, first_anchor, drafter.config.block_size, anchors, rng, torch.float32)
-    block = torch.arange(b.masked.shape[1]) % span > 0  # every position but the roots
+    block = torch.arange(b.masked.shape[1], device=seqs.device) % span > 0  # every position but the roots
     b = DrafterBatch(b.block_ids, b.masked | block, block.float().expand_as(b.levels), b.positions, b.attention_mask)
     reading = read_target(target, seqs, drafter.config.tapped_layers)
     embeds = block_inputs(drafter, b, reading, torch.Generator().manual_seed(12345))

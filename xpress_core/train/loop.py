@@ -18,6 +18,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from .. import validation
+from ..errors import XpressError
+
 # Distilled sequences kept out of drafter training, for the held-out figures (the same rows for both drafters).
 HELD_OUT = 64
 
@@ -36,11 +39,13 @@ class TrainConfig:
     eval_every: int = 250
     seed: int = 0
     bf16: bool = True
+    max_minutes: float | None = None  # stop this invocation after so long (checkpointed: a rerun resumes)
+    device: str = "cpu"  # where the models and batches live: cpu, cuda or cuda:N (``training_device``)
 
 
 def drafter_training(args, eval_every: int) -> TrainConfig:
     """The schedule a drafter or refiner command's options ask for (``--steps``, ``--batch-size``, ``--lr``,
-    ``--no-bf16``): warm-up over a tenth of the steps, at most 100."""
+    ``--no-bf16``, ``--device``): warm-up over a tenth of the steps, at most 100."""
     return TrainConfig(
         steps=args.steps,
         batch_size=args.batch_size,
@@ -48,7 +53,18 @@ def drafter_training(args, eval_every: int) -> TrainConfig:
         warmup=min(100, args.steps // 10 + 1),
         bf16=not args.no_bf16,
         eval_every=eval_every,
+        device=str(training_device(args.device)),
+        max_minutes=args.max_minutes,
     )
+
+
+def training_device(spec: str) -> torch.device:
+    """``--device`` of a training step: cpu (the default), cuda or cuda:N, refused before anything loads when this
+    machine has no such device. No ``auto``: a training run says where it runs, so a resumed run stays there."""
+    if spec not in ("cpu", "cuda") and not spec.startswith("cuda:"):
+        raise XpressError(f"--device of a training step is cpu, cuda or cuda:N, got {spec!r}")
+    validation.device(spec)  # a missing CUDA, or a cuda:N past the machine's count, is refused here
+    return torch.device(spec)
 
 
 def cosine_lr(cfg: TrainConfig, step: int) -> float:
@@ -101,11 +117,11 @@ def train(
     start_step = step
     bar = tqdm(total=cfg.steps, initial=step, desc=desc, mininterval=5)
     with log_path.open("a") as log:
-        while step < cfg.steps:
+        while step < cfg.steps and not out_of_time(cfg, started):
             for group in opt.param_groups:
                 group["lr"] = cosine_lr(cfg, step) * group["scale"]
             rng = np.random.default_rng([cfg.seed, step])
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+            with torch.autocast(torch.device(cfg.device).type, dtype=torch.bfloat16, enabled=cfg.bf16):
                 loss = loss_fn(rng)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
@@ -114,7 +130,8 @@ def train(
             step += 1
             bar.update(1)
             record = {"step": step, "loss": round(loss.item(), 4), "lr": opt.param_groups[0]["lr"]}
-            evaluated = eval_fn is not None and (step % cfg.eval_every == 0 or step == cfg.steps)
+            last = step == cfg.steps or out_of_time(cfg, started)  # the curve ends with a point where the run stops
+            evaluated = eval_fn is not None and (step % cfg.eval_every == 0 or last)
             if evaluated:
                 model.eval()
                 record |= {"rows_seen": step * cfg.batch_size, **eval_fn()}
@@ -124,7 +141,7 @@ def train(
                 log.write(json.dumps(record) + "\n")
                 log.flush()
                 bar.set_postfix(loss=record["loss"])
-            if time.time() - last_save > cfg.checkpoint_minutes * 60 or step == cfg.steps:
+            if time.time() - last_save > cfg.checkpoint_minutes * 60 or last or out_of_time(cfg, started):
                 save_checkpoint(ckpt_path, model, opt, step, prior_wall + time.time() - started)
                 last_save = time.time()
     bar.close()
@@ -142,6 +159,12 @@ def param_groups(model: torch.nn.Module, cfg: TrainConfig, lr_scale: Callable[[s
             groups.setdefault(key, []).append(p)
     ordered = sorted(groups.items(), key=lambda item: (-item[0][0], -item[0][1]))
     return [{"params": ps, "weight_decay": decay, "scale": scale} for (decay, scale), ps in ordered]
+
+
+def out_of_time(cfg: TrainConfig, started: float) -> bool:
+    """``max_minutes`` of this invocation spent: the loop stops at a checkpoint, and the step writes the model as it
+    is (a rerun of the same command resumes towards ``steps``)."""
+    return cfg.max_minutes is not None and time.time() - started > cfg.max_minutes * 60
 
 
 def save_trained(model, tokenizer, out_dir: Path, summary: dict) -> dict:
@@ -162,4 +185,4 @@ def split_held_out(seqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def draw_rows(seqs: torch.Tensor, rng: np.random.Generator, batch_size: int) -> torch.Tensor:
     """A batch of distinct rows, drawn from the step's seeded rng (so a resumed run draws the same batches)."""
-    return seqs[torch.from_numpy(rng.choice(seqs.shape[0], size=batch_size, replace=False))]
+    return seqs[torch.from_numpy(rng.choice(seqs.shape[0], size=batch_size, replace=False)).to(seqs.device)]

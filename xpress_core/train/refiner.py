@@ -94,7 +94,7 @@ def refiner_loss(drafter: XpressDrafter, reading: TargetReading, blocks, recipe:
     ids = per_block(blocks.block_ids, span)  # (B, M, L+1): root and tokens 1..L
     roots, tokens = ids[..., 0], ids[..., 1:]
     target_logp = soft_targets(reading, per_block(blocks.positions, span)[..., 1:])
-    weights = torch.exp(-torch.arange(span - 1, dtype=torch.float32) / recipe.decay)  # (L,)
+    weights = torch.exp(-torch.arange(span - 1, dtype=torch.float32, device=tokens.device) / recipe.decay)  # (L,)
 
     def weighted(logits: torch.Tensor) -> torch.Tensor:
         losses = distillation_loss(logits, tokens, target_logp, recipe.soft)  # (B, M, L)

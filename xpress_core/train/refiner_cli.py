@@ -39,6 +39,22 @@ def add_refiner_step(steps: argparse._SubParsersAction) -> None:
     )
     step.add_argument("--eval-every", type=int, default=250)
     step.add_argument("--no-bf16", action="store_true")
+    add_device_arg(step)
+
+
+def add_device_arg(step: argparse.ArgumentParser) -> None:
+    """``--device`` and ``--max-minutes`` of the training steps that read a target (drafter, ar-drafter, refiner)."""
+    step.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu, cuda or cuda:N: the target, the model trained and every batch live there (bf16 autocast there "
+        "unless --no-bf16); the distillation is written there too",
+    )
+    step.add_argument(
+        "--max-minutes",
+        type=float,
+        help="stop training after so many minutes (checkpointed; the model is written as it is, a rerun resumes)",
+    )
 
 
 def run_refiner_step(args: argparse.Namespace) -> dict:
@@ -50,10 +66,12 @@ def run_refiner_step(args: argparse.Namespace) -> dict:
     from .loop import drafter_training
     from .refiner import RefinerRecipe, attach_refiner, train_refiner
 
-    target, tokenizer = load_target(args.target, torch.device("cpu"), torch.float32)
+    cfg = drafter_training(args, eval_every=args.eval_every)  # first: a missing device is refused before loading
+    device = torch.device(cfg.device)
+    target, tokenizer = load_target(args.target, device, torch.float32)
     if args.sequences:  # write what is missing first (resumable), else train on the chunks the folder holds
         write_distillation(target, tokenizer, args.data, args.distill_dir, requested(args))
-    seqs = load_distillation(args.distill_dir)
+    seqs = load_distillation(args.distill_dir).to(device)
     written_by = distillation_record(args.distill_dir)  # the settings, and how many chunks the folder held
     recipe = RefinerRecipe(
         rank=args.rank,
@@ -65,10 +83,9 @@ def run_refiner_step(args: argparse.Namespace) -> dict:
         decay=args.decay,
         soft=args.soft,
     )
-    cfg = drafter_training(args, eval_every=args.eval_every)
     summary_path = args.drafter / "training_summary.json"
     return train_refiner(
-        attach_refiner(XpressDrafter.from_pretrained(args.drafter), args.rank),
+        attach_refiner(XpressDrafter.from_pretrained(args.drafter), args.rank).to(device),
         target,
         seqs,
         args.prompt_len,
