@@ -27,6 +27,7 @@ def engine(job: dict, speculative: bool):
         seed=0,
         max_model_len=1024,
         disable_log_stats=False,
+        kv_cache_memory_bytes=1 << 30,  # else the CPU backend reserves 92 % of a memory node, and refuses a busy one
         speculative_config=spec if speculative else None,
     )
 
@@ -65,6 +66,27 @@ def tokens_per_s(llm, prompts: list[list[int]], new: int, concurrency: int) -> f
     return tokens / (time.perf_counter() - started)
 
 
+def proposed_drafts(llm, prompt: list[int], new: int) -> list[list[int]]:
+    """The drafts vLLM's DFlash proposer makes for one request, round by round: its ``propose`` wrapped while the
+    request runs (the engine core runs in this process: VLLM_ENABLE_V1_MULTIPROCESSING=0). The last proposal, made
+    after the request's last round, is never verified."""
+    from vllm.v1.spec_decode.dflash import DFlashProposer
+
+    drafts, original = [], DFlashProposer.propose
+
+    def recording(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        drafts.append(out[0].tolist())
+        return out
+
+    DFlashProposer.propose = recording
+    try:
+        generate(llm, [prompt], new)
+    finally:
+        DFlashProposer.propose = original
+    return drafts
+
+
 def one_engine(job: dict, speculative: bool) -> dict:
     llm = engine(job, speculative)
     prompts, new = job["prompts"], job["max_new_tokens"]
@@ -80,6 +102,8 @@ def one_engine(job: dict, speculative: bool) -> dict:
             "accepted_per_round": round((after["accepted"] - before["accepted"]) / max(drafts, 1), 4),
             "accepted_per_position": [round(x / max(drafts, 1), 4) for x in per_pos],
         }
+        if job["drafts_of"] is not None:
+            result["drafts_of"] = proposed_drafts(llm, prompts[job["drafts_of"]], new)
     result["tokens_per_s"] = {str(c): round(tokens_per_s(llm, prompts, new, c), 1) for c in job["concurrency"]}
     return result
 
