@@ -36,7 +36,7 @@ import torch
 from xpress_core.config import DecodeConfig
 from xpress_core.data import evaluation_prompts, read_prompt_file
 from xpress_core.drafters.base import NoDrafter
-from xpress_core.engine import decode
+from xpress_core.engine import calibrated, decode
 from xpress_core.models import Models, load_models
 from xpress_core.trace import DecodeResult, RoundTrace
 
@@ -46,24 +46,44 @@ VLLM_SIDE = ROOT / "scripts" / "vllm_side.py"
 
 @dataclass(frozen=True)
 class Run:
-    """One engine's greedy requests: the new tokens per prompt, and its rounds' accepted draft tokens."""
+    """One engine's greedy requests: the new tokens per prompt, its rounds' accepted draft tokens, and per prompt
+    the (one) draft each round verified."""
 
     outputs: list[list[int]]
     accepted: list[int]  # per drafting round, all prompts
-    drafts: list[list[int]]  # per round of prompt ``drafts_of``: the (one) draft it verified
+    drafts: list[list[list[int]]]
 
 
-def xpress_run(models: Models, prompts: list[torch.Tensor], cfg: DecodeConfig, drafts_of: int | None) -> Run:
+def xpress_run(models: Models, prompts: list[torch.Tensor], cfg: DecodeConfig) -> Run:
     outputs, accepted, drafts = [], [], []
-    for i, ids in enumerate(prompts):
+    for ids in prompts:
+        drafts.append([])
         for event in decode(models, ids, cfg):
             if isinstance(event, DecodeResult):
                 outputs.append(list(event.token_ids))
             elif isinstance(event, RoundTrace) and event.index > 0 and event.setting[2] > 0:
                 accepted.append(len(event.accepted))
-                if i == drafts_of:
-                    drafts.append(list(event.drafts[0]))
+                drafts[-1].append(list(event.drafts[0]))
     return Run(outputs, accepted, drafts)
+
+
+def scored(drafts: list[list[list[int]]], outputs: list[list[int]]) -> list[int]:
+    """Draft tokens accepted per round when each prompt's drafts, round by round, meet its greedy reply: a round
+    starting after ``done`` tokens accepts its draft's longest prefix that the reply continues with, then the
+    target's own token. One rule for both engines' drafts; tokens past the reply's end (its stop) are not counted,
+    which an engine's own counter may do in a request's last round."""
+    accepted = []
+    for rounds, reply in zip(drafts, outputs):
+        done = 1  # the prefill's token
+        for draft in rounds:
+            if done >= len(reply):
+                break  # a proposal after the last round, never verified
+            a = 0
+            while a < len(draft) and done + a < len(reply) and draft[a] == reply[done + a]:
+                a += 1
+            accepted.append(a)
+            done += a + 1
+    return accepted
 
 
 def generate_outputs(models: Models, prompts: list[torch.Tensor], new: int) -> list[list[int]]:
@@ -90,6 +110,10 @@ def tokens_per_s(models: Models, prompts: list[torch.Tensor], cfg: DecodeConfig,
     return tokens / (time.perf_counter() - started)
 
 
+def mean(values: list[int]) -> float:
+    return round(sum(values) / max(len(values), 1), 4)
+
+
 def per_position(accepted: list[int], block: int) -> list[float]:
     """Per block position j = 1..L: the share of rounds that accepted at least j draft tokens."""
     return [round(sum(a >= j for a in accepted) / max(len(accepted), 1), 4) for j in range(1, block + 1)]
@@ -106,7 +130,8 @@ def vllm_side(python: str, job: dict) -> dict:
 
 
 def compare(args: argparse.Namespace) -> dict:
-    models = load_models(args.target, args.drafter, device="cpu", dtype="float32")
+    # auto's stage costs measured once, as the app and the bench keep them (else every request measures them anew)
+    models = calibrated(load_models(args.target, args.drafter, device="cpu", dtype="float32"))
     chats = (read_prompt_file(args.prompts_file) if args.prompts_file else evaluation_prompts(["sgd_dev"]))[
         : args.prompts
     ]
@@ -119,7 +144,6 @@ def compare(args: argparse.Namespace) -> dict:
         "max_new_tokens": args.max_new_tokens,
         "block": block,
         "concurrency": args.concurrency,
-        "drafts_of": args.drafts_of,
     }
     theirs = vllm_side(args.vllm_python, job)
     plain_models = Models(models.target, models.tokenizer, NoDrafter())
@@ -128,9 +152,9 @@ def compare(args: argparse.Namespace) -> dict:
     auto = replace(chain, auto=True, diversity="tree")
     reference = generate_outputs(models, prompts, args.max_new_tokens)
     ours = {
-        "plain": xpress_run(plain_models, prompts, plain, None),
-        "chain": xpress_run(models, prompts, chain, args.drafts_of),
-        "auto": xpress_run(models, prompts, auto, None),
+        "plain": xpress_run(plain_models, prompts, plain),
+        "chain": xpress_run(models, prompts, chain),
+        "auto": xpress_run(models, prompts, auto),
     }
     equal = {
         "vllm plain": theirs["plain"]["outputs"] == reference,
@@ -145,7 +169,9 @@ def compare(args: argparse.Namespace) -> dict:
             *((f"xpress {n}", r.outputs) for n, r in ours.items()),
         )
     }
-    ours_chain = ours["chain"].accepted
+    ours_chain, spec = ours["chain"], theirs["spec"]
+    same_rule = {"vllm": scored(spec["drafts"], reference), "xpress": scored(ours_chain.drafts, reference)}
+    rounds_differ = sum(a != b for x, y in zip(spec["drafts"], ours_chain.drafts) for a, b in zip(x, y))
     speed = {"vllm plain": theirs["plain"]["tokens_per_s"], "vllm + drafter": theirs["spec"]["tokens_per_s"]}
     for name, (engine, cfg) in {
         "xpress plain": (plain_models, plain),
@@ -161,18 +187,21 @@ def compare(args: argparse.Namespace) -> dict:
         "outputs_equal_generate": equal,
         "prompts_that_differ": differ,
         "accepted_per_round": {
-            "vllm": theirs["spec"]["accepted_per_round"],
-            "xpress": round(sum(ours_chain) / max(len(ours_chain), 1), 4),
+            "vllm": spec["accepted_per_round"],
+            "xpress": mean(ours_chain.accepted),
+            **{f"{name}, one rule": mean(acc) for name, acc in same_rule.items()},
         },
         "accepted_per_position": {
-            "vllm": theirs["spec"]["accepted_per_position"],
-            "xpress": per_position(ours_chain, block),
+            "vllm": spec["accepted_per_position"],
+            "xpress": per_position(ours_chain.accepted, block),
+            **{f"{name}, one rule": per_position(acc, block) for name, acc in same_rule.items()},
         },
-        "rounds": {"vllm": theirs["spec"]["drafts"], "xpress": len(ours_chain)},
+        "rounds": {"vllm": spec["rounds"], "xpress": len(ours_chain.accepted)},
+        "rounds_whose_drafts_differ": rounds_differ,
         "tokens_per_s": speed,
-        "drafts": {"vllm": theirs["spec"].get("drafts_of"), "xpress": ours["chain"].drafts}
-        if args.drafts_of is not None
-        else None,
+        "drafts": None
+        if args.drafts_of is None
+        else {"vllm": spec["drafts"][args.drafts_of], "xpress": ours_chain.drafts[args.drafts_of]},
     }
 
 
@@ -182,13 +211,21 @@ def report(result: dict) -> str:
     for name, same in result["outputs_equal_generate"].items():
         differ = result["prompts_that_differ"][name]
         lines.append(f"  {name:15s} equal to generate: {'yes' if same else f'no, prompts {differ}'}")
-    acc, pos = result["accepted_per_round"], result["accepted_per_position"]
+    acc, pos, rounds = result["accepted_per_round"], result["accepted_per_position"], result["rounds"]
     lines.append(
-        f"  accepted draft tokens per round (one chain of {result['block']}): vLLM {acc['vllm']:.3f} over "
-        f"{result['rounds']['vllm']} rounds, xPress {acc['xpress']:.3f} over {result['rounds']['xpress']}"
+        f"  one chain of {result['block']}: rounds whose drafts differ between the engines: "
+        f"{result['rounds_whose_drafts_differ']}"
     )
-    lines.append(f"  per position, vLLM:   {' '.join(f'{x:.3f}' for x in pos['vllm'])}")
-    lines.append(f"  per position, xPress: {' '.join(f'{x:.3f}' for x in pos['xpress'])}")
+    lines.append(
+        f"  accepted draft tokens per round, each engine's own count: vLLM {acc['vllm']:.3f} over "
+        f"{rounds['vllm']} rounds, xPress {acc['xpress']:.3f} over {rounds['xpress']}"
+    )
+    lines.append(
+        f"  the same, both engines' drafts scored by one rule against the reply: vLLM "
+        f"{acc['vllm, one rule']:.3f}, xPress {acc['xpress, one rule']:.3f}"
+    )
+    for name in pos:
+        lines.append(f"  per position, {name + ':':18s} {' '.join(f'{x:.3f}' for x in pos[name])}")
     concurrency = list(next(iter(result["tokens_per_s"].values())))
     lines.append("  tokens/s at " + " / ".join(concurrency) + " requests at once:")
     for name, by in result["tokens_per_s"].items():

@@ -3,9 +3,9 @@
     VLLM_TARGET_DEVICE=cpu python scripts/vllm_side.py JOB.json OUT.json
 
 JOB: the target and drafter folders, the prompts as token ids, max_new_tokens, the block (num_speculative_tokens),
-the concurrencies to time and ``drafts_of`` (a prompt index, or null). OUT, for vLLM plain and with the drafter:
-the greedy outputs of the prompts one at a time, tokens/s per concurrency, and for the drafter its acceptance
-counters (drafts, accepted tokens per round and per position) over the one-at-a-time greedy run.
+and the concurrencies to time. OUT, for vLLM plain and with the drafter: the greedy outputs of the prompts one at a
+time, tokens/s per concurrency, and for the drafter its acceptance counters (drafts, accepted tokens per round and
+per position) over the one-at-a-time greedy run and the drafts it proposed there, prompt by prompt, round by round.
 """
 
 from __future__ import annotations
@@ -66,10 +66,10 @@ def tokens_per_s(llm, prompts: list[list[int]], new: int, concurrency: int) -> f
     return tokens / (time.perf_counter() - started)
 
 
-def proposed_drafts(llm, prompt: list[int], new: int) -> list[list[int]]:
-    """The drafts vLLM's DFlash proposer makes for one request, round by round: its ``propose`` wrapped while the
-    request runs (the engine core runs in this process: VLLM_ENABLE_V1_MULTIPROCESSING=0). The last proposal, made
-    after the request's last round, is never verified."""
+def with_drafts(llm, prompt: list[int], new: int) -> tuple[list[int], list[list[int]]]:
+    """One request's greedy output, and the drafts vLLM's DFlash proposer made for it round by round: its
+    ``propose`` wrapped while the request runs (the engine core runs in this process: VLLM_ENABLE_V1_MULTIPROCESSING
+    is 0). The last proposal, made after the request's last round, is never verified."""
     from vllm.v1.spec_decode.dflash import DFlashProposer
 
     drafts, original = [], DFlashProposer.propose
@@ -81,29 +81,27 @@ def proposed_drafts(llm, prompt: list[int], new: int) -> list[list[int]]:
 
     DFlashProposer.propose = recording
     try:
-        generate(llm, [prompt], new)
+        output = generate(llm, [prompt], new)[0]
     finally:
         DFlashProposer.propose = original
-    return drafts
+    return output, drafts
 
 
 def one_engine(job: dict, speculative: bool) -> dict:
     llm = engine(job, speculative)
     prompts, new = job["prompts"], job["max_new_tokens"]
     before = counters(llm)
-    outputs = [generate(llm, [p], new)[0] for p in prompts]
+    runs = [with_drafts(llm, p, new) if speculative else (generate(llm, [p], new)[0], []) for p in prompts]
     after = counters(llm)
-    result = {"outputs": outputs}
+    result = {"outputs": [output for output, _ in runs], "drafts": [drafts for _, drafts in runs]}
     if speculative:
         drafts = after["drafts"] - before["drafts"]
         per_pos = [a - b for a, b in zip(after["per_position"], before["per_position"] or [0] * job["block"])]
         result |= {
-            "drafts": drafts,
+            "rounds": drafts,
             "accepted_per_round": round((after["accepted"] - before["accepted"]) / max(drafts, 1), 4),
             "accepted_per_position": [round(x / max(drafts, 1), 4) for x in per_pos],
         }
-        if job["drafts_of"] is not None:
-            result["drafts_of"] = proposed_drafts(llm, prompts[job["drafts_of"]], new)
     result["tokens_per_s"] = {str(c): round(tokens_per_s(llm, prompts, new, c), 1) for c in job["concurrency"]}
     return result
 

@@ -1,0 +1,73 @@
+"""Our DFlash-format drafter served by vLLM (scripts/serve_vllm.py), against HF ``generate`` and xPress.
+
+vLLM lives in a venv of its own (README, "Serving at scale"), which the project never needs: these tests run where
+``XPRESS_VLLM_PYTHON`` names that venv's python, and are skipped, saying so, elsewhere (CI among them: the venv is
+3.5 GB and the run minutes long). The shipped drafter's serving-safe shape is checked everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+ROOT = Path(__file__).resolve().parent.parent
+DRAFTER = ROOT / "assets" / "drafter_dflash"
+VLLM_PYTHON = os.environ.get("XPRESS_VLLM_PYTHON")
+needs_vllm = pytest.mark.skipif(
+    not VLLM_PYTHON,
+    reason="vLLM is not installed here: set XPRESS_VLLM_PYTHON to the python of its venv (README, Serving at scale)",
+)
+
+
+def test_the_shipped_dflash_drafter_is_read_alike_by_both_engines():
+    """What vLLM reads differently from transformers is kept out of the shipped drafter: it does not tap the
+    target's last layer, and its layers' key norms are one (vLLM's CPU backend applies the first layer's to all)."""
+    config = json.loads((DRAFTER / "config.json").read_text())
+    target_layers = json.loads((ROOT / "assets" / "target" / "config.json").read_text())["num_hidden_layers"]
+    assert config["architectures"] == ["DFlashDraftModel"]
+    assert target_layers - 1 not in config["dflash_config"]["target_layer_ids"]
+    weights = load_file(DRAFTER / "model.safetensors")
+    norms = [weights[f"layers.{i}.self_attn.k_norm.weight"] for i in range(config["num_hidden_layers"])]
+    assert len(norms) >= 2 and all(n.equal(norms[0]) for n in norms)
+
+
+@needs_vllm
+def test_vllm_cpu_key_norm_bug_is_still_there():
+    """vLLM's CPU ``rms_norm`` over stacked layers applies the first layer's weight to every layer
+    (scripts/vllm_key_norm_bug.py). When this fails, vLLM fixed it: the tied key norms of ``train drafter --format
+    dflash`` (``tie_key_norms``) are no longer needed for a CPU."""
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
+    proc = subprocess.run(
+        [VLLM_PYTHON, str(ROOT / "scripts" / "vllm_key_norm_bug.py")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert found["max_error"] > 1.0 and found["max_error_against_first_layers_weight"] < 1e-5, found
+
+
+@needs_vllm
+def test_vllm_serves_our_drafter_with_generates_outputs_and_xpress_acceptance(tmp_path):
+    """Greedy fp32 on held-out chats: vLLM plain, vLLM with the drafter and xPress give ``generate``'s tokens, and one
+    chain of the drafter accepts as many draft tokens a round in both engines (within 5 %, per position too)."""
+    out = tmp_path / "serve.json"
+    cmd = [sys.executable, "-m", "scripts.serve_vllm", "--vllm-python", VLLM_PYTHON, "--prompts", "8"]
+    cmd += ["--max-new-tokens", "48", "--concurrency", "1", "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert all(result["outputs_equal_generate"].values()), result["prompts_that_differ"]
+    ours, theirs = result["accepted_per_round"]["xpress"], result["accepted_per_round"]["vllm"]
+    assert abs(theirs - ours) <= 0.05 * ours, (ours, theirs)
+    for a, b in zip(result["accepted_per_position"]["xpress"], result["accepted_per_position"]["vllm"]):
+        assert abs(a - b) <= 0.05 * max(a, 0.05), result["accepted_per_position"]
