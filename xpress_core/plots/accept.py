@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 from ..trace import RoundTrace
 from .common import ACCEPTED_COLOUR, DRAFT_COLOUR, message_figure, stacked_panels
 
-ACCEPT_TITLE = "Accepted length per round"
+ACCEPT_TITLE = "Accepted length"
 
 
 def running_tau(traces: Sequence[RoundTrace]) -> list[float]:

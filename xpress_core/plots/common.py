@@ -103,5 +103,7 @@ def stacked_panels(title: str, lower_title: str | None, upper_share: float = 0.7
         "xaxis2": {"anchor": "y2", "automargin": False},
         "yaxis2": {"anchor": "x2", "domain": [0, lower / region], "automargin": False},
         "legend": {"orientation": "h", "x": 0, "xanchor": "left", "y": 1, "yanchor": "bottom", "font": {"size": 12}},
+        # Plotly's tool bar appears over the panel's top right on hover: a few buttons, so it leaves the title alone.
+        "modebar": {"remove": ["zoom", "pan", "select", "lasso", "zoomin", "zoomout", "autoscale"]},
         "annotations": annotations,
     }

@@ -1,0 +1,114 @@
+"""The panels' geometry in a real browser (chromium via playwright, ``python app.py`` on the tiny models): after two
+chat turns with the app's defaults (Auto on) and Race on, at a laptop's two sizes and in a phone's column, every text
+box of the accepted-length and latency panels (titles, legend, axis titles, labels) lies inside its panel and clear
+of every other, the titles, legend and axis titles clear of the plots, and the plots take most of the panel's height.
+Measured from the drawn SVG, not by eye; screenshots go to test-output/.
+
+Skips when chromium or playwright is missing, unless XPRESS_REQUIRE_BROWSER=1 (CI), where that is a failure.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.app_browser import BOT, open_app, open_page, require_browser, send, wait_done
+from tests.app_server import OUTPUT, serve_app, zoo_env
+from xpress_app.texts import EXAMPLES
+
+pytestmark = pytest.mark.browser
+
+STACKED = ("plot-accept", "plot-latency")
+PLOT_SHARE = 0.6  # the plots' part of a panel's height, at least (issue 39)
+# Every box is [x, y, width, height] in CSS pixels. Plotly draws a subplot's area as its drag rectangle; the text
+# boxes are the figure's title, legend, axis titles and annotations (the lower plot's title, the lines' labels).
+PANEL_BOXES = """(id) => {
+    const box = e => { const b = e.getBoundingClientRect(); return [b.x, b.y, b.width, b.height]; };
+    const root = document.querySelector('#' + id);
+    const texts = [...root.querySelectorAll('.g-gtitle, .legend, .g-xtitle, .g-ytitle, .g-x2title, .g-y2title')]
+        .map(e => ({kind: e.getAttribute('class'), text: e.textContent, box: box(e)}));
+    const notes = [...root.querySelectorAll('.annotation')]
+        .map(e => ({kind: 'annotation', text: e.textContent, box: box(e)}));
+    return {panel: box(root), plots: [...root.querySelectorAll('.nsewdrag')].map(box),
+            texts: texts.concat(notes).filter(t => t.box[2] > 0 && t.box[3] > 0)};
+}"""
+
+
+def overlap(a, b) -> float:
+    """The area two boxes share (0 when they only touch)."""
+    width = min(a[0] + a[2], b[0] + b[2]) - max(a[0], b[0])
+    height = min(a[1] + a[3], b[1] + b[3]) - max(a[1], b[1])
+    return max(0.0, width) * max(0.0, height)
+
+
+def inside(inner, outer, slack: float = 1.0) -> bool:
+    return (
+        inner[0] >= outer[0] - slack
+        and inner[1] >= outer[1] - slack
+        and inner[0] + inner[2] <= outer[0] + outer[2] + slack
+        and inner[1] + inner[3] <= outer[1] + outer[3] + slack
+    )
+
+
+def on_a_line(text: dict) -> bool:
+    """The latency panel's τ and break-even labels sit on their lines, inside the plot, by design."""
+    return text["kind"] == "annotation" and text["text"].startswith(("τ ", "break-even "))
+
+
+def panel_problems(geometry: dict) -> list[str]:
+    """What makes a panel hard to read: text outside it, text over text, titles or legend over a plot, small plots."""
+    panel, plots, texts = geometry["panel"], geometry["plots"], geometry["texts"]
+    problems = [f"{t['kind']} {t['text']!r} leaves the panel" for t in texts if not inside(t["box"], panel)]
+    problems += [
+        f"{a['kind']} {a['text']!r} overlaps {b['kind']} {b['text']!r}"
+        for i, a in enumerate(texts)
+        for b in texts[i + 1 :]
+        if overlap(a["box"], b["box"]) > 1
+    ]
+    problems += [
+        f"{t['kind']} {t['text']!r} covers a plot"
+        for t in texts
+        if not on_a_line(t) and any(overlap(t["box"], plot) > 1 for plot in plots)
+    ]
+    problems += [
+        f"a line's label {t['text']!r} is outside its plot"
+        for t in texts
+        if on_a_line(t) and not any(inside(t["box"], plot) for plot in plots)
+    ]
+    share = sum(plot[3] for plot in plots) / panel[3]
+    if share < PLOT_SHARE:
+        problems.append(f"the plots take {share:.0%} of the panel's height")
+    return problems
+
+
+@pytest.fixture(scope="module")
+def app_url(zoo):
+    require_browser()
+    from playwright.sync_api import sync_playwright
+
+    with serve_app(zoo_env(zoo), "app-browser-panels") as url, sync_playwright() as playwright:
+        browser, _ = open_app(playwright, url)
+        yield browser, url
+        browser.close()
+
+
+@pytest.mark.parametrize("width,height", [(1440, 900), (1280, 720), (390, 844)])
+def test_the_accepted_length_and_latency_panels_read_at_a_glance(app_url, width, height):
+    browser, url = app_url
+    page = open_page(browser, url, width, height)  # a new visitor: the app's defaults, Auto on
+    page.locator("#race input[type=checkbox]").dispatch_event("click")  # the sidebar may lie over it
+    if width < 500:  # on a phone the settings sidebar covers the page until closed
+        page.get_by_role("button", name="Toggle Sidebar").click()
+    page.get_by_role("button", name=next(iter(EXAMPLES))).click()
+    wait_done(page)
+    send(page, "And one more thing, please.")
+    page.wait_for_function(f'document.querySelectorAll("{BOT}").length === 2')
+    wait_done(page)
+    page.wait_for_function("document.querySelector('#plot-latency').textContent.includes('plain ')")
+    page.wait_for_timeout(1000)  # the last Plotly redraws
+    for elem_id in STACKED:
+        page.locator(f"#{elem_id}").scroll_into_view_if_needed()
+        page.locator(f"#{elem_id}").screenshot(path=str(OUTPUT / f"browser-{elem_id}-{width}x{height}.png"))
+        geometry = page.evaluate(PANEL_BOXES, elem_id)
+        assert len(geometry["plots"]) == 2, f"#{elem_id}: {geometry}"
+        assert not panel_problems(geometry), f"#{elem_id} at {width}x{height}: {panel_problems(geometry)}"
+    page.close()
