@@ -7,7 +7,7 @@ import itertools
 import json
 import re
 import threading
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
@@ -29,7 +29,16 @@ from xpress_app.config import (
 )
 from xpress_app.models import Loaded, ModelCache, TokenTexts
 from xpress_app.settings import UI_MAX_BLOCK, Settings
-from xpress_app.sweep import CHAT_BOX, HELD_OUT, SweepRequest, run_sweep, values
+from xpress_app.sweep import (
+    CHAT_BOX,
+    HELD_OUT,
+    SWEEP_REPEATS,
+    SweepRequest,
+    run_sweep,
+    sweep_status,
+    sweep_table,
+    values,
+)
 from xpress_app.texts import EMPTY_MESSAGE, VERDICT_PENDING, exactness
 from xpress_app.ui import build_app
 from xpress_app.widgets import block_slider
@@ -37,6 +46,7 @@ from xpress_core import models as core_models
 from xpress_core import verdict
 from xpress_core.bench import measure as bench_measure
 from xpress_core.bench.methods import REFERENCE, XPRESS
+from xpress_core.bench.summary import throughput
 from xpress_core.chat import MAX_MESSAGE_CHARS, fit_prompt
 from xpress_core.config import DecodeConfig
 from xpress_core.data import SGD_DEV, default_prompts, spread
@@ -757,15 +767,65 @@ def test_sweep_draws_what_bench_sweep_measured(cache, oracle_models, monkeypatch
     assert heatmap_cells(view.tau) == {
         (s.setting.decode.drafts, s.setting.decode.steps): s.tau for s in oracle.summaries if s.setting.method == XPRESS
     }
-    assert seen[-1][0] == seen[-1][1] == 5 * 2  # (baseline + 4 settings) x (warm-up + 1 prompt)
+    assert seen[-1][0] == seen[-1][1] == 5 * (1 + SWEEP_REPEATS)  # (baseline + 4 settings) x (warm-up + repeats)
+    assert {s.calls for s in run.summaries} == {SWEEP_REPEATS}
     assert run.mismatches == () and "Every output equals plain decoding's" in view.status
     reference = next(s for s in run.summaries if s.setting.method == REFERENCE)
     rows = view.table.splitlines()[2:]
-    assert rows[0] == f"| plain decoding (transformers generate) | {reference.tokens_per_s:.1f} | ×1.00 | 1.00 | - |"
+    plain = f"{reference.tokens_per_s:.1f} ({reference.tokens_per_s_min:.1f}–{reference.tokens_per_s_max:.1f})"
+    assert rows[0] == f"| plain decoding (transformers generate) | {plain} | ×1.00 (1.00–1.00) | 1.00 | - |"
     assert rows[1:] == [
-        f"| {s.setting.label} | {s.tokens_per_s:.1f} | ×{s.speedup:.2f} | {s.tau:.2f} | 1/1 |"
+        f"| {s.setting.label} | {s.tokens_per_s:.1f} ({s.tokens_per_s_min:.1f}–{s.tokens_per_s_max:.1f}) | "
+        f"×{s.speedup:.2f} ({s.speedup_min:.2f}–{s.speedup_max:.2f}) | {s.tau:.2f} | 3/3 |"
         for _, s in sorted(settings_run.items())
     ]
+    # The speedup of a setting is the median over the repeats of its tokens/s over plain decoding's in that repeat.
+    for s in settings_run.values():
+        ratios = sorted(
+            throughput([m for m in run.measurements if m.setting == s.setting and m.repeat == r])
+            / throughput([m for m in run.measurements if m.setting.method == REFERENCE and m.repeat == r])
+            for r in range(SWEEP_REPEATS)
+        )
+        assert (s.speedup_min, s.speedup, s.speedup_max) == pytest.approx(tuple(ratios))
+
+
+def test_a_sweep_says_how_busy_the_machine_and_the_app_were(cache, monkeypatch):
+    """The load average (sampled after every timed call) against the sweep's own threads, and the app's other
+    requests in flight: a busy machine is named as such beside the figures, a quiet one as quiet."""
+    loads = iter([0.2, 0.9, 0.4] + [3.5] * 100)
+    monkeypatch.setattr(bench_measure, "load_average", lambda: next(loads))
+    monkeypatch.setattr(bench_measure.torch, "get_num_threads", lambda: 1)
+    busy = run_sweep(cache, sweep_request(drafts=(1,), steps=(1,)), "hello")  # 2 settings x 3 repeats: 6 samples
+    assert (busy.run.load.lowest, busy.run.load.highest, busy.run.load.threads) == (0.2, 3.5, 1)
+    assert "⚠ **Measured on a busy machine** (load average 0.2–3.5" in busy.status
+    monkeypatch.setattr(bench_measure, "load_average", lambda: 0.9)
+    with cache.in_flight.serving():  # a reply in another tab
+        beside = run_sweep(cache, sweep_request(drafts=(1,), steps=(1,)), "hello")
+    assert "1 other request in the app at once" in beside.status and "busy machine" in beside.status
+    alone = run_sweep(cache, sweep_request(drafts=(1,), steps=(1,)), "hello")
+    assert "Measured on a quiet machine (load average 0.9–0.9" in alone.status and cache.in_flight.count() == 0
+
+
+def test_a_differing_output_is_a_failure_in_float32_and_explained_as_rounding_in_bfloat16(cache):
+    view = run_sweep(cache, sweep_request(drafts=(1,), steps=(1,)), "hello")
+    xpress = next(s for s in view.run.summaries if s.setting.method == XPRESS)
+    parted = bench_measure.Mismatch(
+        xpress.setting, 0.0, CHAT_BOX, 0, REFERENCE, 4, " the rest", " a rest", " the", " a"
+    )
+    run = replace(
+        view.run,
+        mismatches=(parted, replace(parted, repeat=1)),  # the same parting in two repeats: listed once
+        summaries=tuple(replace(s, mismatches=2) if s is xpress else s for s in view.run.summaries),
+    )
+    exact = sweep_status(run, 1, None, 0, torch.float32)
+    assert "✗ **2 of 3 outputs differ from plain decoding's in float32**" in exact
+    assert "chat-box with K=1 T=1 L=4: new token 5 is `' a'` where plain decoding has `' the'`" in exact
+    assert "1/3 ✗" in sweep_table(run, True)
+    rounding = sweep_status(run, 1, None, 0, torch.bfloat16)
+    assert "✗" not in rounding and "2 of 3 outputs part from plain decoding's in bfloat16, by rounding" in rounding
+    assert "new token 5 is `' a'` where plain decoding has `' the'`" in rounding
+    assert "in float32 xPress gives plain decoding's tokens exactly" in rounding
+    assert "1/3 (rounding)" in sweep_table(run, False) and "✗" not in sweep_table(run, False)
 
 
 def test_a_preset_without_a_drafter_has_nothing_to_sweep(zoo):
@@ -806,7 +866,7 @@ def test_sweep_on_held_out_prompts(cache, tmp_path, monkeypatch):
         (
             {"drafts": tuple(range(1, 9)), "steps": (1, 2, 3, 4), "source": HELD_OUT, "prompts": 2},
             "",
-            "32 settings × 2 prompts = 64 runs is more than the 48",
+            "32 settings × 2 prompts × 3 repeats = 192 runs is more than the 48",
         ),
         ({}, "   ", "The chat box is empty"),
         ({"block": 9, "steps": (1,)}, "hi", "block L=9 is longer than the drafter of “tiny · diffusion” was trained"),
@@ -844,7 +904,7 @@ def test_a_stopped_sweep_says_so_and_the_next_one_runs(cache):
         stop[0] = done >= 3  # the Stop button, pressed during the third run
 
     view = run_sweep(cache, sweep_request(), "hello", progress, lambda: stop[0])
-    assert view.status == "■ Sweep stopped after 3 of 10 runs: nothing measured to show."
+    assert view.status == f"■ Sweep stopped after 3 of {5 * (1 + SWEEP_REPEATS)} runs: nothing measured to show."
     assert view.tokens_per_s is None and view.tau is None and view.run is None  # the last heatmaps stay
     view = run_sweep(cache, sweep_request(drafts=(1,), steps=(1,)), "hello")
-    assert view.status.startswith("✓ **settings: 1 · prompts: 1 · best K=1 T=1 L=4")
+    assert view.status.startswith("✓ **settings: 1 · prompts: 1 · 3 repeats · best K=1 T=1 L=4")

@@ -262,8 +262,9 @@ def reply_updates(
     """The chat endpoint's stream: the reply's views as component updates."""
     controls.running += 1
     try:
-        for view in chat_turn(cache, message, history, Settings(**settings), lambda: controls.stop, budget):
-            yield view_update(tab, log_dir, view)
+        with cache.in_flight.serving():
+            for view in chat_turn(cache, message, history, Settings(**settings), lambda: controls.stop, budget):
+                yield view_update(tab, log_dir, view)
     except XpressError as error:
         raise refusal("/chat", error) from None
     finally:

@@ -80,23 +80,25 @@ def speeds_title(traces: Sequence[RoundTrace], plain: Sequence[RoundTrace]) -> s
 
 
 def level_labels(cost: RoundCost) -> list[dict]:
-    """The τ and break-even lines labelled at their right ends, the higher one's label above it and the lower one's
-    below, so the two never overlap however close the lines are."""
-    levels = sorted(((cost.tau, f"τ {cost.tau:.2f}"), (cost.plain_steps, f"break-even {cost.plain_steps:.2f}")))
+    """The τ and break-even lines labelled just above them, τ at the plot's right end and the break-even at its left,
+    so the two labels never overlap however close the lines are (the y range leaves room above the higher one)."""
     return [
         {
             "text": text,
-            "x": 1,
+            "x": end,
             "xref": "x domain",
-            "xanchor": "right",
+            "xanchor": "right" if end else "left",
             "y": level,
             "yref": "y",
-            "yanchor": anchor,
+            "yanchor": "bottom",
             "showarrow": False,
             "font": {"size": 12},
             "bgcolor": "rgba(255,255,255,0.7)",
         }
-        for (level, text), anchor in zip(levels, ("top", "bottom"))
+        for text, level, end in (
+            (f"τ {cost.tau:.2f}", cost.tau, 1),
+            (f"break-even {cost.plain_steps:.2f}", cost.plain_steps, 0),
+        )
     ]
 
 
