@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import pytest
 
-from tests.app_browser import BOT, open_app, open_page, require_browser, send, wait_done
+from tests.app_browser import BOT, open_app, open_page, require_browser, send, set_number, svg_text, wait_done
 from tests.app_server import OUTPUT, serve_app, zoo_env
 from xpress_app.texts import EXAMPLES
+from xpress_core.plots import MAX_ROWS
 
 pytestmark = pytest.mark.browser
 
 STACKED = ("plot-accept", "plot-latency")
+FIRST_SCREEN = ("chatbot", "verdict", "plot-evolution", "round-slider", "step-slider")
 PLOT_SHARE = 0.6  # the plots' part of a panel's height, at least (issue 39)
 # Every box is [x, y, width, height] in CSS pixels. Plotly draws a subplot's area as its drag rectangle; the text
 # boxes are the figure's title, legend, axis titles and annotations (the lower plot's title, the lines' labels).
@@ -111,4 +113,27 @@ def test_the_accepted_length_and_latency_panels_read_at_a_glance(app_url, width,
         geometry = page.evaluate(PANEL_BOXES, elem_id)
         assert len(geometry["plots"]) == 2, f"#{elem_id}: {geometry}"
         assert not panel_problems(geometry), f"#{elem_id} at {width}x{height}: {panel_problems(geometry)}"
+    page.close()
+
+
+@pytest.mark.parametrize("width,height", [(1440, 900), (1280, 720)])
+def test_a_tree_of_many_paths_keeps_the_draft_panel_and_its_sliders_on_the_first_screen(app_url, width, height):
+    """K=4 · T=3 pinned: a draft tree of up to 16 root-to-leaf paths, the case Auto picked in issue 39. The panel
+    keeps at most MAX_ROWS rows, the chosen path among them, and the sliders under it stay on the first screen."""
+    browser, url = app_url
+    page = open_page(browser, url, width, height)
+    page.locator("#auto input[type=checkbox]").dispatch_event("click")  # Auto off: the sidebar may lie over it
+    set_number(page, "drafts", 4)
+    set_number(page, "steps", 3)
+    send(page, "I want to book a table for two")
+    wait_done(page)
+    page.wait_for_timeout(1000)  # the last Plotly redraws
+    page.evaluate("window.scrollTo(0, 0)")
+    for elem_id in FIRST_SCREEN:
+        box = page.locator(f"#{elem_id}").bounding_box()
+        assert box["y"] >= 0 and box["y"] + box["height"] <= height, f"#{elem_id} at {box} is below {width}x{height}"
+    evolution = svg_text(page, "plot-evolution")
+    rows = page.eval_on_selector_all("#plot-evolution .yaxislayer-above .ytick", "ticks => ticks.length")
+    assert 1 <= rows <= MAX_ROWS and "★ draft" in evolution
+    page.screenshot(path=str(OUTPUT / f"browser-tree-first-screen-{width}x{height}.png"))
     page.close()

@@ -15,7 +15,7 @@ from xpress_core.bench import measure
 from xpress_core.bench.figures import heatmap
 from xpress_core.bench.measure import BenchRun, MachineLoad, Progress
 from xpress_core.bench.methods import REFERENCE, XPRESS
-from xpress_core.bench.summary import Summary
+from xpress_core.bench.summary import Summary, paired_speedups
 from xpress_core.chat import cap_chars, fit_prompt
 from xpress_core.config import DecodeConfig
 from xpress_core.data import DEFAULT_DATA, SGD_DEV, Prompt, default_prompts, spread, story_prompts
@@ -205,19 +205,17 @@ def exact(dtype: torch.dtype) -> bool:
     return dtype == torch.float32
 
 
-def span(low: float | None, high: float | None) -> str:
-    return f"{low:.2f}–{high:.2f}" if low is not None and high is not None else "-"
-
-
 def sweep_status(run: BenchRun, prompts: int, note: str | None, beside: int, dtype: torch.dtype) -> str:
     xpress = [s for s in run.summaries if s.setting.method == XPRESS]
+    paired = paired_speedups(run.measurements)
     lines = [f"⚠ {note}."] if note else []
     if xpress:
-        best = max(xpress, key=lambda s: s.tokens_per_s)
+        best = max(xpress, key=lambda s: paired[s.setting, s.temperature].median)
+        speedup = paired[best.setting, best.temperature]
         lines.append(
             f"✓ **settings: {len(xpress)} · prompts: {prompts} · {SWEEP_REPEATS} repeats · best {best.setting.label}: "
-            f"{best.tokens_per_s:.1f} tokens/s, ×{best.speedup:.2f} over plain decoding "
-            f"(×{span(best.speedup_min, best.speedup_max)} over the repeats), τ = {best.tau:.2f}**"
+            f"×{speedup.median:.2f} over plain decoding (half the runs ×{speedup.low:.2f}–{speedup.high:.2f}), "
+            f"{best.tokens_per_s:.1f} tokens/s, τ = {best.tau:.2f}**"
         )
     lines.append(load_line(run.load, beside))
     lines += [f"⚠ {name} not run: {why}" for name, why in run.skipped]
@@ -269,16 +267,18 @@ def visible(token: str) -> str:
 
 
 def sweep_table(run: BenchRun, exact_tokens: bool) -> str:
-    """One row per setting, plain decoding first (the speedups divide by its tokens/s), then by K and T; each figure
-    with its spread over the repeats."""
+    """One row per setting, plain decoding first (the speedups divide by its tokens/s), then by K and T: tokens/s (the
+    median of the repeats, with their range) and the speedup run by run (``PairedSpeedup``: the median, with the
+    middle half of the runs)."""
 
     def order(s: Summary) -> tuple[int, ...]:
         d = s.setting.decode
         return (0,) if d is None else (1, d.drafts, d.steps)
 
     rows = sorted(run.summaries, key=order)
+    paired = paired_speedups(run.measurements)
     lines = [
-        "| setting | tokens/s (min–max) | speedup (min–max) | τ | same tokens as plain |",
+        "| setting | tokens/s (min–max) | speedup (middle half) | τ | same tokens as plain |",
         "|---|---|---|---|---|",
     ]
     for s in rows:
@@ -286,9 +286,11 @@ def sweep_table(run: BenchRun, exact_tokens: bool) -> str:
         same = f"{s.checked - s.mismatches}/{s.checked}" if s.checked else "-"
         if s.mismatches:
             same += " ✗" if exact_tokens else " (rounding)"
+        speedup = paired.get((s.setting, s.temperature))
+        ratio = f"×{speedup.median:.2f} ({speedup.low:.2f}–{speedup.high:.2f})" if speedup else "×1.00"
         lines.append(
-            f"| {name} | {s.tokens_per_s:.1f} ({s.tokens_per_s_min:.1f}–{s.tokens_per_s_max:.1f}) | "
-            f"×{s.speedup:.2f} ({span(s.speedup_min, s.speedup_max)}) | {s.tau:.2f} | {same} |"
+            f"| {name} | {s.tokens_per_s:.1f} ({s.tokens_per_s_min:.1f}–{s.tokens_per_s_max:.1f}) | {ratio} | "
+            f"{s.tau:.2f} | {same} |"
         )
     return "\n".join(lines)
 
