@@ -201,7 +201,7 @@ def test_more_drafts_and_a_race_then_scrubbing_the_rounds(page, models):
     assert page.input_value("#plain-reply textarea").strip()
     evolution = svg_text(page, "plot-evolution")
     assert shows_rows_of(evolution, traces[-1]) and len(traces[-1].drafts) > 1
-    assert "plain tokens/s" in svg_text(page, "plot-latency")
+    assert re.search(r"tokens/s: speculative [\d.]+ · plain [\d.]+", svg_text(page, "plot-latency"))
     screenshot(page, "browser-2-race-6-drafts.png")
 
     rounds = page.locator("#round-slider input[type=range]")
