@@ -9,10 +9,13 @@ Skips when chromium or playwright is missing, unless XPRESS_REQUIRE_BROWSER=1 (C
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.app_browser import BOT, open_app, open_page, require_browser, send, set_number, svg_text, wait_done
 from tests.app_server import OUTPUT, serve_app, zoo_env
+from xpress_app.sweep import CHAT_BOX
 from xpress_app.texts import EXAMPLES
 from xpress_core.plots import MAX_ROWS
 
@@ -56,10 +59,12 @@ def on_a_line(text: dict) -> bool:
     return text["kind"] == "annotation" and text["text"].startswith(("τ ", "break-even "))
 
 
-def panel_problems(geometry: dict) -> list[str]:
+def panel_problems(geometry: dict, plot_share: float = PLOT_SHARE) -> list[str]:
     """What makes a panel hard to read: text outside it, text over text, titles or legend over a plot, small plots."""
     panel, plots, texts = geometry["panel"], geometry["plots"], geometry["texts"]
-    problems = [f"{t['kind']} {t['text']!r} leaves the panel" for t in texts if not inside(t["box"], panel)]
+    kinds = {t["kind"] for t in texts}
+    problems = [f"no {kind} drawn" for kind in ("g-gtitle", "g-xtitle", "g-ytitle") if kind not in kinds]
+    problems += [f"{t['kind']} {t['text']!r} leaves the panel" for t in texts if not inside(t["box"], panel)]
     problems += [
         f"{a['kind']} {a['text']!r} overlaps {b['kind']} {b['text']!r}"
         for i, a in enumerate(texts)
@@ -77,7 +82,7 @@ def panel_problems(geometry: dict) -> list[str]:
         if on_a_line(t) and not any(inside(t["box"], plot) for plot in plots)
     ]
     share = sum(plot[3] for plot in plots) / panel[3]
-    if share < PLOT_SHARE:
+    if share < plot_share:
         problems.append(f"the plots take {share:.0%} of the panel's height")
     return problems
 
@@ -136,4 +141,38 @@ def test_a_tree_of_many_paths_keeps_the_draft_panel_and_its_sliders_on_the_first
     rows = page.eval_on_selector_all("#plot-evolution .yaxislayer-above .ytick", "ticks => ticks.length")
     assert 1 <= rows <= MAX_ROWS and "★ draft" in evolution
     page.screenshot(path=str(OUTPUT / f"browser-tree-first-screen-{width}x{height}.png"))
+    page.close()
+
+
+@pytest.mark.parametrize("width,height", [(1440, 900), (1280, 720)])
+def test_the_sweep_tab_reads_at_a_glance(app_url, width, height):
+    """A small sweep on the chat box text: its heatmaps' text clear of each other and of the cells' area, the heatmap
+    the larger part of its panel, the table within the page's width, each speedup with its spread."""
+    browser, url = app_url
+    page = open_page(browser, url, width, height)
+    page.fill("#message textarea", "Book a table for two.")
+    page.get_by_role("tab", name="Sweep").click()
+    for value, on in (("4", False), ("2", True)):
+        box = page.locator("#sweep-drafts").get_by_label(value, exact=True)
+        if box.is_checked() != on:
+            box.click()
+    page.locator("#sweep-steps").get_by_label("2", exact=True).uncheck()
+    set_number(page, "sweep-block", 4)
+    set_number(page, "sweep-max-new-tokens", 8)
+    page.locator("#sweep-source").get_by_label(CHAT_BOX).check()
+    page.click("#sweep-run")
+    page.wait_for_function("document.querySelector('#sweep-status').innerText.includes('✓')")
+    page.wait_for_selector("#sweep-heatmap-tau .js-plotly-plot .main-svg")
+    page.wait_for_timeout(1000)  # the last Plotly redraws
+    assert re.search(r"×[\d.]+ over plain decoding \(half the runs ×[\d.]+–[\d.]+\)", page.inner_text("#sweep-status"))
+    assert re.search(r"Measured on a (quiet|busy) machine \(load average", page.inner_text("#sweep-status"))
+    for elem_id in ("sweep-heatmap-tokens", "sweep-heatmap-tau"):
+        geometry = page.evaluate(PANEL_BOXES, elem_id)
+        assert len(geometry["plots"]) == 1, f"#{elem_id}: {geometry}"
+        assert not panel_problems(geometry, 0.5), f"#{elem_id} at {width}x{height}: {panel_problems(geometry, 0.5)}"
+    table = page.locator("#sweep-table table").bounding_box()
+    assert table["x"] >= 0 and table["x"] + table["width"] <= width, f"the table at {table} is wider than {width}"
+    rows = page.locator("#sweep-table tbody tr").all_inner_texts()
+    assert len(rows) == 3 and all(re.search(r"×[\d.]+ \([\d.]+–[\d.]+\)", row) for row in rows[1:])
+    page.screenshot(path=str(OUTPUT / f"browser-sweep-{width}x{height}.png"), full_page=True)
     page.close()
