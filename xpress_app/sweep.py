@@ -238,7 +238,7 @@ def load_line(load: MachineLoad | None, beside: int) -> str:
     return (
         f"⚠ **Measured on a busy machine** ({seen}): other work shared the cores. It slows plain decoding's many "
         "small forwards more than speculation's few larger ones, so these speedups hold under this load; on a quiet "
-        "machine they are smaller."
+        "machine they are usually smaller."
     )
 
 
