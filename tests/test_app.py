@@ -823,13 +823,19 @@ def test_a_differing_output_is_a_failure_in_float32_and_explained_as_rounding_in
     )
     exact = sweep_status(run, 1, None, 0, torch.float32)
     assert "✗ **2 of 3 outputs differ from plain decoding's in float32**" in exact
-    assert "chat-box with K=1 T=1 L=4: new token 5 is `' a'` where plain decoding has `' the'`" in exact
+    assert f"{CHAT_BOX} with {xpress.setting.label}: new token 5 is `' a'` where plain decoding has `' the'`" in exact
     assert "1/3 ✗" in sweep_table(run, True)
     rounding = sweep_status(run, 1, None, 0, torch.bfloat16)
     assert "✗" not in rounding and "2 of 3 outputs part from plain decoding's in bfloat16, by rounding" in rounding
     assert "new token 5 is `' a'` where plain decoding has `' the'`" in rounding
     assert "in float32 xPress gives plain decoding's tokens exactly" in rounding
     assert "1/3 (rounding)" in sweep_table(run, False) and "✗" not in sweep_table(run, False)
+
+
+@pytest.mark.parametrize("settings,prompts,repeats", [(1, 1, 3), (4, 4, 3), (6, 4, 2), (8, 4, 1), (48, 1, 1)])
+def test_a_sweep_repeats_as_often_as_fits_in_its_runs(settings, prompts, repeats):
+    request = sweep_request(source=HELD_OUT, prompts=prompts)
+    assert request.repeats(settings) == repeats and settings * prompts * repeats <= 48
 
 
 def test_a_preset_without_a_drafter_has_nothing_to_sweep(zoo):
@@ -870,7 +876,7 @@ def test_sweep_on_held_out_prompts(cache, tmp_path, monkeypatch):
         (
             {"drafts": tuple(range(1, 9)), "steps": (1, 2, 3, 4), "source": HELD_OUT, "prompts": 2},
             "",
-            "32 settings × 2 prompts × 3 repeats = 192 runs is more than the 48",
+            "32 settings × 2 prompts = 64 runs is more than the 48",
         ),
         ({}, "   ", "The chat box is empty"),
         ({"block": 9, "steps": (1,)}, "hi", "block L=9 is longer than the drafter of “tiny · diffusion” was trained"),
@@ -911,4 +917,4 @@ def test_a_stopped_sweep_says_so_and_the_next_one_runs(cache):
     assert view.status == f"■ Sweep stopped after 3 of {5 * (1 + SWEEP_REPEATS)} runs: nothing measured to show."
     assert view.tokens_per_s is None and view.tau is None and view.run is None  # the last heatmaps stay
     view = run_sweep(cache, sweep_request(drafts=(1,), steps=(1,)), "hello")
-    assert view.status.startswith("✓ **settings: 1 · prompts: 1 · 3 repeats · best K=1 T=1 L=4")
+    assert view.status.startswith("✓ **settings: 1 · prompts: 1 · repeats: 3 · best K=1 T=1 L=4")

@@ -35,12 +35,13 @@ CHAT_BOX_PROMPT = "chat-box"  # its name in the benchmark's records
 SWEEP_SOURCES = (HELD_OUT, CHAT_BOX)
 SWEEP_MAX_PROMPTS = 8
 SWEEP_MAX_NEW_TOKENS = 256
-# Every setting runs on every prompt this many times, the methods taking turns prompt by prompt: the speedups shown
-# are medians with their spread, and a passing load moves one repeat, not the figure (issue 39).
-SWEEP_REPEATS = 3
 # Grid settings x prompts x repeats at most: with the warm-up and the baseline, a sweep on the embedded models then
 # stays within a few minutes on a 2-core CPU Space.
 SWEEP_MAX_RUNS = 48
+# Every setting runs on every prompt up to this many times (as many as fit in SWEEP_MAX_RUNS), the methods taking
+# turns prompt by prompt: the speedups shown are medians with their spread, and a passing load moves a few runs, not
+# the figure (issue 39).
+SWEEP_REPEATS = 3
 
 
 @dataclass(frozen=True)
@@ -74,17 +75,21 @@ class SweepRequest:
         grid = tuple(
             DecodeConfig(drafts=int(k), steps=t, block=int(self.block)) for k in sorted(set(self.drafts)) for t in steps
         )
-        runs = len(grid) * self.prompt_count * SWEEP_REPEATS
+        runs = len(grid) * self.prompt_count
         if runs > SWEEP_MAX_RUNS:
             raise XpressError(
-                f"{len(grid)} settings × {self.prompt_count} prompts × {SWEEP_REPEATS} repeats = {runs} runs is more "
-                f"than the {SWEEP_MAX_RUNS} a sweep may take here: pick fewer values or prompts."
+                f"{len(grid)} settings × {self.prompt_count} prompts = {runs} runs is more than the {SWEEP_MAX_RUNS} a "
+                f"sweep may take here: pick fewer values or prompts."
             )
         return tuple(c.validate() for c in grid)
 
     @property
     def prompt_count(self) -> int:
         return int(self.prompts) if self.source == HELD_OUT else 1
+
+    def repeats(self, settings: int) -> int:
+        """How often each of ``settings`` runs on each prompt: SWEEP_REPEATS, or as often as fits in SWEEP_MAX_RUNS."""
+        return max(1, min(SWEEP_REPEATS, SWEEP_MAX_RUNS // (settings * self.prompt_count)))
 
 
 @dataclass(frozen=True)
@@ -175,7 +180,7 @@ def run_sweep(
                 prompts,
                 grid,
                 max_new_tokens=int(request.max_new_tokens),
-                repeats=SWEEP_REPEATS,
+                repeats=request.repeats(len(grid)),
                 progress=report,
             )
     except SweepCancelled as cancelled:
@@ -213,7 +218,8 @@ def sweep_status(run: BenchRun, prompts: int, note: str | None, beside: int, dty
         best = max(xpress, key=lambda s: paired[s.setting, s.temperature].median)
         speedup = paired[best.setting, best.temperature]
         lines.append(
-            f"✓ **settings: {len(xpress)} · prompts: {prompts} · {SWEEP_REPEATS} repeats · best {best.setting.label}: "
+            f"✓ **settings: {len(xpress)} · prompts: {prompts} · repeats: {best.calls // prompts} · best "
+            f"{best.setting.label}: "
             f"×{speedup.median:.2f} over plain decoding (half the runs ×{speedup.low:.2f}–{speedup.high:.2f}), "
             f"{best.tokens_per_s:.1f} tokens/s, τ = {best.tau:.2f}**"
         )

@@ -123,8 +123,9 @@ PANEL_HELP = """
 
 SWEEP_HELP = """Measures tokens/s and τ over a grid of drafts K × denoise steps T at one block length L, on the model
 preset chosen in the Chat tab, against plain decoding (transformers `generate`) on the same prompts. Every setting
-first runs once to warm up (on the longest prompt), then three times per prompt, greedy, the settings taking turns
-prompt by prompt; each figure is the median of the three, with its range, and each output is compared with plain
-decoding's. Other work on the machine (replies decoded meanwhile, other processes) slows plain decoding's many small
+first runs once to warm up (on the longest prompt), then up to three times per prompt (as often as 48 runs allow),
+greedy, the settings taking turns prompt by prompt. tokens/s is the median of the repeats, with their range; the
+speedup is the median of the runs' own (each run against plain decoding's on the same prompt, run beside it), with the
+middle half of them. Each output is compared with plain decoding's. Other work on the machine (replies decoded meanwhile, other processes) slows plain decoding's many small
 forwards more than the drafts' few larger ones: the status says how busy the machine was while it measured. In
 bfloat16 a few outputs may part from plain decoding's by rounding (explained there); in float32 none may."""
