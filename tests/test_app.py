@@ -7,9 +7,10 @@ import itertools
 import json
 import re
 import threading
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -29,7 +30,16 @@ from xpress_app.config import (
 )
 from xpress_app.models import Loaded, ModelCache, TokenTexts
 from xpress_app.settings import UI_MAX_BLOCK, Settings
-from xpress_app.sweep import CHAT_BOX, HELD_OUT, SweepRequest, run_sweep, values
+from xpress_app.sweep import (
+    CHAT_BOX,
+    HELD_OUT,
+    SWEEP_REPEATS,
+    SweepRequest,
+    run_sweep,
+    sweep_status,
+    sweep_table,
+    values,
+)
 from xpress_app.texts import EMPTY_MESSAGE, VERDICT_PENDING, exactness
 from xpress_app.ui import build_app
 from xpress_app.widgets import block_slider
@@ -771,15 +781,75 @@ def test_sweep_draws_what_bench_sweep_measured(cache, oracle_models, monkeypatch
     assert heatmap_cells(view.tau) == {
         (s.setting.decode.drafts, s.setting.decode.steps): s.tau for s in oracle.summaries if s.setting.method == XPRESS
     }
-    assert seen[-1][0] == seen[-1][1] == 5 * 2  # (baseline + 4 settings) x (warm-up + 1 prompt)
+    assert seen[-1][0] == seen[-1][1] == 5 * (1 + SWEEP_REPEATS)  # (baseline + 4 settings) x (warm-up + repeats)
+    assert {s.calls for s in run.summaries} == {SWEEP_REPEATS}
     assert run.mismatches == () and "Every output equals plain decoding's" in view.status
     reference = next(s for s in run.summaries if s.setting.method == REFERENCE)
     rows = view.table.splitlines()[2:]
-    assert rows[0] == f"| plain decoding (transformers generate) | {reference.tokens_per_s:.1f} | ×1.00 | 1.00 | - |"
-    assert rows[1:] == [
-        f"| {s.setting.label} | {s.tokens_per_s:.1f} | ×{s.speedup:.2f} | {s.tau:.2f} | 1/1 |"
-        for _, s in sorted(settings_run.items())
-    ]
+    plain = f"{reference.tokens_per_s:.1f} ({reference.tokens_per_s_min:.1f}–{reference.tokens_per_s_max:.1f})"
+    assert rows[0] == f"| plain decoding (transformers generate) | {plain} | ×1.00 | 1.00 | - |"
+    # The speedup run by run: each run's tokens/s over plain decoding's on the same prompt in the same repeat; the
+    # median, and the quartiles around it (numpy's, as the oracle).
+    plain_runs = {m.repeat: m for m in run.measurements if m.setting.method == REFERENCE}
+    speedups = {}
+    for key, s in sorted(settings_run.items()):
+        ratios = [
+            m.tokens_per_s / plain_runs[m.repeat].tokens_per_s for m in run.measurements if m.setting == s.setting
+        ]
+        assert len(ratios) == SWEEP_REPEATS
+        low, median, high = np.percentile(ratios, [25, 50, 75])
+        speedups[key] = median
+        assert rows[len(speedups)] == (
+            f"| {s.setting.label} | {s.tokens_per_s:.1f} ({s.tokens_per_s_min:.1f}–{s.tokens_per_s_max:.1f}) | "
+            f"×{median:.2f} ({low:.2f}–{high:.2f}) | {s.tau:.2f} | 3/3 |"
+        )
+    best = max(speedups, key=speedups.get)
+    assert f"best {settings_run[best].setting.label}: ×{speedups[best]:.2f} over plain decoding" in view.status
+
+
+def test_a_sweep_says_how_busy_the_machine_and_the_app_were(cache, monkeypatch):
+    """The load average (sampled after every timed call) against the sweep's own threads, and the app's other
+    requests in flight: a busy machine is named as such beside the figures, a quiet one as quiet."""
+    loads = iter([0.2, 0.9, 0.4] + [3.5] * 100)
+    monkeypatch.setattr(bench_measure, "load_average", lambda: next(loads))
+    monkeypatch.setattr(bench_measure.torch, "get_num_threads", lambda: 1)
+    busy = run_sweep(cache, sweep_request(drafts=(1,), steps=(1,)), "hello")  # 2 settings x 3 repeats: 6 samples
+    assert (busy.run.load.lowest, busy.run.load.highest, busy.run.load.threads) == (0.2, 3.5, 1)
+    assert "⚠ **Measured on a busy machine** (load average 0.2–3.5" in busy.status
+    monkeypatch.setattr(bench_measure, "load_average", lambda: 0.9)
+    with cache.in_flight.serving():  # a reply in another tab
+        beside = run_sweep(cache, sweep_request(drafts=(1,), steps=(1,)), "hello")
+    assert "1 other request in the app at once" in beside.status and "busy machine" in beside.status
+    alone = run_sweep(cache, sweep_request(drafts=(1,), steps=(1,)), "hello")
+    assert "Measured on a quiet machine (load average 0.9–0.9" in alone.status and cache.in_flight.count() == 0
+
+
+def test_a_differing_output_is_a_failure_in_float32_and_explained_as_rounding_in_bfloat16(cache):
+    view = run_sweep(cache, sweep_request(drafts=(1,), steps=(1,)), "hello")
+    xpress = next(s for s in view.run.summaries if s.setting.method == XPRESS)
+    parted = bench_measure.Mismatch(
+        xpress.setting, 0.0, CHAT_BOX, 0, REFERENCE, 4, " the rest", " a rest", " the", " a"
+    )
+    run = replace(
+        view.run,
+        mismatches=(parted, replace(parted, repeat=1)),  # the same parting in two repeats: listed once
+        summaries=tuple(replace(s, mismatches=2) if s is xpress else s for s in view.run.summaries),
+    )
+    exact = sweep_status(run, 1, None, 0, torch.float32)
+    assert "✗ **2 of 3 outputs differ from plain decoding's in float32**" in exact
+    assert f"{CHAT_BOX} with {xpress.setting.label}: new token 5 is `' a'` where plain decoding has `' the'`" in exact
+    assert "1/3 ✗" in sweep_table(run, True)
+    rounding = sweep_status(run, 1, None, 0, torch.bfloat16)
+    assert "✗" not in rounding and "2 of 3 outputs part from plain decoding's in bfloat16, by rounding" in rounding
+    assert "new token 5 is `' a'` where plain decoding has `' the'`" in rounding
+    assert "in float32 xPress gives plain decoding's tokens exactly" in rounding
+    assert "1/3 (rounding)" in sweep_table(run, False) and "✗" not in sweep_table(run, False)
+
+
+@pytest.mark.parametrize("settings,prompts,repeats", [(1, 1, 3), (4, 4, 3), (6, 4, 2), (8, 4, 1), (48, 1, 1)])
+def test_a_sweep_repeats_as_often_as_fits_in_its_runs(settings, prompts, repeats):
+    request = sweep_request(source=HELD_OUT, prompts=prompts)
+    assert request.repeats(settings) == repeats and settings * prompts * repeats <= 48
 
 
 def test_a_preset_without_a_drafter_has_nothing_to_sweep(zoo):
@@ -855,7 +925,7 @@ def test_a_stopped_sweep_says_so_and_the_next_one_runs(cache):
         stop[0] = done >= 3  # the Stop button, pressed during the third run
 
     view = run_sweep(cache, sweep_request(), "hello", progress, lambda: stop[0])
-    assert view.status == "■ Sweep stopped after 3 of 10 runs: nothing measured to show."
+    assert view.status == f"■ Sweep stopped after 3 of {5 * (1 + SWEEP_REPEATS)} runs: nothing measured to show."
     assert view.tokens_per_s is None and view.tau is None and view.run is None  # the last heatmaps stay
     view = run_sweep(cache, sweep_request(drafts=(1,), steps=(1,)), "hello")
-    assert view.status.startswith("✓ **settings: 1 · prompts: 1 · best K=1 T=1 L=4")
+    assert view.status.startswith("✓ **settings: 1 · prompts: 1 · repeats: 3 · best K=1 T=1 L=4")

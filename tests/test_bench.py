@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -121,6 +122,8 @@ def test_bench_outputs_are_complete_and_valid(bench_run):
     search_settings, final_settings = 2 + 2 + 1 + 1 + 3 + 1, 7
     assert [st["name"] for st in doc["stages"]] == ["search", "final"]
     assert len(doc["stages"][1]["plan"]["settings"]) == final_settings
+    load = doc["stages"][1]["load"]  # the OS's load average over the final stage's timed calls
+    assert load["lowest"] <= load["highest"] and load["cores"] == os.cpu_count() and load["threads"] == 1
     with open(doc["files"]["csv"], newline="") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == len(doc["measurements"]) == search_settings + final_settings * len(TEMPERATURES) * 2

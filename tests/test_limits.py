@@ -205,7 +205,7 @@ def test_a_sweep_past_its_budget_ends_between_runs_with_a_message(cache, growing
     request = SweepRequest(preset=TINY, drafts=(1, 2), steps=(1,), block=4, source=CHAT_BOX, max_new_tokens=4)
     view = run_sweep(cache, request, "Book a table.", budget=Budget(memory_mb=150))
     assert view.status == (
-        "■ Sweep stopped after 2 of 6 runs: the server's memory grew 200 MB during the request (its budget: 150 MB): "
+        "■ Sweep stopped after 2 of 12 runs: the server's memory grew 200 MB during the request (its budget: 150 MB): "
         "nothing measured to show."
     )
 

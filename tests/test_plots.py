@@ -94,6 +94,36 @@ def test_draft_evolution_of_a_tree_shows_its_paths_with_empty_cells_past_their_e
     assert "★ draft 2" in drafts.y[1] and len(drafts.y) == 3
 
 
+def test_a_tree_of_sixteen_paths_shows_the_chosen_one_and_the_longest_accepted_in_a_bounded_panel():
+    """K=4 · T=3: 16 root-to-leaf paths. The panel keeps MAX_ROWS rows (the chosen path, then the most accepted
+    others, in their own order), frames them as before and says what it left out; every step shows the same rows."""
+    accept_lens = (0, 1, 0, 2, 1, 0, 0, 3, 0, 1, 0, 4, 0, 0, 2, 0)  # path 12 is chosen; 8, 4 and 15 come next
+    paths = tuple((100 + k, 200 + k, 300 + k, 400 + k, 500 + k) for k in range(16))
+    masked = tuple((100 + k, MASKED, MASKED, MASKED, MASKED) for k in range(16))
+    trace = round_trace(
+        steps=(DenoiseStep(masked, ((0.5,) * 5,) * 16), DenoiseStep(paths, ((0.5,) * 5,) * 16)),
+        drafts=paths,
+        draft_accept_lens=accept_lens,
+        accepted=paths[11][:4],
+        emitted=(*paths[11][:4], 7),
+        new_tokens_total=5,
+    )
+    assert plots.MAX_ROWS == 5
+    for step in (0, None):
+        fig = plots.draft_evolution_figure(trace, token_text, step=step)
+        _, drafts = heatmaps(fig)
+        assert [row.split("draft ")[1].split("<")[0] for row in drafts.y] == ["2", "4", "8", "12", "15"]
+        assert fig.layout.height <= 90 + 42 * plots.MAX_ROWS + 18
+        assert "11 more drafts not shown" in fig.layout.xaxis.title.text
+    assert "<b>★ draft 12</b>" == drafts.y[3] and list(drafts.text[3][:2]) == ["t111", "t211"]
+    assert "each accepted 1 or fewer" in fig.layout.xaxis.title.text  # the best hidden path: 1 token
+    accepted = {(row, col) for row, k in enumerate((1, 3, 7, 11, 14)) for col in range(accept_lens[k])}
+    assert framed_cells(fig, plots.ACCEPTED_COLOUR) == accepted
+    assert framed_cells(fig, plots.REJECTED_COLOUR) == {
+        (row, accept_lens[k]) for row, k in enumerate((1, 3, 7, 11, 14))
+    }
+
+
 def test_draft_evolution_step_is_clamped_and_special_rounds_explain_themselves():
     assert (
         plots.draft_evolution_figure(ROUND, token_text, step=99).layout.title.text
@@ -189,7 +219,7 @@ def test_provenance_figure_lays_out_every_token_once(runs):
 def test_accept_length_figure_matches_the_engine_result(runs, name):
     traces, result = runs[name]
     fig = plots.accept_length_figure(traces)
-    chosen = next(t for t in fig.data if t.name == "accepted (chosen path)")
+    chosen = next(t for t in fig.data if t.name == "chosen path")
     assert tuple(chosen.y) == result.accept_lens
     tau = next(t for t in fig.data if t.name.startswith("running τ"))
     assert tau.y[-1] == pytest.approx(result.tau)
@@ -197,7 +227,7 @@ def test_accept_length_figure_matches_the_engine_result(runs, name):
     assert sum(histogram.y) == result.rounds
     assert histogram.y[0] == sum(n == 0 for n in result.accept_lens)
     assert {int(x): y for x, y in zip(histogram.x, histogram.y) if y} == Counter(result.accept_lens)  # every bin
-    singles = next(t for t in fig.data if t.name == "single drafts")
+    singles = next(t for t in fig.data if t.name == "each draft")
     assert sorted(singles.y) == sorted(n for t in traces[1:] for n in t.draft_accept_lens)
 
 
@@ -227,12 +257,14 @@ def test_latency_figure_in_plain_steps_draws_each_rounds_cost_and_the_break_even
     costs = [sum(b.y[i] for b in bars) for i in range(result.rounds)]
     assert costs == pytest.approx([(t.draft_s + t.verify_s + t.other_s) / plain_step_s for t in traces[1:]])
     lines = {t.name.split(" (")[0]: t for t in fig.data if isinstance(t, go.Scatter)}
-    assert list(lines["tokens the round emitted"].y) == [n + 1 for n in result.accept_lens]
+    assert list(lines["tokens emitted"].y) == [n + 1 for n in result.accept_lens]
     break_even = sum(costs) / len(costs)
     assert lines[f"break-even τ {break_even:.2f}"].y == pytest.approx((break_even, break_even))
     assert lines[f"τ {result.tau:.2f}"].y == (result.tau, result.tau)
     speedup = result.tau / break_even
-    assert fig.layout.title.text.endswith(f"→ {speedup:.2f}×")
+    assert fig.layout.title.text.endswith(f"= {speedup:.2f}×")
+    labels = [a.text for a in fig.layout.annotations]
+    assert f"τ {result.tau:.2f}" in labels and f"break-even {break_even:.2f}" in labels
 
 
 def test_the_draft_panel_names_the_rounds_setting_and_says_when_a_round_was_a_plain_step():

@@ -212,8 +212,9 @@ def panels_below() -> dict:
         elem_id="plain-reply",
     )
     with gr.Row():
-        accept = gr.Plot(empty["accept"], label="Accepted length", elem_id="plot-accept")
-        latency = gr.Plot(empty["latency"], label="Latency", elem_id="plot-latency")
+        # The figures' own titles name them: Gradio's label would sit over the title's first words.
+        accept = gr.Plot(empty["accept"], label="Accepted length", show_label=False, elem_id="plot-accept")
+        latency = gr.Plot(empty["latency"], label="Latency", show_label=False, elem_id="plot-latency")
     provenance = gr.Plot(empty["provenance"], label="Token provenance", elem_id="plot-provenance")
     download = gr.DownloadButton("Download the round log (JSONL)", value=None, elem_id="download-log")
     with gr.Accordion("How to read the panels", open=False):
@@ -261,8 +262,9 @@ def reply_updates(
     """The chat endpoint's stream: the reply's views as component updates."""
     controls.running += 1
     try:
-        for view in chat_turn(cache, message, history, Settings(**settings), lambda: controls.stop, budget):
-            yield view_update(tab, log_dir, view)
+        with cache.in_flight.serving():
+            for view in chat_turn(cache, message, history, Settings(**settings), lambda: controls.stop, budget):
+                yield view_update(tab, log_dir, view)
     except XpressError as error:
         raise refusal("/chat", error) from None
     finally:

@@ -32,6 +32,7 @@ from xpress_core.precision import fastest
 from xpress_core.presets import Access, ModelPreset
 from xpress_core.verdict import CALIBRATION_TOKENS, calibrate_plain_step
 
+from .activity import InFlight
 from .config import ENV, AppConfig, Hardware
 from .settings import DEFAULTS, UI_MAX_BLOCK
 
@@ -109,6 +110,7 @@ class ModelCache:
         self._loaded: OrderedDict[str, Loaded] = OrderedDict()  # least recently used first
         self._load_lock = threading.Lock()  # one load at a time: two first requests must not load a model twice
         self._index_lock = threading.Lock()  # guards _loaded's order; held briefly, never during a load
+        self.in_flight = InFlight()  # the requests on these models now: a sweep reports the others beside it
 
     def preset(self, name: str) -> ModelPreset:
         if validation.text("model preset", name) not in self.presets:

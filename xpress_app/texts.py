@@ -101,7 +101,8 @@ VERDICT_PENDING = (
 PANEL_HELP = """
 - **Draft evolution**: rows are the K drafts, columns the L block positions. Grey cells are still masked; colour is
   the drafter's confidence. After the last step the cells the target accepted get a green frame and each draft's first
-  rejected token a red one; ★ marks the draft on the chosen path. Scrub any round and step with the sliders. The
+  rejected token a red one; ★ marks the draft on the chosen path. Past 5 drafts (a tree's paths) the panel shows the
+  chosen one and the longest accepted others, and says how many more there are. Scrub any round and step with the sliders. The
   second title line names the round's setting (K, T, L), which Auto picks round by round, or says it was a plain step.
   With the gaussian drafter no cell is masked: every step shows each position's nearest token at that noise level.
 - **Accepted length**: draft tokens accepted per round (grey dots: each draft; green: the chosen path), the running
@@ -109,7 +110,7 @@ PANEL_HELP = """
 - **Latency**: what each drafting round cost, split into draft / verify / other and counted in plain decoding steps
   (one step of the target alone, measured beside the reply: the Race, Auto's own plain steps, or 8 timed right after
   it), beside the tokens the round emitted. The dashed line is the break-even τ (a round's mean cost): rounds that
-  emit more tokens than they cost beat plain decoding. Right: tokens/s so far, beside plain decoding when Race is on.
+  emit more tokens than they cost beat plain decoding. Below: tokens/s so far, beside plain decoding when Race is on.
   Times are the engine's own: rendering is excluded; the prompt's prefill (the same for both) is in the status line.
 - **The verdict** above the draft panel: first the whole reply against plain decoding of the same tokens (the same
   prefill, then one plain step per token), which is what the Race measures; then the rounds' own speedup, the
@@ -122,5 +123,9 @@ PANEL_HELP = """
 
 SWEEP_HELP = """Measures tokens/s and τ over a grid of drafts K × denoise steps T at one block length L, on the model
 preset chosen in the Chat tab, against plain decoding (transformers `generate`) on the same prompts. Every setting
-first runs once to warm up, then once per prompt, greedy; each output is compared with plain decoding's. Replies
-being decoded meanwhile share the machine and slow the numbers down."""
+first runs once to warm up (on the longest prompt), then up to three times per prompt (as often as 48 runs allow),
+greedy, the settings taking turns prompt by prompt. tokens/s is the median of the repeats, with their range; the
+speedup is the median of the runs' own (each run against plain decoding's on the same prompt, run beside it), with the
+middle half of them. Each output is compared with plain decoding's. Other work on the machine (replies decoded meanwhile, other processes) slows plain decoding's many small
+forwards more than the drafts' few larger ones: the status says how busy the machine was while it measured. In
+bfloat16 a few outputs may part from plain decoding's by rounding (explained there); in float32 none may."""

@@ -3,6 +3,7 @@ the reference; ``sweep`` is the same measurement for the app's Sweep tab."""
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -32,12 +33,48 @@ class Mismatch:
     repeat: int
     reference: str  # the method it was compared with
     first_difference: int  # index of the first differing new token
-    expected: str
+    expected: str  # the reference's text from there on
     got: str
+    expected_token: str  # the first differing token's text ("" past the end)
+    got_token: str
 
     def to_json(self) -> dict:
         rest = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "setting"}
         return json_record({"method": self.setting.method, "setting": self.setting.label, **rest})
+
+
+@dataclass(frozen=True)
+class MachineLoad:
+    """The OS's 1-minute load average while a run measured (lowest and highest, sampled after every call) beside the
+    cores and the threads the run itself used. Work beyond those threads shared the cores and slowed the timings,
+    plain decoding's many small forwards more than speculation's few larger ones (issue 39), so a speedup measured
+    then is the speedup under that load."""
+
+    lowest: float
+    highest: float
+    cores: int
+    threads: int
+
+    @property
+    def others(self) -> float:
+        """Runnable threads beyond the run's own, at the highest load seen."""
+        return max(0.0, self.highest - self.threads)
+
+    @property
+    def busy(self) -> bool:
+        return self.others >= 0.5
+
+
+def load_average() -> float | None:
+    """The 1-minute load average, or None where the OS has none (Windows)."""
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+
+
+def machine_load(samples: Sequence[float | None]) -> MachineLoad | None:
+    known = [x for x in samples if x is not None]
+    if not known:
+        return None
+    return MachineLoad(min(known), max(known), os.cpu_count() or 1, torch.get_num_threads())
 
 
 @dataclass(frozen=True)
@@ -46,6 +83,7 @@ class BenchRun:
     summaries: tuple[Summary, ...]
     mismatches: tuple[Mismatch, ...]
     skipped: tuple[tuple[str, str], ...]  # (setting name, why) for settings the models cannot run
+    load: MachineLoad | None = None  # None where the OS reports no load average
 
 
 @dataclass(frozen=True)
@@ -121,8 +159,9 @@ def timed_call(models: BenchModels, setting: Setting, ids: torch.Tensor, cfg: De
 def measure(
     models: BenchModels, prompts: Sequence[Prompt], plan: RunPlan, progress: Progress | None = None
 ) -> BenchRun:
-    """Warm every setting up, then run ``repeats`` rounds over the prompts; within a prompt, every setting and
-    temperature once, in a shuffled order, so drift of the machine spreads over all methods alike."""
+    """Warm every setting up (on the longest prompt), then run ``repeats`` rounds over the prompts; within a prompt,
+    every setting and temperature once, in a shuffled order, so drift of the machine spreads over all methods alike.
+    The machine's load is sampled after every timed call."""
     if not prompts:
         raise XpressError("no prompt to measure")
     limit = context_limit(models.target)
@@ -130,6 +169,7 @@ def measure(
     jobs = [(s, t) for s in plan.settings for t in plan.temperatures]
     total = len(jobs) * (plan.warmup + plan.repeats * len(prompts))
     done = 0
+    loads = []  # sampled after every timed call, the warm-up's excluded
 
     def call(setting: Setting, temperature: float, ids: torch.Tensor) -> tuple[float, Outcome]:
         nonlocal done
@@ -141,13 +181,14 @@ def measure(
         return result
 
     skipped: dict[Setting, str] = {}
+    longest = max(encoded, key=lambda ids: ids.shape[1])  # warm-up at the largest shapes the timed calls will meet
     for _ in range(plan.warmup):
         for setting, temperature in jobs:
             if setting in skipped:
                 done += 1
                 continue
             try:
-                call(setting, temperature, encoded[0])
+                call(setting, temperature, longest)
             except XpressError as error:  # e.g. L beyond the drafter's trained block: reported, not fatal
                 if setting.is_reference:
                     raise
@@ -161,12 +202,17 @@ def measure(
             random.Random(f"{plan.seed}-{repeat}-{index}").shuffle(order)
             for setting, temperature in order:
                 seconds, outcome = call(setting, temperature, ids)
+                loads.append(load_average())
                 measurements.append(
                     Measurement(setting, temperature, prompt.name, repeat, ids.shape[1], seconds, outcome)
                 )
     checked, mismatches = check_outputs(measurements, models.tokenizer)
     return BenchRun(
-        tuple(checked), summarize(checked), tuple(mismatches), tuple((s.name, why) for s, why in skipped.items())
+        tuple(checked),
+        summarize(checked),
+        tuple(mismatches),
+        tuple((s.name, why) for s, why in skipped.items()),
+        machine_load(loads),
     )
 
 
@@ -206,6 +252,8 @@ def check_outputs(measurements: list[Measurement], tokenizer) -> tuple[list[Meas
                     first,
                     tokenizer.decode(want[first:]),
                     tokenizer.decode(got[first:]),
+                    tokenizer.decode(want[first : first + 1]),
+                    tokenizer.decode(got[first : first + 1]),
                 )
             )
     return checked, mismatches

@@ -257,6 +257,7 @@ def write_outputs(stages: Sequence[Stage], args: argparse.Namespace, models: Ben
                 "name": st.name,
                 "prompts": [p.name for p in st.prompts],
                 "plan": {**asdict(st.plan), "settings": [s.name for s in st.plan.settings]},
+                "load": st.run.load and asdict(st.run.load),  # how busy the machine was (None: no load average)
             }
             for st in stages
         ],

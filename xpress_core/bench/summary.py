@@ -186,6 +186,33 @@ def summarize_group(
     )
 
 
+@dataclass(frozen=True)
+class PairedSpeedup:
+    """A setting's speedup call by call: each call's tokens/s over the reference's on the same prompt, temperature and
+    repeat, which ran beside it (the methods take turns prompt by prompt). A load that comes and goes then moves a few
+    pairs, not the median, where it can move a whole repeat's total (docs/experiments.md, issue 39)."""
+
+    median: float
+    low: float  # the first quartile: half the pairs lie between low and high
+    high: float  # the third quartile
+    pairs: int
+
+
+def paired_speedups(measurements: Sequence[Measurement]) -> dict[tuple[Setting, float], PairedSpeedup]:
+    """(setting, temperature) -> its paired speedup, for every setting but the reference."""
+    reference = {(m.temperature, m.prompt, m.repeat): m.tokens_per_s for m in measurements if m.setting.is_reference}
+    ratios: dict[tuple[Setting, float], list[float]] = {}
+    for m in measurements:
+        base = reference.get((m.temperature, m.prompt, m.repeat))
+        if not m.setting.is_reference and base:
+            ratios.setdefault((m.setting, m.temperature), []).append(m.tokens_per_s / base)
+    paired = {}
+    for key, values in ratios.items():
+        low, _, high = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else values * 3
+        paired[key] = PairedSpeedup(statistics.median(values), low, high, len(values))
+    return paired
+
+
 def best_per_method(summaries: Sequence[Summary], temperature: float) -> dict[str, Summary]:
     """The fastest setting of each method at one temperature (what "tuned" means for every method alike)."""
     best: dict[str, Summary] = {}
