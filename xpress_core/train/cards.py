@@ -164,6 +164,20 @@ self-distillation: the target wrote {s.get("distilled_sequences")} continuations
 sequence, each block masked at a random ratio (a share of {recipe.get("full_share", 0.5):g} of the blocks fully
 masked); the loss is
 {loss_text(recipe)}.{root_text}{sharpness_text}{refiner_text(whole, cfg)}"""
+    elif kind == "dflash":
+        dflash = cfg.get("dflash_config", {})
+        head = f"""# xPress embedded drafter in the DFlash format
+
+The embedded diffusion drafter's architecture written in z-lab's DFlash format (`DFlashDraftModel`), which serving
+engines load (README, "Serving at scale"; `scripts/serve_vllm.py` runs it in vLLM): {cfg.get("num_hidden_layers")}
+layers, hidden {cfg.get("hidden_size")}, block size {cfg.get("block_size")} (the root included), tapped target layers
+{dflash.get("target_layer_ids")} of {cfg.get("num_target_layers")}, masked positions read as the target's embedding of
+token {dflash.get("mask_token_id")}, no refiner head (the format holds none). It leaves out the target's last layer
+(vLLM hands a drafter that layer before the final norm, transformers after it) and its layers share one key norm
+(vLLM's CPU backend applies the first layer's key norm to every layer), so both engines read it alike. Trained with
+`train drafter --format dflash`, starting from the embedded drafter's layers (`--init`: its weights where the layouts
+agree), by self-distillation on {s.get("distilled_sequences")} target-written continuations
+({distillation_text(s)}); the loss is {loss_text(recipe)}."""
     else:
         head = f"""# xPress embedded autoregressive drafter
 
@@ -224,8 +238,14 @@ def draft_ms(score: dict) -> str:
 
 
 def write_cards(assets: Path, commands: dict[str, str]) -> None:
-    """Write README.md into assets/target and each drafter asset present (drafter, drafter_gauss, ar_drafter)."""
+    """Write README.md into assets/target and each drafter asset present."""
     (assets / "target" / "README.md").write_text(target_card(assets / "target", commands["target"]))
-    for name, kind in (("drafter", "diffusion"), ("drafter_gauss", "gaussian"), ("ar_drafter", "autoregressive")):
+    drafters = (
+        ("drafter", "diffusion"),
+        ("drafter_gauss", "gaussian"),
+        ("ar_drafter", "autoregressive"),
+        ("drafter_dflash", "dflash"),
+    )
+    for name, kind in drafters:
         if (assets / name).exists():
             (assets / name / "README.md").write_text(drafter_card(assets / name, commands[name], kind))
