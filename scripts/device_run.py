@@ -171,8 +171,8 @@ def training(run: Run, sizes: Sizes) -> dict:
     loop_minutes = max(0.2, (stage_s * 0.6 - 20) / 60)
     cmd = [
         sys.executable,
-        # The recipe of the CPU run (docs/experiments.md, "Co-training the refiner (issue 36)"): the drafter at a tenth of the
-        # head's rate, three free passes at full weight.
+        # The recipe of the CPU run (docs/experiments.md, "Co-training the refiner (issue 36)"): the drafter at a
+        # tenth of the head's rate, three free passes at full weight.
         *["-m", "xpress_core", "train", "refiner", "--co-train", "--device", args.device],
         *["--drafter-lr", "0.1", "--lr", "1e-3", "--passes", "3", "--free-weight", "1.0"],
         *["--target", "assets/target", "--drafter", "assets/drafter", "--data", str(data)],

@@ -3,9 +3,9 @@
     bash scripts/serve_vllm.sh [--drafter assets/drafter_dflash]
         [--prompts 24] [--max-new-tokens 64] [--concurrency 1 8 32] [--drafts-of 0] [--out runs/serve_vllm.json]
 
-vLLM runs in a venv of its own (``scripts/serve_vllm.sh`` builds it; the product never needs it): this script encodes the
-held-out chats once with the target's chat template and hands the same token ids to ``scripts/vllm_side.py`` in that
-venv, which runs vLLM plain and with the drafter (greedy, fp32, eager). Here, in the project's environment, xPress
+vLLM runs in a venv of its own (``scripts/serve_vllm.sh`` builds it; the product never needs it): this script encodes
+the held-out chats once with the target's chat template and hands the same token ids to ``scripts/vllm_side.py`` in
+that venv, which runs vLLM plain and with the drafter (greedy, fp32, eager). Here, in the project's environment, xPress
 decodes the same ids: the target's own ``generate``, the engine without a drafter, one chain draft of L tokens (the
 draft vLLM makes: one block, no tree) and ``auto``. Then it reports, side by side:
 
