@@ -61,7 +61,7 @@ def xpress_run(models: Models, prompts: list[torch.Tensor], cfg: DecodeConfig) -
         for event in decode(models, ids, cfg):
             if isinstance(event, DecodeResult):
                 outputs.append(list(event.token_ids))
-            elif isinstance(event, RoundTrace) and event.index > 0 and event.setting[2] > 0:
+            elif isinstance(event, RoundTrace) and event.drafts:  # a drafting round (not the prefill, not a plain step)
                 accepted.append(len(event.accepted))
                 drafts[-1].append(list(event.drafts[0]))
     return Run(outputs, accepted, drafts)
