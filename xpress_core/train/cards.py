@@ -137,7 +137,9 @@ def drafter_card(asset: Path, command: str, kind: str) -> str:
         f"| {r['drafts']} | {r['steps']} | {r['block']} | {r.get('temperature', 0):g} | {r['tau']:.2f} | {draft_ms(r)} | "
         f"{r['tokens_per_s']:.0f} | "
         f"{r['plain_tokens_per_s']:.0f} | {r['speedup']:.2f}x |"
-        for r in sorted(scores.get("scores", []), key=lambda r: (r.get("temperature", 0), r["block"], r["drafts"]))
+        for r in sorted(
+            scores.get("scores", []), key=lambda r: (r.get("temperature", 0), r["block"], r["drafts"], r["steps"])
+        )
     )
     note = f" Note: {scores['note']}." if scores.get("note") else ""
     if kind == "gaussian":
