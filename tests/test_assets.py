@@ -19,6 +19,7 @@ from xpress_core.models import (
 )
 
 ASSETS = EMBEDDED_TARGET.parent
+DFLASH_DRAFTER = ASSETS / "drafter_dflash"  # for serving engines (tests/test_serving.py); the app does not offer it
 PROMPTS = [
     "I want to book a table for two at an Italian restaurant tonight.",
     "Can you tell me a short story?",
@@ -29,16 +30,18 @@ PROMPTS = [
 def test_assets_budget_and_cards():
     size = sum(f.stat().st_size for f in ASSETS.rglob("*") if f.is_file())
     assert size < 60 * 2**20
-    for folder in (EMBEDDED_TARGET, EMBEDDED_DRAFTER, EMBEDDED_GAUSS_DRAFTER, EMBEDDED_AR_DRAFTER):
+    for folder in (EMBEDDED_TARGET, EMBEDDED_DRAFTER, EMBEDDED_GAUSS_DRAFTER, EMBEDDED_AR_DRAFTER, DFLASH_DRAFTER):
         card = (folder / "README.md").read_text()
         assert "CC BY-SA 4.0" in card and "CDLA-Sharing-1.0" in card
         assert (folder / "training_summary.json").exists()
-    for folder in (EMBEDDED_DRAFTER, EMBEDDED_GAUSS_DRAFTER, EMBEDDED_AR_DRAFTER):
+    for folder in (EMBEDDED_DRAFTER, EMBEDDED_GAUSS_DRAFTER, EMBEDDED_AR_DRAFTER, DFLASH_DRAFTER):
         scores = json.loads((folder / "eval.json").read_text())["scores"]
         assert scores and all(s["tau"] > 1.0 for s in scores)  # tau = 1 would mean no draft token ever accepted
 
 
-@pytest.mark.parametrize("drafter", [EMBEDDED_DRAFTER, EMBEDDED_GAUSS_DRAFTER, EMBEDDED_AR_DRAFTER, Path("none")])
+@pytest.mark.parametrize(
+    "drafter", [EMBEDDED_DRAFTER, EMBEDDED_GAUSS_DRAFTER, EMBEDDED_AR_DRAFTER, DFLASH_DRAFTER, Path("none")]
+)
 def test_embedded_models_decode_exactly_like_generate(drafter):
     models = load_models(EMBEDDED_TARGET, str(drafter), device="cpu")
     assert models.tokenizer.chat_template
