@@ -1,6 +1,6 @@
 """The app as an API client sees it (``python app.py``, gradio_client and raw HTTP): refusals log one line and no
 traceback; the advertised endpoints work with their advertised types; unknown routes, event ids and fn_index values
-get a 4xx; and the README's gradio_client example runs."""
+get a 4xx; and the gradio_client example of docs/app.md runs."""
 
 from __future__ import annotations
 
@@ -128,15 +128,15 @@ def test_raw_routes_answer_unknown_names_and_ids_with_a_clean_404(server):
 
 
 def readme_example() -> str:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("**Calling the app from Python.**") :]
+    doc = (ROOT / "docs" / "app.md").read_text(encoding="utf-8")
+    section = doc[doc.index("## Calling the app from Python") :]
     return section[section.index("```python\n") + len("```python\n") : section.index("\n```\n")]
 
 
-def test_the_readme_example_runs(server, capsys):
+def test_the_documented_example_runs(server, capsys):
     code = readme_example().replace("http://127.0.0.1:7860/", server)
     assert code != readme_example()  # the example names the default address
-    exec(compile(code, "README example", "exec"), {})  # noqa: S102 - the README's own example, as a reader runs it
+    exec(compile(code, "docs/app.md example", "exec"), {})  # noqa: S102 - the documented example, as a reader runs it
     printed = capsys.readouterr().out
     assert "✓ **" in printed and "best K=" in printed
 
