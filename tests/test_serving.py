@@ -59,7 +59,8 @@ def test_vllm_cpu_key_norm_bug_is_still_there():
 @needs_vllm
 def test_vllm_serves_our_drafter_with_generates_outputs_and_xpress_acceptance(tmp_path):
     """Greedy fp32 on held-out chats: vLLM plain, vLLM with the drafter and xPress give ``generate``'s tokens, and one
-    chain of the drafter accepts as many draft tokens a round in both engines (within 5 %, per position too)."""
+    chain of the drafter's drafts get as many tokens accepted a round in both engines (within 5 %, per position too),
+    scored by one rule against the reply (vLLM's own counter also counts what a last round accepted past the stop)."""
     out = tmp_path / "serve.json"
     cmd = [sys.executable, "-m", "scripts.serve_vllm", "--vllm-python", VLLM_PYTHON, "--prompts", "8"]
     cmd += ["--max-new-tokens", "48", "--concurrency", "1", "--out", str(out)]
@@ -67,7 +68,8 @@ def test_vllm_serves_our_drafter_with_generates_outputs_and_xpress_acceptance(tm
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert all(result["outputs_equal_generate"].values()), result["prompts_that_differ"]
-    ours, theirs = result["accepted_per_round"]["xpress"], result["accepted_per_round"]["vllm"]
-    assert abs(theirs - ours) <= 0.05 * ours, (ours, theirs)
-    for a, b in zip(result["accepted_per_position"]["xpress"], result["accepted_per_position"]["vllm"]):
-        assert abs(a - b) <= 0.05 * max(a, 0.05), result["accepted_per_position"]
+    per_round, per_position = result["accepted_per_round"], result["accepted_per_position"]
+    ours, theirs = per_round["xpress, one rule"], per_round["vllm, one rule"]
+    assert abs(theirs - ours) <= 0.05 * ours, per_round
+    for a, b in zip(per_position["xpress, one rule"], per_position["vllm, one rule"], strict=True):
+        assert abs(a - b) <= 0.05 * max(a, 0.05), per_position
