@@ -132,76 +132,63 @@ def vllm_side(python: str, job: dict) -> dict:
 def compare(args: argparse.Namespace) -> dict:
     # auto's stage costs measured once, as the app and the bench keep them (else every request measures them anew)
     models = calibrated(load_models(args.target, args.drafter, device="cpu", dtype="float32"))
-    chats = (read_prompt_file(args.prompts_file) if args.prompts_file else evaluation_prompts(["sgd_dev"]))[
-        : args.prompts
-    ]
-    prompts = [p.ids(models.tokenizer) for p in chats]
-    block = args.block
+    chats = read_prompt_file(args.prompts_file) if args.prompts_file else evaluation_prompts(["sgd_dev"])
+    prompts = [p.ids(models.tokenizer) for p in chats[: args.prompts]]
     job = {
         "target": str(Path(args.target).resolve()),
         "drafter": str(Path(args.drafter).resolve()),
         "prompts": [ids[0].tolist() for ids in prompts],
         "max_new_tokens": args.max_new_tokens,
-        "block": block,
+        "block": args.block,
         "concurrency": args.concurrency,
     }
     theirs = vllm_side(args.vllm_python, job)
-    plain_models = Models(models.target, models.tokenizer, NoDrafter())
-    chain = DecodeConfig(drafts=1, steps=1, block=block, diversity="none", max_new_tokens=args.max_new_tokens)
-    plain = replace(chain, block=8)
-    auto = replace(chain, auto=True, diversity="tree")
-    reference = generate_outputs(models, prompts, args.max_new_tokens)
-    ours = {
-        "plain": xpress_run(plain_models, prompts, plain),
-        "chain": xpress_run(models, prompts, chain),
-        "auto": xpress_run(models, prompts, auto),
-    }
-    equal = {
-        "vllm plain": theirs["plain"]["outputs"] == reference,
-        "vllm + drafter": theirs["spec"]["outputs"] == reference,
-        **{f"xpress {name}": run.outputs == reference for name, run in ours.items()},
-    }
-    differ = {
-        name: [i for i, (a, b) in enumerate(zip(outputs, reference)) if a != b]
-        for name, outputs in (
-            ("vllm plain", theirs["plain"]["outputs"]),
-            ("vllm + drafter", theirs["spec"]["outputs"]),
-            *((f"xpress {n}", r.outputs) for n, r in ours.items()),
-        )
-    }
-    ours_chain, spec = ours["chain"], theirs["spec"]
-    same_rule = {"vllm": scored(spec["drafts"], reference), "xpress": scored(ours_chain.drafts, reference)}
-    rounds_differ = sum(a != b for x, y in zip(spec["drafts"], ours_chain.drafts) for a, b in zip(x, y))
-    speed = {"vllm plain": theirs["plain"]["tokens_per_s"], "vllm + drafter": theirs["spec"]["tokens_per_s"]}
-    for name, (engine, cfg) in {
-        "xpress plain": (plain_models, plain),
+    chain = DecodeConfig(drafts=1, steps=1, block=args.block, diversity="none", max_new_tokens=args.max_new_tokens)
+    engines = {  # the engine without a drafter, the drafter's chain (what vLLM drafts), auto
+        "xpress plain": (Models(models.target, models.tokenizer, NoDrafter()), chain),
         "xpress chain": (models, chain),
-        "xpress auto": (models, auto),
-    }.items():
+        "xpress auto": (models, replace(chain, auto=True, diversity="tree")),
+    }
+    reference = generate_outputs(models, prompts, args.max_new_tokens)
+    ours = {name: xpress_run(engine, prompts, cfg) for name, (engine, cfg) in engines.items()}
+    outputs = {"vllm plain": theirs["plain"]["outputs"], "vllm + drafter": theirs["spec"]["outputs"]}
+    outputs |= {name: run.outputs for name, run in ours.items()}
+    differ = {name: [i for i, (a, b) in enumerate(zip(out, reference)) if a != b] for name, out in outputs.items()}
+    speed = {"vllm plain": theirs["plain"]["tokens_per_s"], "vllm + drafter": theirs["spec"]["tokens_per_s"]}
+    for name, (engine, cfg) in engines.items():
         speed[name] = {str(c): round(tokens_per_s(engine, prompts, cfg, c), 1) for c in args.concurrency}
     return {
         "prompts": len(prompts),
         "max_new_tokens": args.max_new_tokens,
-        "block": block,
+        "block": args.block,
         "vllm_version": theirs["version"],
-        "outputs_equal_generate": equal,
+        "outputs_equal_generate": {name: not parted for name, parted in differ.items()},
         "prompts_that_differ": differ,
+        **acceptance(theirs["spec"], ours["xpress chain"], reference, args.block),
+        "tokens_per_s": speed,
+        "drafts": None
+        if args.drafts_of is None
+        else {"vllm": theirs["spec"]["drafts"][args.drafts_of], "xpress": ours["xpress chain"].drafts[args.drafts_of]},
+    }
+
+
+def acceptance(spec: dict, chain: Run, reference: list[list[int]], block: int) -> dict:
+    """The same chain in both engines: each engine's own count of accepted draft tokens per round and per position,
+    both engines' drafts scored by one rule against the replies, and how many rounds' drafts differ at all."""
+    same_rule = {"vllm": scored(spec["drafts"], reference), "xpress": scored(chain.drafts, reference)}
+    return {
         "accepted_per_round": {
             "vllm": spec["accepted_per_round"],
-            "xpress": mean(ours_chain.accepted),
+            "xpress": mean(chain.accepted),
             **{f"{name}, one rule": mean(acc) for name, acc in same_rule.items()},
         },
         "accepted_per_position": {
             "vllm": spec["accepted_per_position"],
-            "xpress": per_position(ours_chain.accepted, block),
+            "xpress": per_position(chain.accepted, block),
             **{f"{name}, one rule": per_position(acc, block) for name, acc in same_rule.items()},
         },
-        "rounds": {"vllm": spec["rounds"], "xpress": len(ours_chain.accepted)},
-        "rounds_whose_drafts_differ": rounds_differ,
-        "tokens_per_s": speed,
-        "drafts": None
-        if args.drafts_of is None
-        else {"vllm": spec["drafts"][args.drafts_of], "xpress": ours_chain.drafts[args.drafts_of]},
+        "rounds": {"vllm": spec["rounds"], "xpress": len(chain.accepted)},
+        "rounds_whose_drafts_differ": sum(a != b for x, y in zip(spec["drafts"], chain.drafts) for a, b in zip(x, y)),
     }
 
 
