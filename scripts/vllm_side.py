@@ -4,7 +4,7 @@
 
 JOB: the target and drafter folders, the prompts as token ids, max_new_tokens, the block (num_speculative_tokens),
 and the concurrencies to time. OUT, for vLLM plain and with the drafter: the greedy outputs of the prompts one at a
-time, tokens/s per concurrency, and for the drafter its acceptance counters (drafts, accepted tokens per round and
+time, tokens/s per concurrency, and for the drafter its acceptance counters (rounds, accepted tokens per round and
 per position) over the one-at-a-time greedy run and the drafts it proposed there, prompt by prompt, round by round.
 """
 
@@ -34,10 +34,10 @@ def engine(job: dict, speculative: bool):
 
 def counters(llm) -> dict:
     """vLLM's speculative-decoding counters so far (cumulative; the caller takes differences)."""
-    found = {"drafts": 0, "accepted": 0, "per_position": []}
+    found = {"rounds": 0, "accepted": 0, "per_position": []}
     for metric in llm.get_metrics():
         if metric.name == "vllm:spec_decode_num_drafts":
-            found["drafts"] = metric.value
+            found["rounds"] = metric.value
         elif metric.name == "vllm:spec_decode_num_accepted_tokens":
             found["accepted"] = metric.value
         elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
@@ -95,12 +95,12 @@ def one_engine(job: dict, speculative: bool) -> dict:
     after = counters(llm)
     result = {"outputs": [output for output, _ in runs], "drafts": [drafts for _, drafts in runs]}
     if speculative:
-        drafts = after["drafts"] - before["drafts"]
+        rounds = after["rounds"] - before["rounds"]
         per_pos = [a - b for a, b in zip(after["per_position"], before["per_position"] or [0] * job["block"])]
         result |= {
-            "rounds": drafts,
-            "accepted_per_round": round((after["accepted"] - before["accepted"]) / max(drafts, 1), 4),
-            "accepted_per_position": [round(x / max(drafts, 1), 4) for x in per_pos],
+            "rounds": rounds,
+            "accepted_per_round": round((after["accepted"] - before["accepted"]) / max(rounds, 1), 4),
+            "accepted_per_position": [round(x / max(rounds, 1), 4) for x in per_pos],
         }
     result["tokens_per_s"] = {str(c): round(tokens_per_s(llm, prompts, new, c), 1) for c in job["concurrency"]}
     return result

@@ -141,7 +141,7 @@ def train(
                 log.write(json.dumps(record) + "\n")
                 log.flush()
                 bar.set_postfix(loss=record["loss"])
-            if time.time() - last_save > cfg.checkpoint_minutes * 60 or last or out_of_time(cfg, started):
+            if time.time() - last_save > cfg.checkpoint_minutes * 60 or last:
                 save_checkpoint(ckpt_path, model, opt, step, prior_wall + time.time() - started)
                 last_save = time.time()
     bar.close()
