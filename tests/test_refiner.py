@@ -13,6 +13,7 @@ from tests.oracles import NEW, PROMPTS, check_invariants, hf_greedy, run
 from tests.test_engine import plain_sampling
 from xpress_core.config import DecodeConfig
 from xpress_core.controller import AutoControl, CostModel, RoundSetting
+from xpress_core.drafters import diffusion
 from xpress_core.drafters.base import DraftRandomness
 from xpress_core.drafters.diffusion_model import XpressDrafter
 from xpress_core.engine import fit_draft_costs, round_draft_work
@@ -79,35 +80,46 @@ def test_sampled_passes_give_plain_samplings_tokens_with_the_same_seed(refining,
 
 
 def scripted_perfect_head(models, full: list[int], monkeypatch):
-    """A head that knows the target's greedy continuation ``full`` (prompt + output): at each block position whose
-    earlier tokens (as the pass reads them) are the continuation's, it puts all its weight on the next true token;
-    elsewhere it leaves the drafter's logits. A causal head that is always right where it can be."""
+    """A drafter and head that know the target's greedy continuation ``full`` (prompt + output). The drafter's first
+    block position is right (the head never corrects it: it reads only the root); at each later position whose
+    earlier tokens (as the pass reads them) are the continuation's, the head puts all its weight on the next true
+    token, elsewhere it leaves the drafter's logits. A causal head that is always right where it can be."""
     drafter, model = models.drafter, models.drafter.model
     seen = {}
-    draft = drafter.refined_draft
+    draft, raw_logits = drafter.draft, model.raw_logits
 
     def remembering(state, *args):
-        seen["state"] = state
+        seen["root"] = state.committed  # the root's index in ``full``
         return draft(state, *args)
 
-    def refined_logits(hidden, previous):
-        logits = model.head_logits(hidden).clone()
-        start = seen["state"].committed  # the root's index in ``full``
-        for row in range(previous.shape[0]):
-            for j in range(previous.shape[1]):
-                if start + j + 1 < len(full) and previous[row, : j + 1].tolist() == full[start : start + j + 1]:
-                    logits[row, j] = -1e4
-                    logits[row, j, full[start + j + 1]] = 1e4
+    def first_right(hidden):
+        logits = raw_logits(hidden).clone()
+        if seen["root"] + 1 < len(full):
+            logits[..., 0, :] = -1e4
+            logits[..., 0, full[seen["root"] + 1]] = 1e4
         return logits
 
-    monkeypatch.setattr(drafter, "refined_draft", remembering)
-    monkeypatch.setattr(model, "refined_logits", refined_logits)
+    def pass_logits(inputs, previous, first):
+        logits = model.processed(inputs.raw).expand(previous.shape[0], -1, -1).clone()
+        start = seen["root"]
+        for row in range(previous.shape[0]):
+            for j in range(1, previous.shape[1]):
+                if start + j + 1 < len(full) and previous[row, : j + 1].tolist() == full[start : start + j + 1]:
+                    logits[row, j] = -1e4
+                    logits[row, j, inputs.candidates[j] == full[start + j + 1]] = 1e4
+        return logits[:, first:]
+
+    # Every token a candidate of every pass: the head can pick the true one wherever the drafter ranks it.
+    monkeypatch.setattr(diffusion, "PASS_CANDIDATES", model.config.vocab_size)
+    monkeypatch.setattr(drafter, "draft", remembering)
+    monkeypatch.setattr(model, "raw_logits", first_right)
+    monkeypatch.setattr(drafter.passes, "logits", pass_logits)
 
 
 @pytest.mark.parametrize("t", [1, 2, 3, 5])
 def test_a_head_that_is_always_right_settles_one_more_position_each_pass(refining, monkeypatch, t):
-    """After p passes the first p positions are the target's: every round that the reply's end does not cut accepts
-    at least T - 1 draft tokens (T = 1: whatever the untrained drafter guessed), and the output stays the target's."""
+    """After p passes the first p + 1 positions are the target's (the first the drafter's own): every round that the
+    reply's end does not cut accepts at least T draft tokens, and the output stays the target's."""
     models, prompts, refs = refining
     length = 6
     for prompt_ids, ref in zip(prompts, refs):
@@ -116,9 +128,7 @@ def test_a_head_that_is_always_right_settles_one_more_position_each_pass(refinin
         _, result = run(models, prompt_ids, cfg)
         assert list(result.token_ids) == ref
         full_rounds = result.accept_lens[:-1]  # the last round may be cut by the reply's end
-        assert full_rounds and min(full_rounds) >= t - 1
-        if t == length:
-            assert min(full_rounds) >= length - 1
+        assert full_rounds and min(full_rounds) >= t
 
 
 def test_passes_at_a_fixed_point_change_nothing(zoo, tmp_path):
@@ -173,15 +183,44 @@ def test_k_rows_refined_as_one_batch_equal_rows_refined_alone(refining):
     cfg = DecodeConfig(drafts=3, steps=4, block=8, diversity="branch-first")
     drafts = drafter.draft(state, 5, cfg, DraftRandomness(torch.Generator().manual_seed(0)), watch=True)
     hidden = drafter.block_hidden(state, drafter.model.embed_block(*masked(5, 8)))
+    outside = pass_candidates_only(drafter, hidden)
     for row in range(3):
         tokens = torch.tensor([drafts.steps[0].tokens[row]])
         for _ in range(3):
             previous = torch.cat([torch.tensor([[5]]), tokens[:, :-1]], dim=1)
             chosen = drafter.model.refined_logits(hidden, previous)
-            chosen = (chosen[..., : drafter.banned.shape[0]] + drafter.banned).argmax(-1)
+            chosen = (chosen[..., : drafter.banned.shape[0]] + drafter.banned + outside).argmax(-1)
             chosen[0, 0] = tokens[0, 0]  # the branch token stays
             tokens = chosen
         assert tuple(tokens[0].tolist()) == drafts.tokens[row]
+
+
+def test_a_pass_over_the_later_positions_gives_the_full_passs_logits_there(refining):
+    """``RefinementPasses.logits`` (the LM head fused with the head's projection back, positions from ``start`` on, candidate
+    tokens only) against ``refined_logits`` (the hidden states corrected, then the LM head over every position and
+    token), for every start."""
+    models, prompts, _ = refining
+    drafter, model = models.drafter, models.drafter.model
+    state = drafter.start(prompts[0], *first_features(models, prompts[0]))
+    hidden = drafter.block_hidden(state, model.embed_block(*masked(5, 8)))
+    candidates = torch.randint(0, model.config.vocab_size, (8, 16), generator=torch.Generator().manual_seed(0))
+    inputs = drafter.passes.inputs(hidden, model.raw_logits(hidden), candidates)
+    previous = torch.randint(10, model.config.vocab_size, (3, 8), generator=torch.Generator().manual_seed(1))
+    full = model.refined_logits(hidden.expand(3, -1, -1), previous).float()
+    assert (full[:, 1:] - model.head_logits(hidden)[:, 1:]).abs().max() > 1e-3  # the head corrects something
+    full = full.gather(-1, candidates.expand(3, -1, -1))
+    for start in range(1, 8):
+        torch.testing.assert_close(
+            drafter.passes.logits(inputs, previous, start), full[:, start:], atol=1e-4, rtol=1e-4
+        )
+
+
+def pass_candidates_only(drafter, hidden):
+    """(1, L, V) 0 at each position's ``PASS_CANDIDATES`` best tokens of pass 0, -inf elsewhere: what a pass
+    chooses among."""
+    allowed = drafter.model.head_logits(hidden)[..., : drafter.banned.shape[0]] + drafter.banned
+    outside = torch.full_like(allowed, float("-inf"))
+    return outside.scatter(-1, allowed.topk(diffusion.PASS_CANDIDATES).indices, 0.0)
 
 
 def first_features(models, prompt_ids):

@@ -40,7 +40,7 @@ from .base import (
     top_choices,
 )
 from .diffusion_model import ContextKV, KVSlots, XpressDrafter, add_noise, signal_share
-from .refiner import previous_tokens
+from .refiner import PASS_CANDIDATES, RefinementPasses, previous_tokens
 
 
 def stacked(parts: list[torch.Tensor]) -> torch.Tensor:
@@ -376,6 +376,7 @@ class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
         # With a refiner head a round's T steps are its drafter forward and T - 1 refinement passes (refiner.py);
         # without one, T denoise steps.
         self.step_kind = "pass" if model.refiner is not None else "denoise"
+        self.passes = RefinementPasses(model) if model.refiner is not None else None
 
     def draft_work(self, setting: RoundSetting) -> tuple[int, int]:
         """A refining drafter runs one forward over one row whatever T (its passes are ``refine_passes``)."""
@@ -410,29 +411,55 @@ class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
         tree = cfg.diversity == TREE
         rows = replace(cfg, drafts=1) if tree else cfg
         hidden = self.block_hidden(state, self.model.embed_block(*masked_block(root, cfg.block, self.device)))
-        first = logits = self.model.head_logits(hidden).to(self.device)  # (1, L, V) pass 0
+        raw = self.model.raw_logits(hidden)
+        first = logits = self.model.processed(raw).to(self.device)  # (1, L, V) pass 0
         noise = row_gumbel(rows, logits.shape[1:], randomness, self.device)
         tokens, confidence, forced = self.choose_tokens(logits, rows, 1, randomness, watch, noise)
         forced = torch.zeros_like(tokens, dtype=torch.bool) if forced is None else forced
         steps = [DenoiseStep(as_rows(tokens), as_rows(confidence), kind="pass")] if watch else []
         roots = torch.full((rows.drafts,), root, device=self.device)
+        allowed = allowed_logits(first[0], self.banned)
+        choices = allowed.topk(min(PASS_CANDIDATES, allowed.shape[-1]), sorted=False).indices  # (L, C)
+        inputs = self.passes.inputs(hidden, raw, choices)
+        start = 1  # the first position has no correction: pass 0's token stays
         for _ in range(cfg.steps - 1):
             previous = previous_tokens(roots, tokens)  # (K, L): each position's token one earlier
             # Parallel refinement: the K rows in one pass; serial: a pass per row (the comparison; same drafts).
-            logits = stacked(
-                [self.model.refined_logits(hidden.expand(len(g), -1, -1), previous[g]) for g in refine_groups(rows)]
+            logits = stacked([self.passes.logits(inputs, previous[g], start) for g in refine_groups(rows)])
+            chosen, chosen_confidence = self.choose_among(
+                logits.to(self.device), choices[start:], rows, randomness, watch, noise, start
             )
-            candidates, confidence, _ = self.choose_tokens(logits.to(self.device), rows, 2, randomness, watch, noise)
-            candidates = torch.where(forced, tokens, candidates)
-            settled = torch.equal(candidates, tokens)
+            candidates = tokens.clone()
+            candidates[:, start:] = torch.where(forced[:, start:], tokens[:, start:], chosen)
+            changed = (candidates != tokens).any(0).nonzero()
             tokens = candidates
             if watch:
+                confidence = confidence.clone()
+                confidence[:, start:] = chosen_confidence
                 steps.append(DenoiseStep(as_rows(tokens), as_rows(confidence), kind="pass"))
-            if settled:
+            if not len(changed):
+                break  # a fixed point: the next passes would change nothing
+            # Positions up to the first changed token read the same tokens next pass: their logits stay.
+            start = int(changed[0]) + 1
+            if start == cfg.block:
                 break
         if tree:
             return self.grafted_tree(first, tokens[0], cfg, randomness, steps, watch)
         return Drafts(tokens=as_rows(tokens), steps=tuple(steps))
+
+    def choose_among(self, logits, candidates, cfg: DecodeConfig, randomness, watch: bool, row_noise, start: int):
+        """A pass's tokens (K, S) at positions ``start``.. from the (K, S, C) logits of their (S, C) candidates, chosen
+        as ``choose_tokens`` chooses over the vocabulary, and their confidence (K, S) when watched (the candidates'
+        softmax: they hold nearly all of pass 0's mass), else None."""
+        upcoming = randomness.upcoming
+        upcoming = None if upcoming is None else upcoming[start:].to(self.device).gather(-1, candidates)
+        scores = choice_scores(logits, logits, cfg, upcoming)  # greedy: the best logit is the best probability
+        if row_noise is not None:  # diversity "gumbel": each row's own noise (greedy: on the log-probabilities)
+            noise = row_noise[:, start:].gather(-1, candidates.expand(cfg.drafts, -1, -1))
+            scores = (logits.log_softmax(-1) if upcoming is None else scores) + noise
+        best = scores.argmax(-1, keepdim=True)
+        tokens = candidates.expand(cfg.drafts, -1, -1).gather(-1, best)[..., 0]
+        return tokens, logits.softmax(-1).gather(-1, best)[..., 0] if watch else None
 
     def grafted_tree(self, logits, chain, cfg: DecodeConfig, randomness, steps: list[DenoiseStep], watch: bool):
         """Pass 0's draft tree (``tree_drafts``) with the refined chain as one more path where the tree lacks it.

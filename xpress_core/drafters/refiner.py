@@ -21,6 +21,8 @@ a block whose tokens a pass does not change is a fixed point: more passes change
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -42,20 +44,78 @@ class BlockRefiner(nn.Module):
     def forward(self, hidden: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
         """Corrected hidden states (..., L, H) from the drafter's (..., L, H) and the embeddings (..., L, H) of the
         tokens one position earlier (the root's first): what the LM head then reads."""
-        length = hidden.shape[-2]
-        inputs = (
-            self.hidden_in(hidden)
-            + self.summary_in(hidden.mean(-2, keepdim=True))
-            + self.token_in(previous.to(hidden.dtype))
-        )  # (..., L, r)
-        causal = torch.tril(self.mix[:, :length, :length])  # (r, L, L)
-        mixed = inputs + torch.einsum("cji,...ic->...jc", causal.to(inputs.dtype), inputs)
-        gate, up = self.gate_up(self.norm(mixed)).chunk(2, dim=-1)
-        correction = self.out(mixed + self.down(F.silu(gate) * up))
+        correction = self.out(self.code(self.round_inputs(hidden) + self.token_in(previous.to(hidden.dtype))))
         # The first position reads only the root, which the drafter's block already holds: nothing for the head to
         # add there, and a correction only moves it off what the drafter learned (measured: first-position
         # agreement 0.858 corrected against 0.867).
         return hidden + torch.cat([torch.zeros_like(correction[..., :1, :]), correction[..., 1:, :]], dim=-2)
+
+    def round_inputs(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., L, r): the inputs that do not depend on the drafted tokens, the same for every pass of a round."""
+        return self.hidden_in(hidden) + self.summary_in(hidden.mean(-2, keepdim=True))
+
+    def code(self, inputs: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """(..., L - start, r) the correction of positions ``start``.. before the projection back, from every
+        position's inputs (..., L, r): position j mixes in those of positions <= j, so later positions need the
+        earlier ones' inputs but not their code."""
+        length = inputs.shape[-2]
+        causal = torch.tril(self.mix[:, :length, :length])[:, start:]  # (r, L - start, L)
+        mixed = inputs[..., start:, :] + torch.einsum("cji,...ic->...jc", causal.to(inputs.dtype), inputs)
+        gate, up = self.gate_up(self.norm(mixed)).chunk(2, dim=-1)
+        return mixed + self.down(F.silu(gate) * up)
+
+
+# Per block position, the tokens a refinement pass chooses among: pass 0's best by the drafter's logit. A pass's
+# product with the vocabulary then runs over these only (measured with the embedded drafter, 50 held-out chats, K = 4
+# rows, T = 4: the full vocabulary's choice was among pass 0's best 64 at 99.2 % of positions, best 128 at 99.9 %).
+PASS_CANDIDATES = 64
+
+
+@dataclass(frozen=True)
+class PassInputs:
+    """What every refinement pass of a round shares (``RefinementPasses``)."""
+
+    base: torch.Tensor  # (1, L, r) fp32, ``BlockRefiner.round_inputs`` of the drafter's hidden states
+    candidates: torch.Tensor  # (L, C) token ids: per position, pass 0's best (``PASS_CANDIDATES``)
+    raw: torch.Tensor  # (L, C) fp32, their pass-0 LM-head logits before ``processed``
+    head_out: torch.Tensor  # (L, r, C) fp32, their rows of ``RefinementPasses.head_out``
+
+
+class RefinementPasses:
+    """A frozen drafter's refinement passes as decoding runs them (``DiffusionDrafter.refined_draft``): the same
+    logits as ``XpressDrafter.refined_logits`` up to rounding, at a fraction of the work.
+
+    - The correction reaches the vocabulary through ``head_out`` = W_head W_out, formed once: head(h + out(z)) =
+      head(h) + (W_head W_out) z, so a pass adds to pass 0's logits a product of rank r, not of the hidden width.
+    - Each position chooses among its candidates only (``PASS_CANDIDATES``, pass 0's best): the product runs over C
+      tokens, not the vocabulary.
+    - A pass computes the positions from ``start`` on only: the first has no correction, and those up to the first
+      token the pass before changed read what they read then (the caller keeps their tokens).
+    """
+
+    def __init__(self, model):  # an XpressDrafter with a refiner, bound to its target, frozen from now on
+        self.model = model
+        out = model.refiner.out.weight
+        with torch.no_grad():
+            self.head_out = model.shared[1].weight.to(out.device, torch.float32) @ out.float()  # (V', r)
+
+    def inputs(self, hidden: torch.Tensor, raw: torch.Tensor, candidates: torch.Tensor) -> PassInputs:
+        """What the passes of a round share, from its (1, L, H) hidden states, their (1, L, V') raw logits and the
+        (L, C) candidate tokens."""
+        device = self.head_out.device
+        base = self.model.refiner.round_inputs(hidden.to(device, torch.float32))
+        candidates = candidates.to(device)
+        # index_select, and the product reading the rows transposed: a fifth of indexing's time, no copy (CPU).
+        chosen_out = self.head_out.index_select(0, candidates.flatten()).view(*candidates.shape, -1).transpose(1, 2)
+        return PassInputs(base, candidates, raw[0].to(device).gather(-1, candidates).float(), chosen_out)
+
+    def logits(self, inputs: PassInputs, previous: torch.Tensor, start: int) -> torch.Tensor:
+        """One pass over positions ``start`` >= 1 of R rows: (R, L - start, C) logits of the positions' candidates,
+        given the tokens (R, L) one position earlier."""
+        refiner, base = self.model.refiner, inputs.base
+        code = refiner.code(base + refiner.token_in(self.model.shared[0](previous).to(base.device, base.dtype)), start)
+        correction = torch.matmul(code.transpose(0, 1), inputs.head_out[start:]).transpose(0, 1)  # (R, L - start, C)
+        return self.model.processed(inputs.raw[start:] + correction)
 
 
 def previous_tokens(roots: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
