@@ -34,10 +34,10 @@ from xpress_core.bench.report import SCHEMA
 from xpress_core.bench.summary import summarize
 from xpress_core.cli import main
 from xpress_core.config import DecodeConfig
-from xpress_core.records import RATIO_DIGITS
 from xpress_core.data import SGD_DEV, default_prompts, prompt_class, read_prompt_file
 from xpress_core.errors import XpressError
 from xpress_core.models import load_models
+from xpress_core.records import RATIO_DIGITS
 
 GRID = "K=1,4 T=1 L=4 diversity=branch-first; K=4 T=2 L=4 verify=batch"  # K branched rows, and a draft tree
 TEMPERATURES = (0.0, SAMPLING_TEMPERATURE)
