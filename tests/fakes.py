@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from xpress_core.drafters.base import Drafter, Drafts, NoDrafter
-from xpress_core.trace import RoundTrace
+from xpress_core.trace import Refinement, RoundTrace
+from xpress_core.tree import DraftTree
 
 
 class ScriptedDrafter(Drafter):
@@ -63,13 +64,15 @@ def round_trace(
     new_tokens_total=1,
     elapsed_s=0.01,
     setting=(1, 1, 4),
+    tree: DraftTree | None = None,
+    refinement: Refinement | None = None,
 ) -> RoundTrace:
     return RoundTrace(
         index=index,
         steps=steps,
         drafts=drafts,
-        tree_tokens=(),
-        tree_parents=(),
+        tree_tokens=tree.tokens if tree else (),
+        tree_parents=tree.parents if tree else (),
         draft_accept_lens=draft_accept_lens,
         accepted=accepted,
         emitted=emitted,
@@ -82,6 +85,7 @@ def round_trace(
         cache_len=0,
         draft_context_len=0,
         setting=setting,
+        refinement=refinement,
     )
 
 

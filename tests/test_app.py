@@ -52,7 +52,7 @@ from xpress_core.config import DecodeConfig
 from xpress_core.drafters.base import NoDrafter
 from xpress_core.engine import Models, decode
 from xpress_core.errors import XpressError
-from xpress_core.models import EMBEDDED_DRAFTER, encode_prompt, load_models
+from xpress_core.models import EMBEDDED_DRAFTER, EMBEDDED_TARGET, encode_prompt, load_models
 from xpress_core.presets import Access, ModelPreset, hub_presets
 from xpress_core.trace import DecodeResult
 
@@ -239,6 +239,26 @@ def test_auto_picks_each_rounds_setting_the_reply_stays_the_targets_and_the_stat
     assert len(timed_after) == (0 if step_s else 1)
     cost = verdict.reply_cost(last.reply.traces, step_s or 0.004)
     assert last.verdict == f"**{verdict.reply_headline(cost)}** · {verdict.breakdown(cost.rounds)} ({source})"
+
+
+@pytest.fixture(scope="module")
+def embedded_cache():
+    """The shipped pair, whose drafter has a trained refiner head."""
+    return ModelCache(
+        AppConfig(presets=(ModelPreset(EMBEDDED_PRESET, str(EMBEDDED_TARGET), str(EMBEDDED_DRAFTER)),), device="cpu")
+    )
+
+
+def test_with_refinement_passes_the_status_and_the_verdict_say_what_they_bought(embedded_cache, timed_after):
+    chosen = settings(preset=EMBEDDED_PRESET, drafts=1, steps=3, block=8, diversity="none", max_new_tokens=48)
+    last = final(list(run_chat(embedded_cache, "Can you find me a flight to Boston?", [], chosen)))
+    gain = verdict.refinement_gain(last.reply.traces)
+    assert gain is not None and gain.tau == last.reply.result.tau
+    line = verdict.refinement_line(gain)
+    assert f"\n\n{line}.\n\n" in last.status and last.verdict.endswith(f" · {line}")
+    # One step is pass 0 alone: nothing is said of passes.
+    plain = final(list(run_chat(embedded_cache, "Can you find me a flight to Boston?", [], replace(chosen, steps=1))))
+    assert "Refinement passes" not in plain.status and "Refinement passes" not in plain.verdict
 
 
 def test_with_the_race_the_verdict_counts_in_the_races_own_plain_steps(cache):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -12,10 +13,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 
 from tests.oracles import cli
 from tests.tiny import SENTENCES
+from xpress_core import verdict
 from xpress_core.config import DecodeConfig
 from xpress_core.engine import decode
 from xpress_core.errors import XpressError
-from xpress_core.models import encode_prompt, init_drafter, load_models
+from xpress_core.models import EMBEDDED_DRAFTER, EMBEDDED_TARGET, encode_prompt, init_drafter, load_models
+from xpress_core.records import json_record
+from xpress_core.trace import RoundTrace
 from xpress_core.train.tokenizer import train_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -168,6 +172,27 @@ def test_cli_generate_json_equals_generate(zoo, tmp_path):
     assert {"round", "draft_time", "verify_time", "accept_len", "accepted_tokens", "tokens_per_s", "memory_mb"} <= set(
         records[1]
     )
+    # A drafter without a refiner head: T = 2 is two denoise steps, no refinement passes to account for.
+    assert out["refinement"] is None and all(r["refinement"] is None for r in records)
+
+
+def test_cli_generate_says_what_the_refinement_passes_bought(tmp_path):
+    """The shipped drafter has a refiner head: at T = 3 the JSON, the summary line and the round log carry what its
+    passes did, as ``verdict.refinement_gain`` computes it from the engine's own rounds."""
+    args = ["generate", "--prompt", "Find me a flight to Boston.", "--chat", "-K", "1", "-T", "3", "-L", "8"]
+    args += ["--diversity", "none", "--max-new-tokens", "48", "--dtype", "float32"]
+    log = tmp_path / "rounds.jsonl"
+    as_json, as_text = cli(*args, "--json", "--log", str(log)), cli(*args)
+    assert as_json.returncode == 0 and as_text.returncode == 0, as_json.stderr + as_text.stderr
+    models = load_models(EMBEDDED_TARGET, str(EMBEDDED_DRAFTER), device="cpu")
+    prompt = encode_prompt(models.tokenizer, "Find me a flight to Boston.", chat=True)
+    cfg = DecodeConfig(drafts=1, steps=3, block=8, diversity="none", max_new_tokens=48)
+    traces = [e for e in decode(models, prompt, cfg) if isinstance(e, RoundTrace)]
+    gain = verdict.refinement_gain(traces)
+    assert json.loads(as_json.stdout)["refinement"] == json_record(asdict(gain))
+    assert f"[{verdict.refinement_line(gain)}]" in as_text.stderr
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["refinement"] for r in records] == [None] + [json_record(asdict(t.refinement)) for t in traces[1:]]
 
 
 def test_cli_init_drafter_writes_a_loadable_drafter(zoo, tmp_path):

@@ -3,15 +3,22 @@ oracle, and the calibration of a plain step on scripted runs."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+from itertools import pairwise
+
 import pytest
+import torch
 
 from tests.fakes import round_trace
 from tests.oracles import run
 from xpress_core import verdict
-from xpress_core.config import DecodeConfig
+from xpress_core.config import TREE, DecodeConfig
+from xpress_core.data import PROMPTS
 from xpress_core.engine import decode
-from xpress_core.models import encode_prompt, load_models
-from xpress_core.trace import DecodeResult, RoundTrace
+from xpress_core.models import EMBEDDED_DRAFTER, EMBEDDED_TARGET, encode_prompt, load_models
+from xpress_core.trace import DecodeResult, Refinement, RoundTrace
+from xpress_core.tree import build_tree
 
 PREFILL = round_trace(index=0, draft_s=0.0, verify_s=0.050, other_s=0.0)
 # Two rounds at 2 ms a plain step: draft 1 + verify 2.5 + other 0.5 ms = 2 plain steps each; 1 then 3 accepted.
@@ -177,3 +184,161 @@ def test_calibration_times_real_plain_steps(zoo, monkeypatch):
     timed = [t for traces in seen[1:] for t in traces if t.index > 0]  # the first run warms up
     assert len(timed) >= verdict.CALIBRATION_ROUNDS or len(seen) == verdict.CALIBRATION_RUNS
     assert step == pytest.approx(sum(t.draft_s + t.verify_s + t.other_s for t in timed) / len(timed))
+
+
+def refined_round(before, after, unrefined, verified, accepted, emitted) -> RoundTrace:
+    """A round whose passes turned ``before`` into ``after``; ``verified``: the drafts its tree was built from."""
+    return round_trace(
+        accepted=accepted,
+        emitted=emitted,
+        tree=build_tree(99, [list(d) for d in verified]),
+        refinement=Refinement(before, after, unrefined),
+        setting=(len(verified), 3, 4),
+    )
+
+
+# Two rows refined, each changed once (row 0 at position 1, which is accepted; row 1 at position 2); pass 0's best
+# row matched one emitted token.
+CHAIN = refined_round(
+    before=((1, 2, 3, 4), (9, 2, 3, 4)),
+    after=((1, 5, 3, 4), (9, 2, 6, 4)),
+    unrefined=((1, 2, 3, 4), (9, 2, 3, 4)),
+    verified=((1, 5, 3, 4), (9, 2, 6, 4)),
+    accepted=(1, 5, 3),
+    emitted=(1, 5, 3, 7),
+)
+# A tree: pass 0's tree with the refined chain grafted on; its best path matched two emitted tokens.
+GRAFTED = refined_round(
+    before=((1, 2, 3),),
+    after=((1, 2, 8),),
+    unrefined=((1, 2, 3), (1, 4), (6,)),
+    verified=((1, 2, 3), (1, 4), (6,), (1, 2, 8)),
+    accepted=(1, 2, 8),
+    emitted=(1, 2, 8, 5),
+)
+# The refined chain was a path of pass 0's tree already: its change was accepted, but the tree held it anyway.
+HELD = refined_round(
+    before=((1, 2, 3),),
+    after=((1, 2, 8),),
+    unrefined=((1, 2, 3), (1, 2, 8), (6,)),
+    verified=((1, 2, 3), (1, 2, 8), (6,)),
+    accepted=(1, 2, 8),
+    emitted=(1, 2, 8, 5),
+)
+UNREFINED = round_trace(accepted=(5, 6), emitted=(5, 6, 7))  # T = 1: pass 0's draft is the draft
+# Pass 0 matched both emitted tokens and drafted two more: it would have been accepted further, how far unseen.
+WORSE = refined_round(((1, 2, 3, 4),), ((1, 7, 3, 4),), ((1, 2, 3, 4),), ((1, 7, 3, 4),), (1,), (1, 2))
+# The reply stopped at its second token (say an end of turn), inside the accepted tokens, which pass 0 reached too.
+STOPPED = refined_round(((1, 2, 3, 4),), ((1, 2, 3, 5),), ((1, 2, 3, 4),), ((1, 2, 3, 5),), (1, 2, 3, 5), (1, 2))
+# The target's context left room for two draft tokens: the passes' change at position 2 was never verified.
+CUT = refined_round(((1, 2, 3, 4),), ((1, 2, 5, 6),), ((1, 2, 3, 4),), ((1, 2),), (1, 2), (1, 2, 9))
+
+
+@pytest.mark.parametrize(
+    "rounds,expected",
+    [
+        ([CHAIN], verdict.RefinementGain(2, 1, 4.0, 2.0, False)),
+        ([GRAFTED], verdict.RefinementGain(1, 1, 4.0, 3.0, False)),
+        ([HELD], verdict.RefinementGain(1, 1, 4.0, 4.0, False)),
+        ([WORSE], verdict.RefinementGain(1, 0, 2.0, 3.0, True)),
+        ([STOPPED], verdict.RefinementGain(1, 1, 5.0, 5.0, False)),
+        ([CUT], verdict.RefinementGain(0, 0, 3.0, 3.0, False)),
+        # A reply: the prefill left out, a round without passes counts as it was; τ (4 + 4 + 3) / 3, without
+        # (2 + 3 + 3) / 3.
+        ([PREFILL, CHAIN, GRAFTED, UNREFINED], verdict.RefinementGain(3, 2, 11 / 3, 8 / 3, False)),
+        ([PREFILL, CHAIN, WORSE], verdict.RefinementGain(3, 1, 3.0, 2.5, True)),
+    ],
+)
+def test_what_the_passes_bought_on_hand_made_rounds(rounds, expected):
+    assert verdict.refinement_gain(rounds) == pytest.approx(expected)
+
+
+def test_nothing_is_said_of_passes_where_none_ran():
+    assert verdict.refinement_gain([PREFILL, UNREFINED]) is None and verdict.refinement_gain(ROUNDS) is None
+    assert verdict.refinement_gain([PREFILL]) is None
+
+
+def test_the_refinement_line_says_where_tau_without_passes_is_a_lower_bound():
+    exact, bound = verdict.RefinementGain(12, 7, 2.514, 2.3, False), verdict.RefinementGain(3, 0, 2.0, 2.5, True)
+    assert verdict.refinement_line(exact) == (
+        "Refinement passes: 12 draft tokens changed, 7 of them accepted · τ 2.51 with them, 2.30 without "
+        "(pass 0's drafts against the tokens emitted)"
+    )
+    assert "τ 2.00 with them, ≥ 2.50 without" in verdict.refinement_line(bound)
+
+
+QUICK = [json.loads(line)["messages"] for line in (PROMPTS / "quick.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def embedded():
+    """The shipped pair: a drafter whose refiner head was trained, so its passes change tokens."""
+    models = load_models(EMBEDDED_TARGET, str(EMBEDDED_DRAFTER), device="cpu")
+    assert models.drafter.step_kind == "pass"
+    return models, [encode_prompt(models.tokenizer, messages, chat=True) for messages in QUICK]
+
+
+def first_round_accepted(models, prompt_ids, cfg: DecodeConfig) -> tuple[int, int]:
+    """A fresh request's prefill token and what its first round accepts at T = 1: pass 0's draft, from the state
+    after ``prompt_ids``."""
+    events = list(decode(models, prompt_ids, replace(cfg, steps=1, max_new_tokens=cfg.block + 2)))
+    return events[0].emitted[0], events[1].accept_len
+
+
+@pytest.mark.parametrize("diversity,drafts", [("none", 1), ("branch-first", 3), ("tree", 4)])
+def test_tau_without_passes_is_what_pass_0_accepts_from_each_rounds_own_start(embedded, diversity, drafts):
+    """The oracle per round: a fresh request on the round's prefix at T = 1 (greedy fp32: pass 0's draft is the
+    T = 1 draft) accepts what ``refinement_gain`` credits pass 0 with; at least that where it says "≥". The reply's
+    τ without passes is no whole-reply counterfactual: its rounds would have started elsewhere once an accepted
+    length differed, so this is checked round by round, not against a T = 1 reply's τ."""
+    models, prompts = embedded
+    cfg = DecodeConfig(drafts=drafts, steps=3, block=8, diversity=diversity, max_new_tokens=48)
+    checked = bought = changed = 0
+    for prompt_ids in prompts:
+        traces = [e for e in decode(models, prompt_ids, cfg) if isinstance(e, RoundTrace)]
+        output = [token for trace in traces for token in trace.emitted]
+        for before, trace in pairwise(traces):
+            gain = verdict.refinement_gain([trace])
+            without = round(gain.tau_without) - 1
+            assert gain.changed_accepted <= min(gain.changed, trace.accept_len)
+            changed += gain.changed
+            bought += without != trace.accept_len
+            if len(trace.emitted) < trace.accept_len + 1:
+                continue  # the reply's stop cut this round: what was accepted past it is the reply's no more
+            root = output[before.new_tokens_total - 1]
+            prefix = torch.tensor([prompt_ids[0].tolist() + output[: before.new_tokens_total - 1]])
+            first, accepted = first_round_accepted(models, prefix, cfg)
+            assert first == root  # greedy fp32: the fresh request reaches the round's own state
+            assert accepted >= without if gain.at_least else accepted == without
+            checked += 1
+    assert checked >= 10 and changed > 0 and bought > 0  # the passes changed tokens, and that changed τ
+
+
+def test_the_passes_record_the_same_without_being_watched_as_the_panel_shows(embedded):
+    """Unwatched rounds keep what the passes did (``Refinement``), the same as the watched steps: pass 0's tokens, the
+    last pass's, and pass 0's draft (a tree's: its paths without the grafted chain)."""
+    models, prompts = embedded
+    for cfg in (DecodeConfig(drafts=2, steps=3, block=6, diversity="branch-first"), DecodeConfig(steps=3)):
+        cfg = replace(cfg, max_new_tokens=32)
+        for prompt_ids in prompts[:3]:
+            watched, _ = run(models, prompt_ids, cfg)
+            unwatched = [e for e in decode(models, prompt_ids, cfg) if isinstance(e, RoundTrace)]
+            assert [t.refinement for t in watched] == [t.refinement for t in unwatched]
+            for trace in watched[1:]:
+                passes = [step.tokens for step in trace.steps if step.kind == "pass"]
+                refinement = trace.refinement
+                assert (refinement.before, refinement.after) == (passes[0], passes[-1])
+                if cfg.diversity == TREE:
+                    assert set(trace.drafts) - set(refinement.unrefined) <= {refinement.after[0]}
+                else:
+                    assert refinement.after == trace.drafts and refinement.unrefined == refinement.before
+
+
+def test_no_refinement_is_recorded_at_t_1_or_without_a_refiner_head(zoo, embedded):
+    models = embedded[0]
+    no_head = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu")
+    for drafter, cfg in [(models, DecodeConfig(steps=1)), (no_head, DecodeConfig(steps=3, block=4))]:
+        prompt_ids = encode_prompt(drafter.tokenizer, QUICK[0], chat=True)
+        traces = [e for e in decode(drafter, prompt_ids, replace(cfg, max_new_tokens=24)) if isinstance(e, RoundTrace)]
+        assert len(traces) > 2 and all(t.refinement is None for t in traces)
+        assert verdict.refinement_gain(traces) is None

@@ -166,11 +166,13 @@ class Board:
 
     def why(self) -> str:
         """The verdict: the whole reply against plain decoding of its tokens, and τ against what a round cost in
-        plain steps, so far."""
+        plain steps, so far; with refinement passes, what they bought."""
         cost = self.reply_cost()
         if cost is None:
             return VERDICT_PENDING
-        return f"**{verdict.reply_headline(cost)}** · {verdict.breakdown(cost.rounds)} ({self.plain_step()[1]})"
+        line = f"**{verdict.reply_headline(cost)}** · {verdict.breakdown(cost.rounds)} ({self.plain_step()[1]})"
+        gain = verdict.refinement_gain(self.traces[SPECULATIVE])
+        return line if gain is None else f"{line} · {verdict.refinement_line(gain)}"
 
     def status(self) -> str:
         traces = self.traces[SPECULATIVE]
@@ -187,6 +189,9 @@ class Board:
                 f"· stop: {result.stop_reason}"
             )
             lines.append(f"Rounds: {verdict.settings_summary(traces)}.")
+            gain = verdict.refinement_gain(traces)
+            if gain is not None:  # only a reply whose rounds ran refinement passes
+                lines.append(f"{verdict.refinement_line(gain)}.")
             lines.append(exactness(self.loaded.speculative.target.dtype, self.loaded.speculative.dtype_choice))
             if self.wall_s and not self.race:  # with Race the wall clock holds both runs
                 lines.append(f"Wall clock with the UI: {result.new_tokens / self.wall_s:.1f} tokens/s.")

@@ -180,7 +180,9 @@ def run_generate(args: argparse.Namespace) -> int:
     from .engine import decode
     from .models import context_limit
     from .precision import load_fastest
+    from .records import json_record
     from .trace import DecodeResult, RoundTrace, write_jsonl
+    from .verdict import refinement_gain, refinement_line
 
     cfg = check_generate_args(args)
     models = load_fastest(**model_choice(args))
@@ -206,8 +208,10 @@ def run_generate(args: argparse.Namespace) -> int:
             write_jsonl(traces, args.log)
         except OSError as error:  # checked writable before decoding, yet a disk can fill up meanwhile
             raise XpressError(f"--log {str(args.log)!r} could not be written: {error.strerror or error}") from None
+    gain = refinement_gain(traces)
     if args.json:
-        print(json.dumps(result.to_json() | {"dtype_choice": models.dtype_choice.to_json()}))
+        refinement = None if gain is None else json_record(asdict(gain))
+        print(json.dumps(result.to_json() | {"dtype_choice": models.dtype_choice.to_json(), "refinement": refinement}))
     else:
         print(
             f"\n[{result.new_tokens} tokens, {result.rounds} rounds, tau {result.tau:.2f}, "
@@ -216,6 +220,8 @@ def run_generate(args: argparse.Namespace) -> int:
             f"{result.dtype}: {models.dtype_choice.reason}]",
             file=sys.stderr,
         )
+        if gain is not None:
+            print(f"[{refinement_line(gain)}]", file=sys.stderr)
     return 0
 
 

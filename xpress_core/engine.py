@@ -370,6 +370,7 @@ def record(
         cache_len=kv.cache_length(state.cache),
         draft_context_len=models.drafter.context_length(state.draft_state),
         setting=setting.as_tuple() if setting else (0, 0, 0),
+        refinement=drafts.refinement if drafts else None,
     )
 
 

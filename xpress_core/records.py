@@ -17,7 +17,7 @@ def digits(key: str) -> int | None:
         return 6  # seconds: microseconds matter for a single forward
     if key.endswith("_mb"):
         return 1
-    if key in ("tau", "mean_accept_len", "forwards_per_token") or "ms" in key.split("_"):
+    if key in ("tau", "tau_without", "mean_accept_len", "forwards_per_token") or "ms" in key.split("_"):
         return 4  # per-round and per-token quantities, milliseconds
     return None
 

@@ -10,7 +10,7 @@ import json
 import resource
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO
 
@@ -31,6 +31,17 @@ class DenoiseStep:
     # "denoise": a denoise step; "pass": a refinement pass (pass 0 the drafter's forward; refiner.py), whose tokens
     # the panel compares with the pass before; "tree": the draft tree with the refined chain grafted on.
     kind: str = "denoise"
+
+
+@dataclass(frozen=True)
+class Refinement:
+    """What a round's refinement passes did (a drafter with a refiner head, T >= 2: docs/DESIGN.md §3.5), kept every
+    round, watched or not, so that a reply can say what the passes bought (``verdict.refinement_gain``)."""
+
+    before: tuple[tuple[int, ...], ...]  # (R, L) pass 0's tokens of the rows the passes refined (K rows; a tree's 1)
+    after: tuple[tuple[int, ...], ...]  # (R, L) the same rows after the last pass
+    # The drafts the round would have verified without passes: ``before``, or a tree's pass-0 tree (the T = 1 tree).
+    unrefined: tuple[tuple[int, ...], ...]
 
 
 def tokens_per_round(accept_lens: Sequence[int]) -> float:
@@ -57,6 +68,7 @@ class RoundTrace:
     cache_len: int  # target KV cache length after the round (committed tokens - 1 while decoding goes on)
     draft_context_len: int  # the drafter's context length after the round (kept equal to cache_len)
     setting: tuple[int, int, int] = (0, 0, 0)  # (K, T, L) drafted this round; L = 0: a plain step (and the prefill)
+    refinement: Refinement | None = None  # None: no refinement passes ran (T = 1, no refiner head, a plain step)
 
     @property
     def accept_len(self) -> int:
@@ -152,6 +164,7 @@ def round_log_record(trace: RoundTrace) -> dict:
             "tree_size": trace.tree_size,
             "tokens_per_s": trace.tokens_per_s,
             "memory_mb": trace.peak_mem_mb,
+            "refinement": None if trace.refinement is None else asdict(trace.refinement),
         }
     )
 

@@ -4,8 +4,8 @@ A drafting round emits τ tokens on average and costs as much as ``c`` plain ste
 engine's own timings, over the time of one plain decoding step). Plain decoding emits one token per step, so the
 rounds pay off when τ > c: ``c`` is the break-even τ and τ / c the rounds' speedup over plain decoding. The whole
 reply also waits for the prefill, which plain decoding pays alike: a short reply's speedup is the rounds' diluted by
-it (``ReplyCost``), and that is what a Race measures. Pure functions of the engine's events and one measured plain
-step; nothing here imports Gradio.
+it (``ReplyCost``), and that is what a Race measures. With refinement passes, it also says what they bought
+(``refinement_gain``). Pure functions of the engine's events and one measured plain step; nothing here imports Gradio.
 """
 
 from __future__ import annotations
@@ -141,6 +141,81 @@ def settings_summary(traces: Sequence[RoundTrace]) -> str:
     """How many drafting rounds ran at each setting, most used first (ties: first used first)."""
     counts = Counter(setting_label(t) for t in traces if t.index > 0)
     return " · ".join(f"{label} × {n}" for label, n in counts.most_common())
+
+
+@dataclass(frozen=True)
+class RefinementGain:
+    """What a reply's refinement passes bought (docs/DESIGN.md §3.5), from its rounds (``refinement_gain``)."""
+
+    changed: int  # draft tokens the passes changed (tree nodes, each once) in the refined rows' verified positions
+    changed_accepted: int  # of those, the ones on an accepted path
+    tau: float  # the reply's τ
+    # τ had every round verified its pass-0 draft instead, each round from the prefix it started from: exact per round
+    # (the target's token at each position is the one it emitted, up to its rounding), a lower bound where pass 0's
+    # draft matched every token the round emitted and went on (``at_least``).
+    tau_without: float
+    at_least: bool  # tau_without is a lower bound: shown as "≥"
+
+
+def refinement_gain(traces: Sequence[RoundTrace]) -> RefinementGain | None:
+    """What the refinement passes did in these rounds (the prefill left out); None when no round ran any."""
+    rounds = [t for t in traces if t.index > 0]
+    if not any(t.refinement for t in rounds):
+        return None
+    changed, accepted, without, at_least = 0, 0, [], False
+    for trace in rounds:
+        refinement = trace.refinement
+        if refinement is None:  # no passes: the round's draft was pass 0's
+            without.append(trace.accept_len)
+            continue
+        depth = tree_depth(trace.tree_parents)  # near the context's end the drafts were cut (engine.cut_drafts)
+        nodes = {
+            row[: j + 1]
+            for first, row in zip(refinement.before, refinement.after)
+            for j in range(min(depth, len(row)))
+            if row[j] != first[j]
+        }
+        changed += len(nodes)
+        accepted += sum(trace.accepted[: len(node)] == node for node in nodes)
+        # Greedy or sampled, the target's token after a prefix is the one it emitted there (one noise vector per
+        # emitted token: sampling.py): pass 0's draft would have been accepted as far as it matches the round's
+        # emitted tokens, and no further. Per path of pass 0's draft: (tokens matched, tokens verified).
+        emitted = len(trace.emitted)
+        paths = [(common_prefix(path[:depth], trace.emitted), len(path[:depth])) for path in refinement.unrefined]
+        matched = max(m for m, _ in paths)
+        if matched == emitted < trace.accept_len + 1:
+            # The reply stopped inside this round's accepted tokens, and pass 0 reached the stop too: the same
+            # tokens in the same rounds, so the round counts as it did.
+            matched = trace.accept_len
+        else:
+            # A path that matched every emitted token and goes on would have been accepted further, how far unseen.
+            at_least |= any(m == emitted < length for m, length in paths)
+        without.append(matched)
+    return RefinementGain(
+        changed, accepted, tokens_per_round([t.accept_len for t in rounds]), tokens_per_round(without), at_least
+    )
+
+
+def tree_depth(parents: Sequence[int]) -> int:
+    """The longest path of a draft tree given its nodes' parents (parents before children; the root's is -1)."""
+    depths = [0]
+    for parent in parents[1:]:
+        depths.append(depths[parent] + 1)
+    return max(depths)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """The length of the longest common prefix of two token sequences."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def refinement_line(gain: RefinementGain) -> str:
+    """What the passes changed and what that bought in τ."""
+    without = f"{'≥ ' if gain.at_least else ''}{gain.tau_without:.2f}"
+    return (
+        f"Refinement passes: {gain.changed} draft tokens changed, {gain.changed_accepted} of them accepted · "
+        f"τ {gain.tau:.2f} with them, {without} without (pass 0's drafts against the tokens emitted)"
+    )
 
 
 def plain_step_s(traces: Sequence[RoundTrace]) -> float | None:

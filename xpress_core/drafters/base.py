@@ -15,7 +15,7 @@ from ..config import DecodeConfig
 from ..controller import AUTO_STEPS, RoundSetting, denoise_work
 from ..errors import XpressError
 from ..sampling import noisy_logits
-from ..trace import DenoiseStep
+from ..trace import DenoiseStep, Refinement
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,7 @@ class Drafts:
     # tree of K' x L nodes being the first K' x L (``accepted_with_fewer``), -1 for a node every smaller tree holds
     # too (a refined chain grafted on); empty for K separate drafts.
     order: tuple[tuple[int, ...], ...] = ()
+    refinement: Refinement | None = None  # what the refinement passes did, when any ran (watched or not)
 
 
 class Drafter(ABC):

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from ..config import TREE, DecodeConfig
 from ..controller import AUTO_PASSES, RoundSetting
 from ..sampling import gumbel, noisy_logits
-from ..trace import MASKED, DenoiseStep
+from ..trace import MASKED, DenoiseStep, Refinement
 from ..tree import best_first_paths
 from .base import (
     Drafter,
@@ -416,7 +416,8 @@ class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
         noise = row_gumbel(rows, logits.shape[1:], randomness, self.device)
         tokens, confidence, forced = self.choose_tokens(logits, rows, 1, randomness, watch, noise)
         forced = torch.zeros_like(tokens, dtype=torch.bool) if forced is None else forced
-        steps = [DenoiseStep(as_rows(tokens), as_rows(confidence), kind="pass")] if watch else []
+        before = as_rows(tokens)  # pass 0's draft, kept for ``Refinement`` whether watched or not
+        steps = [DenoiseStep(before, as_rows(confidence), kind="pass")] if watch else []
         roots = torch.full((rows.drafts,), root, device=self.device)
         allowed = allowed_logits(first[0], self.banned)
         choices = allowed.topk(min(PASS_CANDIDATES, allowed.shape[-1]), sorted=False).indices  # (L, C)
@@ -444,8 +445,9 @@ class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
             if start == cfg.block:
                 break
         if tree:
-            return self.grafted_tree(first, tokens[0], cfg, randomness, steps, watch)
-        return Drafts(tokens=as_rows(tokens), steps=tuple(steps))
+            return self.grafted_tree(first, tokens[0], before, cfg, randomness, steps, watch)
+        after = as_rows(tokens)
+        return Drafts(tokens=after, steps=tuple(steps), refinement=Refinement(before, after, unrefined=before))
 
     def choose_among(self, logits, candidates, cfg: DecodeConfig, randomness, watch: bool, row_noise, start: int):
         """A pass's tokens (K, S) at positions ``start``.. from the (K, S, C) logits of their (S, C) candidates, chosen
@@ -461,8 +463,9 @@ class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
         tokens = candidates.expand(cfg.drafts, -1, -1).gather(-1, best)[..., 0]
         return tokens, logits.softmax(-1).gather(-1, best)[..., 0] if watch else None
 
-    def grafted_tree(self, logits, chain, cfg: DecodeConfig, randomness, steps: list[DenoiseStep], watch: bool):
-        """Pass 0's draft tree (``tree_drafts``) with the refined chain as one more path where the tree lacks it.
+    def grafted_tree(self, logits, chain, before, cfg: DecodeConfig, randomness, steps: list[DenoiseStep], watch: bool):
+        """Pass 0's draft tree (``tree_drafts``) with the refined chain as one more path where the tree lacks it;
+        ``before``: the chain's row at pass 0.
 
         Why not a tree of the last pass's distributions: each of them is conditioned on the refined chain's tokens
         before it, so the siblings that the tree adds off the chain are scored in a context that is not theirs
@@ -482,7 +485,7 @@ class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
         )
         paths = tree.tokens if chain in held else (*tree.tokens, chain)
         order = order if chain in held else (*order, (-1,) * len(chain))
-        grafted = replace(tree, tokens=paths, order=order)
+        grafted = replace(tree, tokens=paths, order=order, refinement=Refinement(before, (chain,), tree.tokens))
         if watch:  # the last step shows the tree as verified; a grafted chain is its last row, with the last pass's
             # confidence in its tokens
             shown = tree.steps[-1]
