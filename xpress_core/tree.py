@@ -8,7 +8,7 @@ before children, so ``[root] + nodes`` is a valid input order for one target for
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from types import MappingProxyType
@@ -184,3 +184,8 @@ def accept(tree: DraftTree, node_logits: torch.Tensor, cfg: DecodeConfig, noise:
     accepted = set(path)
     lens = tuple(next((i for i, n in enumerate(p) if n not in accepted), len(p)) for p in tree.draft_paths)
     return Acceptance(tuple(path), y, lens)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """The length of the longest common prefix of two token sequences (how far a reply continues a draft path)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))

@@ -19,6 +19,7 @@ import torch
 from .config import DecodeConfig
 from .engine import Models, decode
 from .trace import DecodeResult, RoundTrace, tokens_per_round
+from .tree import common_prefix
 
 STAGES = ("draft", "verify", "other")
 CALIBRATION_TOKENS = 16  # plain steps timed per calibration run
@@ -202,11 +203,6 @@ def tree_depth(parents: Sequence[int]) -> int:
     for parent in parents[1:]:
         depths.append(depths[parent] + 1)
     return max(depths)
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """The length of the longest common prefix of two token sequences."""
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def refinement_line(gain: RefinementGain) -> str:

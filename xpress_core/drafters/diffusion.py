@@ -420,15 +420,15 @@ class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
         steps = [DenoiseStep(before, as_rows(confidence), kind="pass")] if watch else []
         roots = torch.full((rows.drafts,), root, device=self.device)
         allowed = allowed_logits(first[0], self.banned)
-        choices = allowed.topk(min(PASS_CANDIDATES, allowed.shape[-1]), sorted=False).indices  # (L, C)
-        inputs = self.passes.inputs(hidden, raw, choices)
+        shortlist = allowed.topk(min(PASS_CANDIDATES, allowed.shape[-1]), sorted=False).indices  # (L, C)
+        inputs = self.passes.inputs(hidden, raw, shortlist)
         start = 1  # the first position has no correction: pass 0's token stays
         for _ in range(cfg.steps - 1):
             previous = previous_tokens(roots, tokens)  # (K, L): each position's token one earlier
             # Parallel refinement: the K rows in one pass; serial: a pass per row (the comparison; same drafts).
             logits = stacked([self.passes.logits(inputs, previous[g], start) for g in refine_groups(rows)])
             chosen, chosen_confidence = self.choose_among(
-                logits.to(self.device), choices[start:], rows, randomness, watch, noise, start
+                logits.to(self.device), inputs.candidates[start:], rows, randomness, watch, noise, start
             )
             candidates = tokens.clone()
             candidates[:, start:] = torch.where(forced[:, start:], tokens[:, start:], chosen)

@@ -29,6 +29,7 @@ from ..engine import decode_to_end
 from ..errors import XpressError
 from ..models import Models, tapped_forward
 from ..trace import MASKED
+from ..tree import common_prefix
 
 SHARPNESS_GRID = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5)
 FIT_DRAFTS, FIT_BLOCK = 4, 8  # the tree fitted: K x L = 32 nodes, what auto and the fastest fixed settings draft
@@ -69,18 +70,10 @@ def accepted_at_round_starts(
         for sharpness in grid:
             drafter.tree_sharpness = sharpness
             tree = drafter.tree_drafts(logits, masked[0], committed[0], cfg, DraftRandomness(None), [], False)
-            count[sharpness] = max(matched(path, continuation) for path in tree.tokens)
+            count[sharpness] = max(common_prefix(path, continuation) for path in tree.tokens)
         counts.append(count)
         drafter.commit(state, [tokens[root_at]], None if features is None else features[0, root_at : root_at + 1])
     return counts
-
-
-def matched(path: Sequence[int], reply: Sequence[int]) -> int:
-    """How many leading tokens of a draft path the reply continues with."""
-    count = 0
-    while count < min(len(path), len(reply)) and path[count] == reply[count]:
-        count += 1
-    return count
 
 
 def fit_sharpness(
