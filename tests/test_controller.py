@@ -16,6 +16,7 @@ from xpress_core import controller
 from xpress_core.config import DecodeConfig
 from xpress_core.controller import (
     LAST_PROBE,
+    MEMORY,
     PLAIN_STEP,
     PRIOR_ACCEPT,
     PRIOR_ACCEPT_SAMPLED,
@@ -61,6 +62,9 @@ def test_round_costs_and_acceptance_estimates_on_known_numbers(monkeypatch):
     stepped = CostModel(1.0, 0.1, 2.0, 0.5, 0.25, verify_draft_s=0.75)  # a forward over drafts costs a step more
     assert stepped.round_s(RoundSetting(2, 3, 4)) == pytest.approx(costs.round_s(RoundSetting(2, 3, 4)) + 0.75)
     assert stepped.round_s(PLAIN_STEP) == costs.round_s(PLAIN_STEP)
+    walked = replace(costs, draft_other_s=0.75)  # a drafting round's acceptance, commit and search; plain rounds': 0.25
+    assert walked.round_s(RoundSetting(2, 3, 4)) == pytest.approx(costs.round_s(RoundSetting(2, 3, 4)) + 0.5)
+    assert walked.round_s(PLAIN_STEP) == costs.round_s(PLAIN_STEP)
     control = AutoControl(costs, max_block=4)
     assert control.acceptance((1, 1)) == [0.5] * 4  # the prior
     control.observe(RoundSetting(1, 1, 4), 2)  # positions 1 and 2 accepted, 3 rejected, 4 not reached
@@ -132,6 +136,7 @@ def test_round_costs_count_the_forwards_the_drafter_declares(zoo):
         assert len(forwards) == 1 + sum(declared) and declared[0] == setting[2]  # 1: the prompt's forward at start
     costs = calibrate(models)
     assert costs.draft_work(RoundSetting(4, 2, 16)) == (16, 64) and costs.draft_forward_s > 0
+    assert costs.draft_other_s > 0  # a drafting round's acceptance over its tree, commit and auto's search, timed
 
 
 def test_verify_costs_are_fitted_with_the_step_to_a_forward_over_drafts():
@@ -220,20 +225,42 @@ def test_draft_costs_are_fitted_from_drafts_of_different_work():
     assert position == 0.0 and forward > 0
 
 
+def test_estimates_that_overpromise_are_discounted_by_what_tried_settings_delivered():
+    """The share of expected draft tokens that drafting rounds delivered, counted (decayed like the acceptance, over a
+    prior of 2 tokens at par) only for rounds whose pair had rounds of its own: an untried pair is the priors' guess.
+    The share scales every setting's expected draft tokens, so overpromising estimates turn into plain steps."""
+    control = AutoControl(CostModel(0.1, 0.0, 1.0, 0.0, 0.0), max_block=8)  # drafting costs little
+    first = control.choose(remaining=100)
+    control.observe(first, 2, (2,) * first.drafts)
+    assert control.realised_share() == 1.0  # an untried pair: not counted
+    second = control.choose(remaining=100)
+    expects = control.search(8).expects
+    assert second == first and expects > 2
+    control.observe(second, 1, (1,) * second.drafts)
+    assert control.realised_share() == pytest.approx(3 / (expects + 2))
+    third = control.choose(remaining=100)
+    expects_third = control.search(8).expects
+    control.observe(third, 0, (0,) * third.drafts)
+    share = (MEMORY * 1 + 2) / (MEMORY * expects + expects_third + 2)
+    assert control.realised_share() == pytest.approx(share)
+    best = control.search(8)
+    assert best.rate == pytest.approx((1 + share * best.expects) / control.costs.round_s(best.setting))
+
+
 def test_plain_steps_when_drafting_does_not_pay_with_probes_that_back_off():
     control = AutoControl(CostModel(1.0, 0.0, 1.0, 0.0, 0.0), max_block=8)  # a draft costs a plain step
     for _ in range(3):
         control.observe(RoundSetting(1, 1, 8), 0)
     picks = []
-    for _ in range(40):
+    for _ in range(60):
         setting = control.choose(remaining=100)
         picks.append(setting)
         control.observe(setting, 0, (0,) * setting.drafts)
     drafted = [i for i, s in enumerate(picks) if not s.plain]
     # One draft failed thrice; eight untried drafts are worth one round (their prior grows with sqrt(K), the drafts
-    # are not independent guesses), and when they fail too: plain steps, with probes after 4, 8, 16 of them.
-    assert picks[0] == RoundSetting(8, 1, 8) and drafted == [0, 5, 14, 31]
-    assert control.probe_after == min(32, LAST_PROBE)
+    # are not independent guesses), and when they fail too: plain steps, with probes after 16 and 32 of them.
+    assert picks[0] == RoundSetting(8, 1, 8) and drafted == [0, 17, 50]
+    assert control.probe_after == min(64, LAST_PROBE)
     assert control.choose(remaining=1) == PLAIN_STEP  # one token left: nothing to draft
 
 

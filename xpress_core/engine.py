@@ -454,6 +454,24 @@ def calibrate(models: Models, repeats: int = 5) -> CostModel:
             )
             return clock.now() - start
 
+        # A drafting round past its forwards (``CostModel.draft_other_s``): the acceptance walk over a tree of 4 drafts,
+        # the commit, and auto's bookkeeping and new search, which plain rounds skip.
+        planner, tree_round = control(models, DecodeConfig(auto=True), CostModel(0.0, 0.0, 1.0, 0.0, 0.0)), {}
+
+        def draft_and_verify(setting: RoundSetting) -> None:
+            drafts = draft(models, state, round_config(DecodeConfig(), setting), setting, False)
+            tree = build_tree(state.root, cut_drafts(drafts.tokens, models, state))
+            tree_round.update(setting=setting, drafts=drafts, tree=tree, verified=verifier.verify(models, state, tree))
+
+        def rest_of_round() -> None:
+            tree, verified, setting = tree_round["tree"], tree_round["verified"], tree_round["setting"]
+            acceptance = accept(tree, verified.node_logits, DecodeConfig(), state.noise)
+            commit(models, state, tree, verified, acceptance, verifier)
+            planner.observe(
+                setting, len(acceptance.path), accepted_with_fewer(tree_round["drafts"], tree, acceptance, setting)
+            )
+            planner.choose(remaining=4 * CALIBRATION_BLOCK)
+
         def drafting(setting: RoundSetting) -> Callable[[], object]:
             # K separate rows: the work the drafter declares (``draft_work``, ``refine_passes``); a tree drafts one
             # row a step (its refinement passes too), the same work at T = 1.
@@ -469,12 +487,15 @@ def calibrate(models: Models, repeats: int = 5) -> CostModel:
             else calibration_drafts(min(CALIBRATION_BLOCK, models.drafter.max_block or CALIBRATION_BLOCK))
         )
         stages |= {setting: (drafting(setting), accept_and_commit) for setting in drafts}
+        if drafts:  # a tree of 4 drafts of the short block: auto's usual first round
+            stages["rest"] = (rest_of_round, lambda: draft_and_verify(RoundSetting(4, 1, drafts[0].block)))
         seconds = timed_in_turns(clock, stages, repeats)
         other = statistics.median(accept_and_commit() for _ in range(repeats))
     verify_s = {0: seconds["one"], short: seconds["few"], wide: seconds["many"]} | (
         {widest: seconds["most"]} if "most" in seconds else {}
     )
-    return fitted_costs(models.drafter, verify_s, {s: seconds[s] for s in drafts}, other)
+    fitted = fitted_costs(models.drafter, verify_s, {s: seconds[s] for s in drafts}, other)
+    return replace(fitted, draft_other_s=seconds.get("rest", 0.0))
 
 
 def fitted_costs(drafter, verify_s: dict[int, float], draft_s: dict[RoundSetting, float], other_s: float) -> CostModel:
