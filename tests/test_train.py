@@ -530,6 +530,9 @@ def test_a_refiner_head_trains_logs_a_curve_per_pass_and_decodes_exactly(pipelin
     assert [c["step"] for c in evaluated] == [20, 40]
     passes = evaluated[-1]["greedy"]["passes"]
     assert len(passes) == 5 and all(len(p["agreement"]) == 8 and len(p["leading"]) == 8 for p in passes)
+    # The ceiling: blocks' leading positions all right under teacher forcing, at most the per-position shares' sum.
+    forced = evaluated[-1]["greedy"]
+    assert 0 <= forced["teacher_forced_accepted"] <= sum(forced["teacher_forced"]) + 1e-3
     config = json.loads((root / "refined" / "config.json").read_text())
     assert config["refiner_rank"] == 16 and len(config["refiner_gains"]) == 4
     assert pipeline["refiner"]["continued_from"]["recipe"]["anchors"] == 8  # the drafter's own run, for the card

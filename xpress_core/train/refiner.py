@@ -120,7 +120,9 @@ def pass_agreement(drafter: XpressDrafter, target, seqs: torch.Tensor, first_anc
     position j = 1..L, the share of blocks whose draft at j equals the target's greedy token there, and the mean
     number of leading positions all right (on greedy rows: the draft tokens a greedy round of one chain accepts),
     with per position the share of blocks right up to it (``leading``).
-    ``teacher_forced``: the same share when every earlier position holds the true token (the head's own accuracy)."""
+    ``teacher_forced``: the same share when every earlier position holds the true token (the head's own accuracy);
+    ``teacher_forced_accepted``: the leading positions all right so (what passes that settle on the true prefix reach;
+    pass 0, the drafter's own draft, can be right where the head is not)."""
     rng = np.random.default_rng(12345)
     span = drafter.config.block_size + 1
     blocks = make_blocks(seqs, first_anchor, drafter.config.block_size, anchors, rng, torch.float32, full_share=1.0)
@@ -141,7 +143,8 @@ def pass_agreement(drafter: XpressDrafter, target, seqs: torch.Tensor, first_anc
         )
     forced = drafter.refined_logits(hidden, previous_tokens(ids[..., 0], ids[..., 1:])).argmax(-1) == greedy
     teacher = [round(float(x), 4) for x in forced.float().mean(dim=(0, 1))]
-    return {"passes": curve, "teacher_forced": teacher}
+    ceiling = round(float(forced.float().cumprod(-1).mean(dim=(0, 1)).sum()), 4)
+    return {"passes": curve, "teacher_forced": teacher, "teacher_forced_accepted": ceiling}
 
 
 def pass_gains(passes: list[dict]) -> list[list[float]]:
