@@ -44,7 +44,8 @@ PRICES = (
 
 
 def fixed_prices(models, path: Path) -> CostModel:
-    """The calibrated prices, written to ``path`` the first time and read back from it after."""
+    """The calibrated prices, written to ``path`` the first time and read back from it after (over a fresh
+    calibration all the same: it carries the drafter's declared work, which a file of numbers cannot)."""
     calibrated = engine.calibrate(models)
     if path.exists():
         return replace(calibrated, **json.loads(path.read_text()))

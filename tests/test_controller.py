@@ -225,26 +225,37 @@ def test_draft_costs_are_fitted_from_drafts_of_different_work():
     assert position == 0.0 and forward > 0
 
 
+def expected_draft_tokens(control: AutoControl, setting: RoundSetting) -> float:
+    """sum over i <= L of q_1 ... q_i, from the controller's acceptance estimates (checked on known numbers above)."""
+    return sum(math.prod(control.acceptance((setting.drafts, setting.steps))[:i]) for i in range(1, setting.block + 1))
+
+
 def test_estimates_that_overpromise_are_discounted_by_what_tried_settings_delivered():
     """The share of expected draft tokens that drafting rounds delivered, counted (decayed like the acceptance, over a
     prior of 2 tokens at par) only for rounds whose pair had rounds of its own: an untried pair is the priors' guess.
-    The share scales every setting's expected draft tokens, so overpromising estimates turn into plain steps."""
+    The share scales every setting's expected draft tokens in the rate the search maximises."""
     control = AutoControl(CostModel(0.1, 0.0, 1.0, 0.0, 0.0), max_block=8)  # drafting costs little
     first = control.choose(remaining=100)
     control.observe(first, 2, (2,) * first.drafts)
     assert control.realised_share() == 1.0  # an untried pair: not counted
     second = control.choose(remaining=100)
-    expects = control.search(8).expects
+    expects = expected_draft_tokens(control, second)
     assert second == first and expects > 2
     control.observe(second, 1, (1,) * second.drafts)
     assert control.realised_share() == pytest.approx(3 / (expects + 2))
     third = control.choose(remaining=100)
-    expects_third = control.search(8).expects
+    expects_third = expected_draft_tokens(control, third)
     control.observe(third, 0, (0,) * third.drafts)
     share = (MEMORY * 1 + 2) / (MEMORY * expects + expects_third + 2)
     assert control.realised_share() == pytest.approx(share)
+    rates = {
+        RoundSetting(k, 1, block): (1 + share * expected_draft_tokens(control, RoundSetting(k, 1, block)))
+        / control.costs.round_s(RoundSetting(k, 1, block))
+        for k in controller.AUTO_DRAFTS
+        for block in range(1, 9)
+    }
     best = control.search(8)
-    assert best.rate == pytest.approx((1 + share * best.expects) / control.costs.round_s(best.setting))
+    assert best.setting == max(rates, key=rates.get) and best.rate == pytest.approx(max(rates.values()))
 
 
 def test_plain_steps_when_drafting_does_not_pay_with_probes_that_back_off():

@@ -409,8 +409,9 @@ CALIBRATION_BLOCK = 8  # block length of its drafts
 
 def calibrate(models: Models, repeats: int = 5) -> CostModel:
     """The controller's stage costs on these models (``CostModel``): target forwards over 1, 5 and 33 tokens, drafts of
-    different forwards and positions (``calibration_drafts``, fitted by ``fit_draft_costs``), and a round's acceptance
-    and commit, timed on a throwaway request (medians).
+    different forwards and positions (``calibration_drafts``, fitted by ``fit_draft_costs``), a plain round's acceptance
+    and commit, and a drafting round's (its tree walked, committed, and auto's new search: ``CostModel.draft_other_s``),
+    timed on a throwaway request (medians).
 
     Every draft is timed right after a commit, as in decoding: the drafter then first takes in the committed tokens
     (our drafter projects their features into its context), a cost that a draft on an unchanged context would miss.
@@ -455,7 +456,8 @@ def calibrate(models: Models, repeats: int = 5) -> CostModel:
             return clock.now() - start
 
         # A drafting round past its forwards (``CostModel.draft_other_s``): the acceptance walk over a tree of 4 drafts,
-        # the commit, and auto's bookkeeping and new search, which plain rounds skip.
+        # the commit, and auto's bookkeeping and new search, which plain rounds skip. The planner's prices are
+        # placeholders: its search does the same work whatever they are.
         planner, tree_round = control(models, DecodeConfig(auto=True), CostModel(0.0, 0.0, 1.0, 0.0, 0.0)), {}
 
         def draft_and_verify(setting: RoundSetting) -> None:
