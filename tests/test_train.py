@@ -142,6 +142,7 @@ def pipeline(tmp_path_factory):
         *["--target", str(root / "target"), "--drafter", str(root / "drafter"), "--distill-dir", str(root / "distill")],
         *["--workdir", str(root / "refiner_w"), "--out", str(root / "refined"), "--prompt-len", "24"],
         *["--steps", "40", "--batch-size", "8", "--rank", "16", "--anchors", "4", "--lr", "3e-3", "--eval-every", "20"],
+        *["--replies-only", "--data", str(root / "corpus"), "--dialogue-rows", "8"],
     )
     return out
 
@@ -520,8 +521,9 @@ def test_train_sharpness_writes_the_best_into_the_drafter_and_refuses_other_draf
 
 
 def test_a_refiner_head_trains_logs_a_curve_per_pass_and_decodes_exactly(pipeline):
-    """``train refiner`` on the pipeline's drafter: the loss goes down, every evaluation logs each pass's agreement per
-    position, the config keeps the head and its measured pass gains, and decoding with passes is the target's."""
+    """``train refiner --replies-only`` on the pipeline's drafter: the loss goes down, every evaluation logs each
+    pass's agreement per position (on held-out dialogues too), the config keeps the head and its measured pass gains,
+    and decoding with passes is the target's."""
     root = pipeline["root"]
     log = losses(root / "refiner_w")
     assert log[-1] < log[0]
@@ -533,6 +535,9 @@ def test_a_refiner_head_trains_logs_a_curve_per_pass_and_decodes_exactly(pipelin
     # The ceiling: blocks' leading positions all right under teacher forcing, at most the per-position shares' sum.
     forced = evaluated[-1]["greedy"]
     assert 0 <= forced["teacher_forced_accepted"] <= sum(forced["teacher_forced"]) + 1e-3
+    # The held-out dialogues' replies (from the corpus's val.bin): a curve of its own, per pass.
+    assert all(len(c["dialogue_replies"]["passes"]) == 5 for c in evaluated)
+    assert all(0 <= p["accepted"] <= 8 for p in evaluated[-1]["dialogue_replies"]["passes"])
     config = json.loads((root / "refined" / "config.json").read_text())
     assert config["refiner_rank"] == 16 and len(config["refiner_gains"]) == 4
     assert pipeline["refiner"]["continued_from"]["recipe"]["anchors"] == 8  # the drafter's own run, for the card
@@ -627,3 +632,31 @@ def test_each_parameter_learns_at_its_own_rate_and_a_resumed_run_keeps_the_rates
     )
     assert all(torch.equal(a, b) for a, b in zip(weights("head"), head))
     assert not any(torch.equal(a, b) for a, b in zip(weights("body"), body))
+
+
+def test_reply_positions_are_those_after_the_assistant_role_up_to_the_end_of_turn():
+    """``in_replies`` against a token-by-token walk over random rows; blocks open only where a reply's next token
+    is drafted, and a block's positions past the turn's end weigh nothing."""
+    import numpy as np
+
+    from xpress_core.train.drafter import ReplyTokens, drafted_weights, in_replies, make_blocks, per_block
+
+    replies = ReplyTokens(opens=3, closes=7)
+    rows = torch.randint(0, 10, (6, 80), generator=torch.Generator().manual_seed(0))
+
+    def walked(row: list[int]) -> list[bool]:
+        inside, out = False, []
+        for token in row:
+            out.append(inside)  # a token is in a reply when one was open before it (the closing token too)
+            inside = True if token == replies.opens else False if token == replies.closes else inside
+        return out
+
+    drafted = in_replies(rows, replies)
+    assert drafted.tolist() == [walked(row) for row in rows.tolist()]
+    blocks = make_blocks(rows, 4, 8, 5, np.random.default_rng(0), torch.float32, 1.0, drafted)
+    ids = per_block(blocks.positions, 9)  # (B, M, 9): root and block positions
+    assert drafted.gather(1, ids[..., 1]).all()  # every block's first token is drafted
+    weights = drafted_weights(drafted, blocks.positions, 9)
+    for b, m, j in np.ndindex(*weights.shape):
+        expected = all(walked(rows[b].tolist())[p] for p in ids[b, m, 1 : j + 2].tolist())
+        assert weights[b, m, j].item() == float(expected)

@@ -110,6 +110,21 @@ def claim_folder(out_dir: Path, cfg: DistillConfig) -> None:
 
 
 @torch.no_grad()
+def held_out_dialogue_rows(target, tokenizer, data: list[Path], rows: int, cfg: DistillConfig) -> torch.Tensor | None:
+    """(rows, prompt_len + new_tokens) the target's greedy continuations of prompts from the corpus's validation
+    dialogues (``val.bin``: SGD's dev split, which no training row comes from), or None without one. Why: the
+    distillation's own held-out rows continue training dialogues, which the target and drafter learned: there the
+    curve rose with training where decoding held-out chats did not."""
+    if len(data) != 1 or not (data[0] / "val.bin").exists():
+        return None
+    tokens = load_tokens(data[0] / "val.bin").astype(np.int64)
+    ends = prompt_ends(tokens, tokenizer, cfg.prompt_len)
+    picks = np.random.default_rng(7).choice(ends, size=min(rows, ends.size), replace=False)
+    prompts = torch.from_numpy(np.stack([tokens[e - cfg.prompt_len : e] for e in picks])).to(target.device)
+    return continue_batch(target, prompts, cfg.new_tokens, 0.0, None)
+
+
+@torch.no_grad()
 def write_distillation(target, tokenizer, data: list[Path], out_dir: Path, cfg: DistillConfig) -> Path:
     """Write ``chunk_*.pt`` files of (batch, prompt_len + new_tokens) int32 sequences; returns the directory."""
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -27,14 +27,18 @@ from ..drafters.diffusion_model import XpressDrafter
 from ..drafters.refiner import previous_tokens
 from ..errors import XpressError
 from .drafter import (
+    ReplyTokens,
     TargetReading,
     block_inputs,
     context_features,
     distillation_loss,
+    drafted_weights,
     greedy_rewritten,
+    in_replies,
     make_blocks,
     per_block,
     read_target,
+    reply_tokens,
     soft_targets,
 )
 from .loop import TrainConfig, draw_rows, save_trained, split_held_out, train
@@ -51,6 +55,7 @@ class RefinerRecipe:
     anchors: int = 32
     decay: float = 4.0
     soft: float = 1.0
+    replies_only: bool = False  # blocks and loss on reply tokens only (``in_replies``), where the rows are chats
 
 
 @torch.no_grad()
@@ -87,7 +92,10 @@ def pass_tokens(drafter: XpressDrafter, hidden: torch.Tensor, roots: torch.Tenso
     return tokens
 
 
-def refiner_loss(drafter: XpressDrafter, reading: TargetReading, blocks, recipe: RefinerRecipe) -> torch.Tensor:
+def refiner_loss(
+    drafter: XpressDrafter, reading: TargetReading, blocks, recipe: RefinerRecipe, drafted: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``drafted`` (B, S) bool: the positions decoding drafts; the others weigh nothing (None: every position)."""
     span = drafter.config.block_size + 1
     with torch.set_grad_enabled(recipe.co_train):
         hidden = block_hidden(drafter, reading, blocks)  # (B, M, L, H)
@@ -95,10 +103,13 @@ def refiner_loss(drafter: XpressDrafter, reading: TargetReading, blocks, recipe:
     roots, tokens = ids[..., 0], ids[..., 1:]
     target_logp = soft_targets(reading, per_block(blocks.positions, span)[..., 1:])
     weights = torch.exp(-torch.arange(span - 1, dtype=torch.float32, device=tokens.device) / recipe.decay)  # (L,)
+    weights = (
+        weights.expand_as(tokens) if drafted is None else weights * drafted_weights(drafted, blocks.positions, span)
+    )
 
     def weighted(logits: torch.Tensor) -> torch.Tensor:
         losses = distillation_loss(logits, tokens, target_logp, recipe.soft)  # (B, M, L)
-        return (losses * weights).sum() / (weights.sum() * losses[..., 0].numel())
+        return (losses * weights).sum() / weights.sum().clamp(min=1e-6)
 
     loss = weighted(drafter.refined_logits(hidden, previous_tokens(roots, tokens)))  # teacher-forced
     with torch.no_grad():
@@ -115,24 +126,36 @@ def refiner_loss(drafter: XpressDrafter, reading: TargetReading, blocks, recipe:
 
 
 @torch.no_grad()
-def pass_agreement(drafter: XpressDrafter, target, seqs: torch.Tensor, first_anchor: int, anchors: int, passes: int):
+def pass_agreement(
+    drafter: XpressDrafter,
+    target,
+    seqs: torch.Tensor,
+    first_anchor: int,
+    anchors: int,
+    passes: int,
+    replies: ReplyTokens | None = None,
+):
     """The learning curve per pass, on fixed fully masked blocks of ``seqs``: per pass p = 0..``passes`` and block
     position j = 1..L, the share of blocks whose draft at j equals the target's greedy token there, and the mean
     number of leading positions all right (on greedy rows: the draft tokens a greedy round of one chain accepts),
     with per position the share of blocks right up to it (``leading``).
     ``teacher_forced``: the same share when every earlier position holds the true token (the head's own accuracy);
     ``teacher_forced_accepted``: the leading positions all right so (what passes that settle on the true prefix reach;
-    pass 0, the drafter's own draft, can be right where the head is not)."""
+    pass 0, the drafter's own draft, can be right where the head is not).
+    With ``replies``: blocks open in the rows' replies only, and a position past the turn's end counts as wrong
+    (the round stops there): what decoding a chat's reply accepts."""
     rng = np.random.default_rng(12345)
     span = drafter.config.block_size + 1
-    blocks = make_blocks(seqs, first_anchor, drafter.config.block_size, anchors, rng, torch.float32, full_share=1.0)
+    drafted = None if replies is None else in_replies(seqs, replies)
+    blocks = make_blocks(seqs, first_anchor, drafter.config.block_size, anchors, rng, torch.float32, 1.0, drafted)
+    counted = 1.0 if drafted is None else drafted_weights(drafted, blocks.positions, span)  # (B, M, L)
     reading = read_target(target, seqs, drafter.config.tapped_layers)
     hidden = block_hidden(drafter, reading, blocks)
     ids = per_block(blocks.block_ids, span)
     greedy = soft_targets(reading, per_block(blocks.positions, span)[..., 1:]).argmax(-1)  # (B, M, L)
     curve = []
     for tokens in pass_tokens(drafter, hidden, ids[..., 0], passes):
-        right = (tokens == greedy).float()
+        right = (tokens == greedy).float() * counted
         leading = right.cumprod(-1).mean(dim=(0, 1))  # (L,): blocks right at every position up to j
         curve.append(
             {
@@ -141,7 +164,7 @@ def pass_agreement(drafter: XpressDrafter, target, seqs: torch.Tensor, first_anc
                 "accepted": round(float(leading.sum()), 4),
             }
         )
-    forced = drafter.refined_logits(hidden, previous_tokens(ids[..., 0], ids[..., 1:])).argmax(-1) == greedy
+    forced = (drafter.refined_logits(hidden, previous_tokens(ids[..., 0], ids[..., 1:])).argmax(-1) == greedy) * counted
     teacher = [round(float(x), 4) for x in forced.float().mean(dim=(0, 1))]
     ceiling = round(float(forced.float().cumprod(-1).mean(dim=(0, 1)).sum()), 4)
     return {"passes": curve, "teacher_forced": teacher, "teacher_forced_accepted": ceiling}
@@ -170,9 +193,11 @@ def train_refiner(
     tokenizer,
     distillation: dict | None = None,
     continued_from: dict | None = None,
+    dialogue_rows: torch.Tensor | None = None,
 ) -> dict:
     """Train ``drafter``'s refiner head (and, with ``recipe.co_train``, the drafter along) on distilled sequences
-    (N, S) with the frozen ``target``; save the drafter with its head to ``out_dir``."""
+    (N, S) with the frozen ``target``; save the drafter with its head to ``out_dir``. ``dialogue_rows``: greedy rows
+    of held-out dialogues (``distill.held_out_dialogue_rows``), whose replies' curve tells runs apart."""
     for p in target.parameters():
         p.requires_grad_(False)
     drafter.bind(target)
@@ -182,19 +207,28 @@ def train_refiner(
     first_anchor = prompt_len - 1
     held_out_greedy = greedy_rewritten(target, held_out, prompt_len)
     block = drafter.config.block_size
+    replies = reply_tokens(tokenizer)
+    if recipe.replies_only and replies is None:
+        raise XpressError("--replies-only needs chat rows: the tokenizer has no <|assistant|> and <|end|> tokens")
     curve_passes = max(recipe.passes + 1, 4)  # one pass past the trained ones: what a longer T would add
 
     def loss_fn(rng: np.random.Generator) -> torch.Tensor:
         batch_seqs = draw_rows(train_seqs, rng, cfg.batch_size)
         reading = read_target(target, batch_seqs, drafter.config.tapped_layers)
-        blocks = make_blocks(batch_seqs, first_anchor, block, recipe.anchors, rng, torch.float32, full_share=1.0)
-        return refiner_loss(drafter, reading, blocks, recipe)
+        drafted = in_replies(batch_seqs, replies) if recipe.replies_only else None
+        blocks = make_blocks(batch_seqs, first_anchor, block, recipe.anchors, rng, torch.float32, 1.0, drafted)
+        return refiner_loss(drafter, reading, blocks, recipe, drafted)
 
     def eval_fn() -> dict:
-        return {
+        curves = {
             "greedy": pass_agreement(drafter, target, held_out_greedy, first_anchor, recipe.anchors, curve_passes),
             "sampled": pass_agreement(drafter, target, held_out, first_anchor, recipe.anchors, curve_passes),
         }
+        if dialogue_rows is not None and replies is not None:  # what decoding a held-out chat's reply accepts
+            curves["dialogue_replies"] = pass_agreement(
+                drafter, target, dialogue_rows, first_anchor, recipe.anchors, curve_passes, replies
+            )
+        return curves
 
     def lr_scale(name: str) -> float:
         return 1.0 if name.startswith("refiner.") else recipe.drafter_lr

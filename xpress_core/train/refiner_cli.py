@@ -35,9 +35,20 @@ def add_refiner_step(steps: argparse._SubParsersAction) -> None:
     step.add_argument("--soft", type=float, default=1.0, help="weight of the KL to the target's distribution")
     step.add_argument("--co-train", action="store_true", help="train the drafter along (with its own loss)")
     step.add_argument(
+        "--replies-only",
+        action="store_true",
+        help="blocks and loss on the rows' reply tokens only (what decoding drafts; chat rows), not the user turns",
+    )
+    step.add_argument(
         "--drafter-lr", type=float, default=1.0, help="co-training: the drafter's learning rate over the head's (--lr)"
     )
     step.add_argument("--eval-every", type=int, default=250)
+    step.add_argument(
+        "--dialogue-rows",
+        type=int,
+        default=128,
+        help="held-out dialogues (the --data corpus's val.bin) continued by the target: the curve on their replies",
+    )
     step.add_argument("--no-bf16", action="store_true")
     add_device_arg(step)
 
@@ -62,7 +73,13 @@ def run_refiner_step(args: argparse.Namespace) -> dict:
 
     from ..drafters.diffusion_model import XpressDrafter
     from ..models import load_target
-    from .distill import distillation_record, load_distillation, requested, write_distillation
+    from .distill import (
+        distillation_record,
+        held_out_dialogue_rows,
+        load_distillation,
+        requested,
+        write_distillation,
+    )
     from .loop import drafter_training
     from .refiner import RefinerRecipe, attach_refiner, train_refiner
 
@@ -82,6 +99,7 @@ def run_refiner_step(args: argparse.Namespace) -> dict:
         anchors=args.anchors,
         decay=args.decay,
         soft=args.soft,
+        replies_only=args.replies_only,
     )
     summary_path = args.drafter / "training_summary.json"
     return train_refiner(
@@ -96,4 +114,5 @@ def run_refiner_step(args: argparse.Namespace) -> dict:
         tokenizer,
         distillation=written_by and written_by | {"chunks": len(list(args.distill_dir.glob("chunk_*.pt")))},
         continued_from=json.loads(summary_path.read_text()) if summary_path.exists() else None,
+        dialogue_rows=held_out_dialogue_rows(target, tokenizer, args.data, args.dialogue_rows, requested(args)),
     )
