@@ -660,3 +660,14 @@ def test_reply_positions_are_those_after_the_assistant_role_up_to_the_end_of_tur
     for b, m, j in np.ndindex(*weights.shape):
         expected = all(walked(rows[b].tolist())[p] for p in ids[b, m, 1 : j + 2].tolist())
         assert weights[b, m, j].item() == float(expected)
+
+
+def test_reply_tokens_come_from_the_role_tokens_and_a_tokenizer_without_them_has_none():
+    from types import SimpleNamespace
+
+    from xpress_core.train.drafter import ReplyTokens, reply_tokens
+
+    vocab = {"<|assistant|>": 6, "<|end|>": 7, "<|user|>": 5, "a": 9}
+    assert reply_tokens(SimpleNamespace(get_vocab=lambda: vocab)) == ReplyTokens(opens=6, closes=7)
+    plain = {"a": 0, "b": 1, "<|endoftext|>": 2}  # a raw-text target: every target-written token is drafted text
+    assert reply_tokens(SimpleNamespace(get_vocab=lambda: plain)) is None
