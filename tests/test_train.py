@@ -671,3 +671,12 @@ def test_reply_tokens_come_from_the_role_tokens_and_a_tokenizer_without_them_has
     assert reply_tokens(SimpleNamespace(get_vocab=lambda: vocab)) == ReplyTokens(opens=6, closes=7)
     plain = {"a": 0, "b": 1, "<|endoftext|>": 2}  # a raw-text target: every target-written token is drafted text
     assert reply_tokens(SimpleNamespace(get_vocab=lambda: plain)) is None
+
+
+def test_no_held_out_dialogue_rows_are_continued_when_none_are_asked_or_there_is_no_validation_split(tmp_path):
+    from xpress_core.train.distill import DistillConfig, held_out_dialogue_rows
+
+    (tmp_path / "val.bin").write_bytes(b"\x01\x00" * 10)
+    # Neither case reaches the target (None here): nothing to continue.
+    assert held_out_dialogue_rows(None, None, [tmp_path], 0, DistillConfig()) is None
+    assert held_out_dialogue_rows(None, None, [tmp_path / "elsewhere"], 8, DistillConfig()) is None

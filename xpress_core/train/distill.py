@@ -109,19 +109,25 @@ def claim_folder(out_dir: Path, cfg: DistillConfig) -> None:
         (out_dir / MANIFEST).write_text(json.dumps(wanted, indent=1))
 
 
+def prompt_windows(tokens: np.ndarray, ends: np.ndarray, prompt_len: int, device) -> torch.Tensor:
+    """(len(ends), prompt_len) the ``prompt_len`` tokens before each end, on ``device``."""
+    return torch.from_numpy(np.stack([tokens[e - prompt_len : e] for e in ends])).to(device)
+
+
 @torch.no_grad()
 def held_out_dialogue_rows(target, tokenizer, data: list[Path], rows: int, cfg: DistillConfig) -> torch.Tensor | None:
     """(rows, prompt_len + new_tokens) the target's greedy continuations of prompts from the corpus's validation
     dialogues (``val.bin``: SGD's dev split, which no training row comes from), or None without one. Why: the
     distillation's own held-out rows continue training dialogues, which the target and drafter learned: there the
     curve rose with training where decoding held-out chats did not."""
-    if len(data) != 1 or not (data[0] / "val.bin").exists():
+    if rows <= 0 or len(data) != 1 or not (data[0] / "val.bin").exists():
         return None
     tokens = load_tokens(data[0] / "val.bin").astype(np.int64)
     ends = prompt_ends(tokens, tokenizer, cfg.prompt_len)
     picks = np.random.default_rng(7).choice(ends, size=min(rows, ends.size), replace=False)
-    prompts = torch.from_numpy(np.stack([tokens[e - cfg.prompt_len : e] for e in picks])).to(target.device)
-    return continue_batch(target, prompts, cfg.new_tokens, 0.0, None)
+    return continue_batch(
+        target, prompt_windows(tokens, picks, cfg.prompt_len, target.device), cfg.new_tokens, 0.0, None
+    )
 
 
 @torch.no_grad()
@@ -138,8 +144,7 @@ def write_distillation(target, tokenizer, data: list[Path], out_dir: Path, cfg: 
         if path.exists():
             continue  # resume
         rng = np.random.default_rng([cfg.seed, chunk])
-        picks = rng.choice(ends, size=cfg.batch_size)
-        prompts = torch.from_numpy(np.stack([tokens[e - cfg.prompt_len : e] for e in picks])).to(device)
+        prompts = prompt_windows(tokens, rng.choice(ends, size=cfg.batch_size), cfg.prompt_len, device)
         sample = chunk < chunks * cfg.sample_fraction
         generator = torch.Generator(device=device).manual_seed(cfg.seed * 100_003 + chunk)
         out = continue_batch(target, prompts, cfg.new_tokens, cfg.temperature if sample else 0.0, generator)

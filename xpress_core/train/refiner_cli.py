@@ -80,6 +80,7 @@ def run_refiner_step(args: argparse.Namespace) -> dict:
         requested,
         write_distillation,
     )
+    from .drafter import reply_tokens
     from .loop import drafter_training
     from .refiner import RefinerRecipe, attach_refiner, train_refiner
 
@@ -114,5 +115,8 @@ def run_refiner_step(args: argparse.Namespace) -> dict:
         tokenizer,
         distillation=written_by and written_by | {"chunks": len(list(args.distill_dir.glob("chunk_*.pt")))},
         continued_from=json.loads(summary_path.read_text()) if summary_path.exists() else None,
-        dialogue_rows=held_out_dialogue_rows(target, tokenizer, args.data, args.dialogue_rows, requested(args)),
+        # Their curve counts reply tokens: a tokenizer without role tokens gets none, so no rows are continued.
+        dialogue_rows=held_out_dialogue_rows(target, tokenizer, args.data, args.dialogue_rows, requested(args))
+        if reply_tokens(tokenizer)
+        else None,
     )
