@@ -658,7 +658,10 @@ def test_a_round_tells_what_fewer_drafts_would_have_accepted(embedded, monkeypat
             run(models, prompt_ids, cfg)
             first.append(seen[0])
         (accepted, fewer), others = first[0], first[1:]
+        if diversity == "tree" and steps > 1:  # refined along its paths: a smaller tree is not its first nodes
+            assert fewer == ()
+            continue
         assert len(fewer) == 4 and fewer[-1] == accepted
         assert list(fewer[:3]) == [accepted_k for accepted_k, _ in others]
         counts += fewer
-    assert any(counts)
+    assert any(counts) or (diversity == "tree" and steps > 1)

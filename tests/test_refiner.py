@@ -131,38 +131,67 @@ def test_a_head_that_is_always_right_settles_one_more_position_each_pass(refinin
         assert full_rounds and min(full_rounds) >= t
 
 
-def test_passes_at_a_fixed_point_change_nothing(zoo, tmp_path):
+def test_passes_at_a_fixed_point_change_nothing(zoo, tmp_path, monkeypatch):
     """A head that corrects nothing (its projection back at zero, as a new head starts): every T drafts what T = 1
-    drafts (a tree adds the unchanged chain, where it lacks it), and the passes stop at the first one that changes no
-    token."""
+    drafts, and the passes stop at the first one that changes no token (a tree: that builds the same tree; every
+    token a candidate, so that a node's chances are the marginals')."""
+    monkeypatch.setattr(diffusion, "PASS_CANDIDATES", 10**6)
     models = load_models(zoo["llama"], with_head(zoo["drafter_llama"], tmp_path / "zero", scale=0.0), device="cpu")
     prompt_ids = encode_prompt(models.tokenizer, PROMPTS[0], chat=True)
     for diversity in ("none", "branch-first", "tree"):
         one = run(models, prompt_ids, DecodeConfig(drafts=3, steps=1, block=8, diversity=diversity))[0]
         many = run(models, prompt_ids, DecodeConfig(drafts=3, steps=6, block=8, diversity=diversity))[0]
-        if diversity == "tree":  # the T = 1 tree, and pass 0's chain grafted on where the tree lacks it
-            check_grafted_tree(models, prompt_ids)
-            continue
         assert [t.drafts for t in one] == [t.drafts for t in many]
+        assert [t.tree_parents for t in one] == [t.tree_parents for t in many]
+        if diversity == "tree":  # pass 0's tree, and no second: the first pass built it again
+            assert {len(t.steps) for t in many[1:]} == {1} and all(t.steps[0].kind == "tree" for t in many[1:])
+            continue
         assert {len(t.steps) for t in many[1:]} == {2}  # pass 0 and the one pass that found nothing to change
         assert all(t.steps[0].tokens == t.steps[1].tokens for t in many[1:])
 
 
-def check_grafted_tree(models, prompt_ids):
-    drafter = models.drafter
-    state = drafter.start(prompt_ids, *first_features(models, prompt_ids))
+@pytest.mark.parametrize("passes", [1, 2])
+def test_a_refined_tree_scores_each_node_given_its_own_path(refining, monkeypatch, passes):
+    """The oracle: the head's slow path (``refined_logits``: the hidden states corrected, every token) on each path
+    as a row. Pass 0's tree is the T = 1 tree; in the refined tree a node whose parent a pass read (a node of a tree
+    before) has its token's chance under the head given its own path, the others the marginal's; and the tree is best
+    first on those chances (``best_first_tree``)."""
+    from xpress_core.tree import best_first_tree
+
+    monkeypatch.setattr(diffusion, "PASS_CANDIDATES", 10**6)
+    models, prompts, _ = refining
+    drafter, model = models.drafter, models.drafter.model
+    # The zoo's drafter is near uniform: sharpened, its trees go deep enough for the head's corrections to matter.
+    monkeypatch.setattr(drafter, "tree_sharpness", 8.0)
     randomness = DraftRandomness(torch.Generator().manual_seed(0))
-    for root in (5, 17, 40):
+    refined_somewhere = False
+    for prompt_ids, root in [(prompts[0], 5), (prompts[1], 17), (prompts[1], 40)]:
+        state = drafter.start(prompt_ids, *first_features(models, prompt_ids))
         one = drafter.draft(state, root, DecodeConfig(drafts=3, steps=1, block=8), randomness, watch=False)
-        many = drafter.draft(state, root, DecodeConfig(drafts=3, steps=6, block=8), randomness, watch=True)
-        chain = many.steps[0].tokens[0]
-        assert many.tokens[: len(one.tokens)] == one.tokens and many.tokens[len(one.tokens) :] in ((), (chain,))
-        on_chain = {chain[: j + 1] for j in range(len(chain))}  # the chain's nodes count for every smaller tree
-        expected = [
-            tuple(-1 if p[: j + 1] in on_chain else o for j, o in enumerate(os)) for p, os in zip(one.tokens, one.order)
-        ]
-        assert list(many.order[: len(one.order)]) == expected
-        assert {o for orders in many.order[len(one.order) :] for o in orders} <= {-1}
+        drafts = drafter.draft(state, root, DecodeConfig(drafts=3, steps=1 + passes, block=8), randomness, watch=True)
+        trees = [step.tokens for step in drafts.steps]
+        assert trees[0] == one.tokens and trees[-1] == drafts.tokens and len(trees) <= 1 + passes
+        hidden = drafter.block_hidden(state, model.embed_block(*masked(root, 8)))
+        sharp = drafter.tree_sharpness
+        marginal = (sharp * (model.head_logits(hidden)[0] + drafter.banned)).softmax(-1)
+        read = {path[:j] for tree in trees[:-1] for path in tree for j in range(1, len(path) + 1)}
+
+        def chances(path, hidden=hidden, marginal=marginal, read=read, root=root, sharp=sharp):
+            if path not in read:
+                return marginal[len(path)]
+            row = torch.tensor([[root, *path, *[path[-1]] * (7 - len(path))]])
+            return (sharp * (model.refined_logits(hidden, row)[0, len(path)] + drafter.banned)).softmax(-1)
+
+        for path, got in zip(drafts.tokens, drafts.steps[-1].confidence):
+            assert got == pytest.approx([float(chances(path[:j])[path[j]]) for j in range(len(path))], abs=1e-4)
+
+        def best(path, chances=chances):
+            top = chances(path).topk(24)
+            return top.values.tolist(), top.indices.tolist()
+
+        assert best_first_tree(best, 24, 8).tokens == drafts.tokens
+        refined_somewhere |= drafts.tokens != one.tokens
+    assert refined_somewhere
 
 
 def test_parallel_and_serial_passes_make_the_same_drafts(refining):
@@ -346,15 +375,31 @@ def test_the_draft_panel_marks_what_each_pass_changed(refining):
                 assert len(fig.layout.shapes) == len(expected)
             changed_somewhere |= bool(expected)
     assert changed_somewhere
-    tree_traces, _ = run(models, prompts[0], DecodeConfig(drafts=2, steps=3, block=8))
-    assert "draft tree after" in draft_evolution_figure(tree_traces[1], str).layout.title.text
 
 
-def test_a_grafted_tree_shows_each_row_with_its_own_confidences(refining):
+def test_a_refined_tree_shows_each_passs_tree_with_its_own_chances(refining, monkeypatch):
+    from xpress_core.plots import draft_evolution_figure
+    from xpress_core.plots.evolution import MAX_ROWS
+
     models, prompts, _ = refining
-    traces, _ = run(models, prompts[0], DecodeConfig(drafts=2, steps=3, block=8))
+    monkeypatch.setattr(models.drafter, "tree_sharpness", 8.0)  # deep trees (as above)
+    traces, _ = run(models, prompts[1], DecodeConfig(drafts=1, steps=3, block=8))
+    new_somewhere = False
     for trace in traces[1:]:
-        shown = trace.steps[-1]
-        assert shown.kind == "tree" and shown.tokens == trace.drafts
-        assert [len(c) for c in shown.confidence] == [len(t) for t in shown.tokens]
-        assert all(0.0 <= c <= 1.0 for row in shown.confidence for c in row)
+        assert all(step.kind == "tree" for step in trace.steps) and trace.steps[-1].tokens == trace.drafts
+        for step in trace.steps:
+            assert [len(c) for c in step.confidence] == [len(t) for t in step.tokens]
+            assert all(0.0 <= c <= 1.0 for row in step.confidence for c in row)
+        for shown in range(1, len(trace.steps)):  # marked: the cells whose node the tree before did not hold
+            held = {p[: j + 1] for p in trace.steps[shown - 1].tokens for j in range(len(p))}
+            now = trace.steps[shown].tokens
+            expected = {(k, j) for k, p in enumerate(now) for j in range(len(p)) if p[: j + 1] not in held}
+            fig = draft_evolution_figure(trace, str, step=shown)
+            assert f"draft tree after refinement pass {shown}/{len(trace.steps) - 1}" in fig.layout.title.text
+            hovers = fig.data[1].customdata
+            marked = {
+                (r, j) for r, row in enumerate(hovers) for j, hover in enumerate(row) if "new in this pass" in hover
+            }
+            assert len(now) > MAX_ROWS or marked == expected  # past MAX_ROWS paths the panel shows some rows only
+            new_somewhere |= len(now) <= MAX_ROWS and bool(expected)
+    assert new_somewhere

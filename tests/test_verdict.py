@@ -186,67 +186,66 @@ def test_calibration_times_real_plain_steps(zoo, monkeypatch):
     assert step == pytest.approx(sum(t.draft_s + t.verify_s + t.other_s for t in timed) / len(timed))
 
 
-def refined_round(before, after, unrefined, verified, accepted, emitted) -> RoundTrace:
-    """A round whose passes turned ``before`` into ``after``; ``verified``: the drafts its tree was built from."""
+def refined_round(before, after, verified, accepted, emitted) -> RoundTrace:
+    """A round whose passes turned pass 0's drafts ``before`` into ``after``; ``verified``: the drafts its tree was
+    built from."""
     return round_trace(
         accepted=accepted,
         emitted=emitted,
         tree=build_tree(99, [list(d) for d in verified]),
-        refinement=Refinement(before, after, unrefined),
+        refinement=Refinement(before, after),
         setting=(len(verified), 3, 4),
     )
 
 
-# Two rows refined, each changed once (row 0 at position 1, which is accepted; row 1 at position 2); pass 0's best
-# row matched one emitted token.
+# Two rows refined (row 0 changed at position 1, which is accepted, row 1 at position 2): five nodes pass 0 did not
+# draft, (1, 5) (1, 5, 3) (1, 5, 3, 4) (9, 2, 6) (9, 2, 6, 4), two of them accepted; pass 0's best row matched one
+# emitted token.
 CHAIN = refined_round(
     before=((1, 2, 3, 4), (9, 2, 3, 4)),
     after=((1, 5, 3, 4), (9, 2, 6, 4)),
-    unrefined=((1, 2, 3, 4), (9, 2, 3, 4)),
     verified=((1, 5, 3, 4), (9, 2, 6, 4)),
     accepted=(1, 5, 3),
     emitted=(1, 5, 3, 7),
 )
-# A tree: pass 0's tree with the refined chain grafted on; its best path matched two emitted tokens.
-GRAFTED = refined_round(
-    before=((1, 2, 3),),
-    after=((1, 2, 8),),
-    unrefined=((1, 2, 3), (1, 4), (6,)),
-    verified=((1, 2, 3), (1, 4), (6,), (1, 2, 8)),
+# A tree refined along its paths: one new node, accepted; pass 0's tree's best path matched two emitted tokens.
+REFINED_TREE = refined_round(
+    before=((1, 2, 3), (1, 4), (6,)),
+    after=((1, 2, 8), (1, 4), (6,)),
+    verified=((1, 2, 8), (1, 4), (6,)),
     accepted=(1, 2, 8),
     emitted=(1, 2, 8, 5),
 )
-# The refined chain was a path of pass 0's tree already: its change was accepted, but the tree held it anyway.
+# The passes built the tree pass 0 had: nothing new, the same τ.
 HELD = refined_round(
-    before=((1, 2, 3),),
-    after=((1, 2, 8),),
-    unrefined=((1, 2, 3), (1, 2, 8), (6,)),
+    before=((1, 2, 3), (1, 2, 8), (6,)),
+    after=((1, 2, 3), (1, 2, 8), (6,)),
     verified=((1, 2, 3), (1, 2, 8), (6,)),
     accepted=(1, 2, 8),
     emitted=(1, 2, 8, 5),
 )
 UNREFINED = round_trace(accepted=(5, 6), emitted=(5, 6, 7))  # T = 1: pass 0's draft is the draft
 # Pass 0 matched both emitted tokens and drafted two more: it would have been accepted further, how far unseen.
-WORSE = refined_round(((1, 2, 3, 4),), ((1, 7, 3, 4),), ((1, 2, 3, 4),), ((1, 7, 3, 4),), (1,), (1, 2))
+WORSE = refined_round(((1, 2, 3, 4),), ((1, 7, 3, 4),), ((1, 7, 3, 4),), (1,), (1, 2))
 # The reply stopped at its second token (say an end of turn), inside the accepted tokens, which pass 0 reached too.
-STOPPED = refined_round(((1, 2, 3, 4),), ((1, 2, 3, 5),), ((1, 2, 3, 4),), ((1, 2, 3, 5),), (1, 2, 3, 5), (1, 2))
+STOPPED = refined_round(((1, 2, 3, 4),), ((1, 2, 3, 5),), ((1, 2, 3, 5),), (1, 2, 3, 5), (1, 2))
 # The target's context left room for two draft tokens: the passes' change at position 2 was never verified.
-CUT = refined_round(((1, 2, 3, 4),), ((1, 2, 5, 6),), ((1, 2, 3, 4),), ((1, 2),), (1, 2), (1, 2, 9))
+CUT = refined_round(((1, 2, 3, 4),), ((1, 2, 5, 6),), ((1, 2),), (1, 2), (1, 2, 9))
 
 
 @pytest.mark.parametrize(
     "rounds,expected",
     [
-        ([CHAIN], verdict.RefinementGain(2, 1, 4.0, 2.0, False)),
-        ([GRAFTED], verdict.RefinementGain(1, 1, 4.0, 3.0, False)),
-        ([HELD], verdict.RefinementGain(1, 1, 4.0, 4.0, False)),
-        ([WORSE], verdict.RefinementGain(1, 0, 2.0, 3.0, True)),
+        ([CHAIN], verdict.RefinementGain(5, 2, 4.0, 2.0, False)),
+        ([REFINED_TREE], verdict.RefinementGain(1, 1, 4.0, 3.0, False)),
+        ([HELD], verdict.RefinementGain(0, 0, 4.0, 4.0, False)),
+        ([WORSE], verdict.RefinementGain(3, 0, 2.0, 3.0, True)),
         ([STOPPED], verdict.RefinementGain(1, 1, 5.0, 5.0, False)),
         ([CUT], verdict.RefinementGain(0, 0, 3.0, 3.0, False)),
         # A reply: the prefill left out, a round without passes counts as it was; τ (4 + 4 + 3) / 3, without
         # (2 + 3 + 3) / 3.
-        ([PREFILL, CHAIN, GRAFTED, UNREFINED], verdict.RefinementGain(3, 2, 11 / 3, 8 / 3, False)),
-        ([PREFILL, CHAIN, WORSE], verdict.RefinementGain(3, 1, 3.0, 2.5, True)),
+        ([PREFILL, CHAIN, REFINED_TREE, UNREFINED], verdict.RefinementGain(6, 3, 11 / 3, 8 / 3, False)),
+        ([PREFILL, CHAIN, WORSE], verdict.RefinementGain(8, 2, 3.0, 2.5, True)),
     ],
 )
 def test_what_the_passes_bought_on_hand_made_rounds(rounds, expected):
@@ -261,7 +260,7 @@ def test_nothing_is_said_of_passes_where_none_ran():
 def test_the_refinement_line_says_where_tau_without_passes_is_a_lower_bound():
     exact, bound = verdict.RefinementGain(12, 7, 2.514, 2.3, False), verdict.RefinementGain(3, 0, 2.0, 2.5, True)
     assert verdict.refinement_line(exact) == (
-        "Refinement passes: 12 draft tokens changed, 7 of them accepted · τ 2.51 with them, 2.30 without "
+        "Refinement passes: 12 new draft tokens, 7 of them accepted · τ 2.51 with them, 2.30 without "
         "(pass 0's drafts against the tokens emitted)"
     )
     assert "τ 2.00 with them, ≥ 2.50 without" in verdict.refinement_line(bound)
@@ -315,8 +314,8 @@ def test_tau_without_passes_is_what_pass_0_accepts_from_each_rounds_own_start(em
 
 
 def test_the_passes_record_the_same_without_being_watched_as_the_panel_shows(embedded):
-    """Unwatched rounds keep what the passes did (``Refinement``), the same as the watched steps: pass 0's tokens, the
-    last pass's, and pass 0's draft (a tree's: its paths without the grafted chain)."""
+    """Unwatched rounds keep what the passes did (``Refinement``), the same as the watched steps: pass 0's drafts (K
+    rows, or the T = 1 tree's paths) and the last pass's, which are the drafts verified."""
     models, prompts = embedded
     for cfg in (DecodeConfig(drafts=2, steps=3, block=6, diversity="branch-first"), DecodeConfig(steps=3)):
         cfg = replace(cfg, max_new_tokens=32)
@@ -325,13 +324,10 @@ def test_the_passes_record_the_same_without_being_watched_as_the_panel_shows(emb
             unwatched = [e for e in decode(models, prompt_ids, cfg) if isinstance(e, RoundTrace)]
             assert [t.refinement for t in watched] == [t.refinement for t in unwatched]
             for trace in watched[1:]:
-                passes = [step.tokens for step in trace.steps if step.kind == "pass"]
-                refinement = trace.refinement
-                assert (refinement.before, refinement.after) == (passes[0], passes[-1])
-                if cfg.diversity == TREE:
-                    assert set(trace.drafts) - set(refinement.unrefined) <= {refinement.after[0]}
-                else:
-                    assert refinement.after == trace.drafts and refinement.unrefined == refinement.before
+                shown = [step.tokens for step in trace.steps]  # every pass's rows, or every pass's tree
+                assert {step.kind for step in trace.steps} == {"tree" if cfg.diversity == TREE else "pass"}
+                assert (trace.refinement.before, trace.refinement.after) == (shown[0], shown[-1])
+                assert trace.refinement.after == trace.drafts
 
 
 def test_no_refinement_is_recorded_at_t_1_or_without_a_refiner_head(zoo, embedded):

@@ -247,7 +247,10 @@ def accepted_with_fewer(
 ) -> tuple[int, ...]:
     """Per k = 1..K, the tokens this round would have accepted with k drafts (``auto`` learns fewer drafts from it):
     the longest of the first k drafts' accepted lengths; for a tree's drafts, its accepted nodes among the first
-    k x L the drafter chose, which are the tree of k x L nodes (``best_first_paths``)."""
+    k x L the drafter chose, which are the tree of k x L nodes (``best_first_paths``). None for a tree refined along
+    its paths: a smaller tree's passes would have read other paths, so its nodes are not the first of this one's."""
+    if drafts.order and drafts.refinement is not None:
+        return ()
     if not drafts.order:
         lens = acceptance.draft_accept_lens
         return tuple(max(lens[:k]) for k in range(1, len(lens) + 1))

@@ -29,7 +29,8 @@ class DenoiseStep:
     # nearest token (the LM head's argmax of the step's clean estimate), none masked. None for the masked drafter.
     noise_level: float | None = None
     # "denoise": a denoise step; "pass": a refinement pass (pass 0 the drafter's forward; refiner.py), whose tokens
-    # the panel compares with the pass before; "tree": the draft tree with the refined chain grafted on.
+    # the panel compares with the pass before; "tree": a draft tree (with a refiner head, one per pass: refined along
+    # its own paths).
     kind: str = "denoise"
 
 
@@ -38,10 +39,9 @@ class Refinement:
     """What a round's refinement passes did (a drafter with a refiner head, T >= 2: docs/DESIGN.md §3.5), kept every
     round, watched or not, so that a reply can say what the passes bought (``verdict.refinement_gain``)."""
 
-    before: tuple[tuple[int, ...], ...]  # (R, L) pass 0's tokens of the rows the passes refined (K rows; a tree's 1)
-    after: tuple[tuple[int, ...], ...]  # (R, L) the same rows after the last pass
-    # The drafts the round would have verified without passes: ``before``, or a tree's pass-0 tree (the T = 1 tree).
-    unrefined: tuple[tuple[int, ...], ...]
+    # Pass 0's drafts, what the round would have verified without passes: K rows, or the paths of the T = 1 tree.
+    before: tuple[tuple[int, ...], ...]
+    after: tuple[tuple[int, ...], ...]  # the drafts after the last pass: the rows refined, or the refined tree's paths
 
 
 def tokens_per_round(accept_lens: Sequence[int]) -> float:

@@ -8,7 +8,7 @@ before children, so ``[root] + nodes`` is a valid input order for one target for
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from types import MappingProxyType
@@ -79,6 +79,11 @@ class TreePaths:
     order: tuple[tuple[int, ...], ...]  # per path, each node's place in the best-first order (0 = the first chosen)
 
 
+# Per node, the chances of its children's tokens, best first, and the tokens: read by the node's path (its tokens from
+# the root's child down; () for the root's children).
+Choices = Callable[[tuple[int, ...]], tuple[Sequence[float], Sequence[int]]]
+
+
 def best_first_paths(probs: list[list[float]], tokens: list[list[int]], budget: int) -> TreePaths:
     """The draft tree of at most ``budget`` nodes that accepts the most tokens on average when each block position
     is an independent guess: position j holds ``tokens[j]`` with chances ``probs[j]`` (each list best first).
@@ -86,41 +91,58 @@ def best_first_paths(probs: list[list[float]], tokens: list[list[int]], budget: 
     A node's chance of being reached and accepted is the product of its path's chances, and the tree's expected
     accepted length is the sum of these over its nodes. Every node's product is at most its parent's, so the
     ``budget`` largest products form a tree (ancestors come first) and no other tree of that size sums to more:
-    best-first expansion finds them, a heap of frontier nodes (each expanded node offers its first child and its next
-    sibling). Where one position is unsure, the tree spends nodes on its alternatives; where the block is sure, on
-    depth (a chain). Nodes with chance 0 are never added. The order is nested: the tree of a smaller budget is the
-    first nodes of this one's, so one round tells what any smaller tree would have accepted.
-    """
-    if not probs or budget < 1:
+    best-first expansion finds them (``best_first_tree``). Where one position is unsure, the tree spends nodes on its
+    alternatives; where the block is sure, on depth (a chain)."""
+    if not probs:
         return TreePaths((), (), ())
+    return best_first_tree(lambda path: (probs[len(path)], tokens[len(path)]), budget, len(probs))
+
+
+def best_first_tree(choices: Choices, budget: int, depth: int) -> TreePaths:
+    """The tree of at most ``budget`` nodes, at most ``depth`` deep, whose nodes have the largest path chances when
+    each node's children are guessed with the chances ``choices`` gives for its own path (a refined tree reads each
+    node's path through the refiner; ``best_first_paths`` the same distribution at every node of a depth).
+
+    A heap of frontier nodes: each node added offers its first child and its next sibling. Nodes with chance 0 are
+    never added. The order is nested: the tree of a smaller budget is the first nodes of this one's, so one round
+    tells what any smaller tree would have accepted."""
+    if budget < 1 or depth < 1:
+        return TreePaths((), (), ())
+    paths: list[tuple[int, ...]] = []  # per node: its tokens from the root's child down
+    chances: list[float] = []  # per node: its own chance given its parent's path
     parents: list[int] = []  # per node: parent node (-1 = the root)
-    ranks: list[int] = []  # per node: its candidate's rank at its position
-    push, pop, depth = heapq.heappush, heapq.heappop, len(probs)
-    frontier = [(-probs[0][0], 0, -1, 0, 1.0)]  # (-path chance, position, parent node, rank, parent's path chance)
-    while frontier and len(parents) < budget:
-        negative, position, parent, rank, above = pop(frontier)
+    ranks: list[int] = []  # per node: its token's rank among its parent's choices
+    push, pop = heapq.heappush, heapq.heappop
+    # (-path chance, depth, parent node, rank, parent's path chance, the parent's choices); (parent, rank) is unique,
+    # so ties never compare further.
+    first = choices(())
+    frontier = [(-first[0][0], 0, -1, 0, 1.0, first)]
+    while frontier and len(paths) < budget:
+        negative, position, parent, rank, above, (probs, tokens) = pop(frontier)
         if negative == 0.0:
             break  # every node left has chance 0
-        node = len(parents)
+        node = len(paths)
+        paths.append((paths[parent] if parent >= 0 else ()) + (tokens[rank],))
+        chances.append(probs[rank])
         parents.append(parent)
         ranks.append(rank)
-        candidates = probs[position]
-        if rank + 1 < len(candidates):  # the next sibling
-            push(frontier, (-above * candidates[rank + 1], position, parent, rank + 1, above))
+        if rank + 1 < len(probs):  # the next sibling
+            push(frontier, (-above * probs[rank + 1], position, parent, rank + 1, above, (probs, tokens)))
         if position + 1 < depth:  # the first child
-            push(frontier, (negative * probs[position + 1][0], position + 1, node, 0, -negative))
+            below = choices(paths[node])
+            push(frontier, (negative * below[0][0], position + 1, node, 0, -negative, below))
     has_child = set(parents)
-    paths = []
-    for leaf in (n for n in range(len(parents)) if n not in has_child):
+    leaves = []
+    for leaf in (n for n in range(len(paths)) if n not in has_child):
         path = [leaf]
         while parents[path[-1]] >= 0:
             path.append(parents[path[-1]])
-        paths.append(path[::-1])
-    paths.sort(key=lambda path: [ranks[n] for n in path])  # depth first, each node's better candidates first
+        leaves.append(path[::-1])
+    leaves.sort(key=lambda path: [ranks[n] for n in path])  # depth first, each node's better choices first
     return TreePaths(
-        tuple(tuple(tokens[j][ranks[n]] for j, n in enumerate(path)) for path in paths),
-        tuple(tuple(probs[j][ranks[n]] for j, n in enumerate(path)) for path in paths),
-        tuple(map(tuple, paths)),
+        tuple(paths[path[-1]] for path in leaves),
+        tuple(tuple(chances[n] for n in path) for path in leaves),
+        tuple(map(tuple, leaves)),
     )
 
 

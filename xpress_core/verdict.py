@@ -148,7 +148,7 @@ def settings_summary(traces: Sequence[RoundTrace]) -> str:
 class RefinementGain:
     """What a reply's refinement passes bought (docs/DESIGN.md §3.5), from its rounds (``refinement_gain``)."""
 
-    changed: int  # draft tokens the passes changed (tree nodes, each once) in the refined rows' verified positions
+    changed: int  # draft nodes the passes added to pass 0's drafts (each once), within the verified depth
     changed_accepted: int  # of those, the ones on an accepted path
     tau: float  # the reply's τ
     # τ had every round verified its pass-0 draft instead, each round from the prefix it started from: exact per round
@@ -170,19 +170,17 @@ def refinement_gain(traces: Sequence[RoundTrace]) -> RefinementGain | None:
             without.append(trace.accept_len)
             continue
         depth = tree_depth(trace.tree_parents)  # near the context's end the drafts were cut (engine.cut_drafts)
-        nodes = {
-            row[: j + 1]
-            for first, row in zip(refinement.before, refinement.after)
-            for j in range(min(depth, len(row)))
-            if row[j] != first[j]
-        }
+        # The nodes the passes drafted that pass 0's drafts did not hold (a node is its path: a token changed
+        # earlier on its row makes every later token a new node, read in another context).
+        held = {path[: j + 1] for path in refinement.before for j in range(len(path))}
+        nodes = {row[: j + 1] for row in refinement.after for j in range(min(depth, len(row)))} - held
         changed += len(nodes)
         accepted += sum(trace.accepted[: len(node)] == node for node in nodes)
         # Greedy or sampled, the target's token after a prefix is the one it emitted there (one noise vector per
         # emitted token: sampling.py): pass 0's draft would have been accepted as far as it matches the round's
         # emitted tokens, and no further. Per path of pass 0's draft: (tokens matched, tokens verified).
         emitted = len(trace.emitted)
-        paths = [(common_prefix(path[:depth], trace.emitted), len(path[:depth])) for path in refinement.unrefined]
+        paths = [(common_prefix(path[:depth], trace.emitted), len(path[:depth])) for path in refinement.before]
         matched = max(m for m, _ in paths)
         if matched == emitted < trace.accept_len + 1:
             # The reply stopped inside this round's accepted tokens, and pass 0 reached the stop too: the same
@@ -209,7 +207,7 @@ def refinement_line(gain: RefinementGain) -> str:
     """What the passes changed and what that bought in τ."""
     without = f"{'≥ ' if gain.at_least else ''}{gain.tau_without:.2f}"
     return (
-        f"Refinement passes: {gain.changed} draft tokens changed, {gain.changed_accepted} of them accepted · "
+        f"Refinement passes: {gain.changed} new draft tokens, {gain.changed_accepted} of them accepted · "
         f"τ {gain.tau:.2f} with them, {without} without (pass 0's drafts against the tokens emitted)"
     )
 

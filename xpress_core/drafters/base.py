@@ -30,9 +30,8 @@ class DraftRandomness:
 class Drafts:
     tokens: tuple[tuple[int, ...], ...]  # (K, L) final drafts, or a tree's paths; empty for the "none" drafter
     steps: tuple[DenoiseStep, ...] = ()  # per denoise step, for the visualizer: only when someone watches
-    # A tree's drafts (diversity "tree"): per token, its place in the order the drafter chose the tree's nodes, the
-    # tree of K' x L nodes being the first K' x L (``accepted_with_fewer``), -1 for a node every smaller tree holds
-    # too (a refined chain grafted on); empty for K separate drafts.
+    # A tree's drafts (diversity "tree"): per token, its place in the order the drafter chose the tree's nodes (at
+    # T = 1 the tree of K' x L nodes is the first K' x L: ``accepted_with_fewer``); empty for K separate drafts.
     order: tuple[tuple[int, ...], ...] = ()
     refinement: Refinement | None = None  # what the refinement passes did, when any ran (watched or not)
 

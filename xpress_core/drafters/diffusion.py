@@ -116,15 +116,7 @@ class MaskedDiffusionDrafter(Drafter):
         probabilities when greedy; when sampling, the softmax of the scores coupled to the target's coming draws
         (``choice_scores``), whose best is the coupled draft. Positions committed at earlier steps hold their token.
         The drafts are the tree's paths (up to K x L of them, up to L long); the last denoise step shows them."""
-        allowed = allowed_logits(logits, self.banned)
-        # Greedy: the chance that a token is the target's most likely one, the drafter's distribution sharpened.
-        # Sampling: the chance that the target's draw lands on it, the softmax of the coupled scores as they are
-        # (sharper trees lost there: held-out chats and stories at 0.7, 32 nodes, 2.42 / 1.26 tokens a round at
-        # sharpness 1 against 2.24 / 1.07 at 1.5).
-        scores = (
-            allowed * self.tree_sharpness if cfg.greedy else choice_scores(allowed, allowed, cfg, randomness.upcoming)
-        )
-        chances = scores.softmax(-1)
+        chances = self.tree_chances(allowed_logits(logits, self.banned), cfg, randomness)
         if cfg.steps > 1:  # earlier steps committed positions (T = 1 commits none before the tree)
             one_hot = F.one_hot(tokens.clamp(min=0), chances.shape[-1]).to(chances.dtype)
             chances = torch.where(committed[:, None], one_hot, chances)
@@ -134,6 +126,15 @@ class MaskedDiffusionDrafter(Drafter):
         if watch:
             steps = [*steps, DenoiseStep(tree.tokens, tree.chances)]
         return Drafts(tree.tokens, tuple(steps), tree.order)
+
+    def tree_chances(self, allowed: torch.Tensor, cfg: DecodeConfig, randomness: DraftRandomness) -> torch.Tensor:
+        """A tree node's chances (..., V) from its position's logits: greedy, the chance that a token is the target's
+        most likely one, the drafter's distribution sharpened; sampling, the chance that the target's draw lands on
+        it, the softmax of the coupled scores as they are (sharper trees lost there: held-out chats and stories at
+        0.7, 32 nodes, 2.42 / 1.26 tokens a round at sharpness 1 against 2.24 / 1.07 at 1.5)."""
+        if cfg.greedy:
+            return (allowed * self.tree_sharpness).softmax(-1)
+        return choice_scores(allowed, allowed, cfg, randomness.upcoming).softmax(-1)
 
     def choose_tokens(
         self,
@@ -406,29 +407,29 @@ class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
         """Pass 0: one drafter forward on ``[root, MASK x L]`` and its token choice (branches and all, as a one-step
         masked draft makes them). Passes 1..T-1: the K rows together, as one batch, through the refiner, each reading
         the tokens the pass before drafted (``refiner.py``); branch tokens stay. A pass that changes no token is a
-        fixed point: the rest would change nothing, so they are not run. A draft tree refines its main row and grafts
-        it onto the tree of pass 0's distributions (``grafted_tree``)."""
-        tree = cfg.diversity == TREE
-        rows = replace(cfg, drafts=1) if tree else cfg
+        fixed point: the rest would change nothing, so they are not run. A draft tree is refined along its own paths
+        instead (``refined_tree``)."""
         hidden = self.block_hidden(state, self.model.embed_block(*masked_block(root, cfg.block, self.device)))
         raw = self.model.raw_logits(hidden)
         first = logits = self.model.processed(raw).to(self.device)  # (1, L, V) pass 0
-        noise = row_gumbel(rows, logits.shape[1:], randomness, self.device)
-        tokens, confidence, forced = self.choose_tokens(logits, rows, 1, randomness, watch, noise)
-        forced = torch.zeros_like(tokens, dtype=torch.bool) if forced is None else forced
-        before = as_rows(tokens)  # pass 0's draft, kept for ``Refinement`` whether watched or not
-        steps = [DenoiseStep(before, as_rows(confidence), kind="pass")] if watch else []
-        roots = torch.full((rows.drafts,), root, device=self.device)
         allowed = allowed_logits(first[0], self.banned)
         shortlist = allowed.topk(min(PASS_CANDIDATES, allowed.shape[-1]), sorted=False).indices  # (L, C)
         inputs = self.passes.inputs(hidden, raw, shortlist)
+        if cfg.diversity == TREE:
+            return self.refined_tree(allowed, inputs, root, cfg, randomness, watch)
+        noise = row_gumbel(cfg, logits.shape[1:], randomness, self.device)
+        tokens, confidence, forced = self.choose_tokens(logits, cfg, 1, randomness, watch, noise)
+        forced = torch.zeros_like(tokens, dtype=torch.bool) if forced is None else forced
+        before = as_rows(tokens)  # pass 0's draft, kept for ``Refinement`` whether watched or not
+        steps = [DenoiseStep(before, as_rows(confidence), kind="pass")] if watch else []
+        roots = torch.full((cfg.drafts,), root, device=self.device)
         start = 1  # the first position has no correction: pass 0's token stays
         for _ in range(cfg.steps - 1):
             previous = previous_tokens(roots, tokens)  # (K, L): each position's token one earlier
             # Parallel refinement: the K rows in one pass; serial: a pass per row (the comparison; same drafts).
-            logits = stacked([self.passes.logits(inputs, previous[g], start) for g in refine_groups(rows)])
+            logits = stacked([self.passes.logits(inputs, previous[g], start) for g in refine_groups(cfg)])
             chosen, chosen_confidence = self.choose_among(
-                logits.to(self.device), inputs.candidates[start:], rows, randomness, watch, noise, start
+                logits.to(self.device), inputs.candidates[start:], cfg, randomness, watch, noise, start
             )
             candidates = tokens.clone()
             candidates[:, start:] = torch.where(forced[:, start:], tokens[:, start:], chosen)
@@ -444,10 +445,8 @@ class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
             start = int(changed[0]) + 1
             if start == cfg.block:
                 break
-        if tree:
-            return self.grafted_tree(first, tokens[0], before, cfg, randomness, steps, watch)
         after = as_rows(tokens)
-        return Drafts(tokens=after, steps=tuple(steps), refinement=Refinement(before, after, unrefined=before))
+        return Drafts(tokens=after, steps=tuple(steps), refinement=Refinement(before, after))
 
     def choose_among(self, logits, candidates, cfg: DecodeConfig, randomness, watch: bool, row_noise, start: int):
         """A pass's tokens (K, S) at positions ``start``.. from the (K, S, C) logits of their (S, C) candidates, chosen
@@ -463,36 +462,29 @@ class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
         tokens = candidates.expand(cfg.drafts, -1, -1).gather(-1, best)[..., 0]
         return tokens, logits.softmax(-1).gather(-1, best)[..., 0] if watch else None
 
-    def grafted_tree(self, logits, chain, before, cfg: DecodeConfig, randomness, steps: list[DenoiseStep], watch: bool):
-        """Pass 0's draft tree (``tree_drafts``) with the refined chain as one more path where the tree lacks it;
-        ``before``: the chain's row at pass 0.
+    def refined_tree(self, allowed, inputs, root: int, cfg: DecodeConfig, randomness, watch: bool) -> Drafts:
+        """The draft tree of K x L nodes refined along its own paths (``RefinementPasses.refined_trees``): pass 0's
+        tree from the block's (L, V') ``allowed`` logits as at T = 1, then every node's children scored given its own
+        path, chances read as ``tree_chances`` reads the marginals (the candidates' softmax, sharpened when greedy,
+        the coupled scores' when sampling). Measured against the T = 1 tree with the refined chain grafted on: lab
+        log, "A draft tree refined along its own paths"."""
+        budget = cfg.drafts * cfg.block
+        top = self.tree_chances(allowed, cfg, randomness).topk(min(budget, allowed.shape[-1]), dim=-1)
+        candidates = inputs.candidates.to(self.device)
+        banned = self.banned[candidates]  # a vocabulary smaller than the candidates' count makes banned ones candidates
+        upcoming = None if randomness.upcoming is None else randomness.upcoming.to(self.device).gather(-1, candidates)
 
-        Why not a tree of the last pass's distributions: each of them is conditioned on the refined chain's tokens
-        before it, so the siblings that the tree adds off the chain are scored in a context that is not theirs
-        (measured with an early head on 16 held-out chats, greedy (4, 3, 8): tau 3.08 against 3.14 at T = 1). The
-        graft keeps every node of the T = 1 tree and adds at most L. A tree of fewer drafts would be grafted with the
-        same chain (one row is refined whatever K), so the chain's nodes take order -1: ``accepted_with_fewer``
-        counts them for every smaller tree."""
-        blank = torch.full((cfg.block,), MASKED, device=self.device)
-        tree = self.tree_drafts(logits[0], blank, blank >= 0, cfg, randomness, steps, watch)
-        chain = tuple(chain.tolist())
-        on_chain = {chain[: j + 1] for j in range(len(chain))}
-        held = {path[: j + 1] for path in tree.tokens for j in range(len(path))}
-        # The chain's nodes get order -1: every smaller tree is grafted with the same chain, so they count for all.
-        order = tuple(
-            tuple(-1 if path[: j + 1] in on_chain else o for j, o in enumerate(orders))
-            for path, orders in zip(tree.tokens, tree.order)
+        def chances(logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:  # (S, C) at (S,) positions
+            coupled = DraftRandomness(randomness.generator, None if upcoming is None else upcoming[positions])
+            return self.tree_chances(logits.to(self.device) + banned[positions], cfg, coupled)
+
+        trees = self.passes.refined_trees(
+            inputs, root, (top.values.tolist(), top.indices.tolist()), chances, budget, cfg.steps - 1
         )
-        paths = tree.tokens if chain in held else (*tree.tokens, chain)
-        order = order if chain in held else (*order, (-1,) * len(chain))
-        grafted = replace(tree, tokens=paths, order=order, refinement=Refinement(before, (chain,), tree.tokens))
-        if watch:  # the last step shows the tree as verified; a grafted chain is its last row, with the last pass's
-            # confidence in its tokens
-            shown = tree.steps[-1]
-            if chain not in held:
-                shown = replace(shown, tokens=paths, confidence=(*shown.confidence, steps[-1].confidence[0]))
-            grafted = replace(grafted, steps=(*tree.steps[:-1], replace(shown, kind="tree")))
-        return grafted
+        # Each tree a step of the panel ("tree": its rows are paths, not the rows of the tree before)
+        steps = tuple(DenoiseStep(t.tokens, t.chances, kind="tree") for t in trees) if watch else ()
+        tree = trees[-1]
+        return Drafts(tree.tokens, steps, tree.order, Refinement(trees[0].tokens, tree.tokens))
 
     def denoise(self, state: DiffusionState, root: int, tokens: torch.Tensor, committed: torch.Tensor) -> torch.Tensor:
         """One drafter forward on the rows' blocks ``[root, tokens or MASK]`` -> (R, L, V) logits."""

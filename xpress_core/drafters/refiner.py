@@ -21,11 +21,14 @@ a block whose tokens a pass does not change is a fixed point: more passes change
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ..tree import TreePaths, best_first_tree
 
 
 class BlockRefiner(nn.Module):
@@ -62,6 +65,10 @@ class BlockRefiner(nn.Module):
         length = inputs.shape[-2]
         causal = causal[:, start:length, :length]  # (r, L - start, L): a block may be shorter than the trained one
         mixed = inputs[..., start:, :] + torch.einsum("cji,...ic->...jc", causal.to(inputs.dtype), inputs)
+        return self.transform(mixed)
+
+    def transform(self, mixed: torch.Tensor) -> torch.Tensor:
+        """The SwiGLU over mixed inputs (..., r), with its residual: the correction before the projection back."""
         gate, up = self.gate_up(self.norm(mixed)).chunk(2, dim=-1)
         return mixed + self.down(F.silu(gate) * up)
 
@@ -102,6 +109,7 @@ class RefinementPasses:
         with torch.no_grad():
             self.head_out = model.shared[1].weight.to(device, torch.float32) @ refiner.out.weight.float()  # (V', r)
             self.causal = torch.tril(refiner.mix.float())  # (r, L, L)
+            self.mix_lines = self.causal.permute(1, 2, 0).contiguous()  # (L, L, r): position j's line, j's row
             # (V, r): each token's input to the head, token_in of its embedding, one row read per position and pass
             # instead of an embedding and a product. In slices: a large vocabulary's embeddings in fp32 at once would
             # take gigabytes.
@@ -129,6 +137,69 @@ class RefinementPasses:
         )
         correction = torch.matmul(code.transpose(0, 1), inputs.head_out[start:]).transpose(0, 1)  # (R, L - start, C)
         return self.model.processed(inputs.raw[start:] + correction)
+
+    def node_logits(self, inputs: PassInputs, previous: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """A pass at one position per row: (S, C) logits of the candidates of position ``positions[s]`` of row s,
+        given the (S, L) tokens one position earlier (those after that position are not read). A tree's nodes need
+        one position each: its rows' other positions would repeat the prefixes the rows share."""
+        inputs_ = inputs.base[0] + F.embedding(previous.to(inputs.base.device), self.token_rows)  # (S, L, r)
+        rows, (length, rank, count) = torch.arange(len(positions), device=positions.device), inputs.head_out.shape
+        # Per row, its position's line of the mix (zero past the position: the triangle): a product and a sum over
+        # at most L positions, not an einsum over every position's line.
+        mix = self.mix_lines[positions, :length]  # (S, L, r)
+        code = self.model.refiner.transform(inputs_[rows, positions] + (mix * inputs_).sum(1))  # (S, r)
+        # One product with every position's candidates, each row then reading its own position's: fewer and larger
+        # kernels than a product per position or a gathered (r, C) matrix per row.
+        every = (code @ inputs.head_out.transpose(0, 1).reshape(rank, -1)).view(-1, length, count)  # (S, L, C)
+        return self.model.processed(inputs.raw[positions] + every[rows, positions])
+
+    def refined_trees(
+        self,
+        inputs: PassInputs,
+        root: int,
+        first: tuple[list[list[float]], list[list[int]]],
+        chances: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        budget: int,
+        passes: int,
+    ) -> list[TreePaths]:
+        """A draft tree of ``budget`` nodes refined along its own paths: the tree after each pass, pass 0's first.
+
+        Pass 0 is the tree of the block's marginals, ``first`` (per position, the chances and tokens best first), as
+        at T = 1. Each pass runs the head, as one batch, once per node of the tree that no pass read yet: at the
+        position after the node, reading the node's path (``node_logits``), which gives the distribution of the
+        node's children (``chances`` turns the (S, C) candidate logits of the (S,) positions into chances). Those are
+        kept, and the tree is built again best-first (``best_first_tree``), each node's children scored by its own
+        path's distribution where a pass computed it, by the marginals where none did. A pass whose tree is the one
+        before is a fixed point. Unlike K rows refined from a chain's branches, the tree keeps its budget on distinct nodes;
+        unlike a tree of one refined chain's distributions, no node is scored in another path's context."""
+        known: dict[tuple[int, ...], tuple[list[float], list[int]]] = {}
+        probs, tokens = first
+
+        def choices(path: tuple[int, ...]) -> tuple[list[float], list[int]]:
+            return known.get(path) or (probs[len(path)], tokens[len(path)])
+
+        depth = len(probs)
+        trees = [best_first_tree(choices, budget, depth)]
+        for _ in range(passes):
+            paths = trees[-1].tokens
+            # The prefixes whose children no pass has scored yet: each node of the tree, up to depth L - 1
+            needed = sorted(
+                {path[:j] for path in paths for j in range(1, min(len(path), depth - 1) + 1)} - known.keys()
+            )
+            if not needed:
+                break  # a fixed point: the pass would build the same tree
+            device = inputs.candidates.device
+            previous = torch.tensor([[root, *p, *[p[-1]] * (depth - 1 - len(p))] for p in needed], device=device)
+            positions = torch.tensor([len(p) for p in needed], device=device)
+            scored = chances(self.node_logits(inputs, previous, positions), positions)  # (S, C)
+            top = scored.topk(min(budget, scored.shape[-1]), dim=-1)
+            top_tokens = inputs.candidates[positions].gather(-1, top.indices)
+            known.update(zip(needed, zip(top.values.tolist(), top_tokens.tolist())))
+            tree = best_first_tree(choices, budget, depth)
+            if tree.tokens == paths:
+                break  # a fixed point: the next passes would build the same tree
+            trees.append(tree)
+        return trees
 
 
 def previous_tokens(roots: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

@@ -62,9 +62,10 @@ class EvolutionView:
     chosen: int  # the draft on the chosen path
     rows: tuple[int, ...]  # the drafts shown, in order (at most MAX_ROWS; the chosen one always)
     bonus: int | None  # the target's own token after the accepted path
-    kind: str = "denoise"  # the shown step's kind: "denoise", a refinement "pass", or the grafted "tree" after passes
-    # (draft, position) cells whose token this refinement pass changed, and the token each held before it
-    changed: tuple[tuple[tuple[int, int], int], ...] = ()
+    kind: str = "denoise"  # the shown step's kind: "denoise", a refinement "pass", or a draft "tree" after p passes
+    # (draft, position) cells whose token this refinement pass changed, and the token each held before it (None: a
+    # node new in a refined tree)
+    changed: tuple[tuple[tuple[int, int], int | None], ...] = ()
 
     @property
     def verified(self) -> bool:
@@ -110,12 +111,19 @@ def shown_rows(count: int, accept_lens: tuple[int, ...], chosen: int) -> tuple[i
     return tuple(sorted([chosen, *others[: MAX_ROWS - 1]]))
 
 
-def pass_changes(states: list[DenoiseStep], shown: int) -> tuple[tuple[tuple[int, int], int], ...]:
-    """The cells a refinement pass changed against the pass before, with their old tokens (none for pass 0, a
-    denoise step, or a draft tree built after the passes, whose rows are other drafts)."""
-    if shown == 0 or states[shown].kind != "pass" or states[shown - 1].kind != "pass":
+def pass_changes(states: list[DenoiseStep], shown: int) -> tuple[tuple[tuple[int, int], int | None], ...]:
+    """The cells a refinement pass changed against the pass before, with their old tokens; for a refined tree, the
+    cells whose node (its path) the tree before did not hold, with None (its rows are other paths). None for pass
+    0 or a denoise step."""
+    kind = states[shown].kind
+    if shown == 0 or kind not in ("pass", "tree") or states[shown - 1].kind != kind:
         return ()
     before, now = states[shown - 1].tokens, states[shown].tokens
+    if kind == "tree":
+        held = {path[: j + 1] for path in before for j in range(len(path))}
+        return tuple(
+            ((k, j), None) for k, path in enumerate(now) for j in range(len(path)) if path[: j + 1] not in held
+        )
     return tuple(
         ((k, j), old)
         for k, (row_before, row_now) in enumerate(zip(before, now))
@@ -151,9 +159,11 @@ def evolution_cell(view: EvolutionView, token_text: TokenText, k: int, j: int) -
         note = "<br>first rejected"
         if view.bonus is not None and k == view.chosen:
             note += f": the target chose {visible_text(repr(token_text(view.bonus)))}"
-    was = dict(view.changed).get((k, j))
-    if was is not None:
-        note += f"<br>changed by this pass (was {visible_text(repr(token_text(was)))})"
+    changed = dict(view.changed)
+    if changed.get((k, j)) is not None:
+        note += f"<br>changed by this pass (was {visible_text(repr(token_text(changed[(k, j)])))})"
+    elif (k, j) in changed:
+        note += "<br>new in this pass's tree"
     token_kind = "token" if view.noise_level is None else f"nearest token at noise t={view.noise_level:.2f}:"
     confidence = view.confidence[k][j]
     hover = (
@@ -225,8 +235,10 @@ def evolution_title(view: EvolutionView) -> str:
         details.append(f"nearest tokens from noise t={view.noise_level:.2f}")
     if view.verified:
         details.append(f"accepted {trace.accept_len} of {view.length} + 1 from the target")
-    if view.kind == "tree":  # the T = 1 tree with the refined chain grafted on (drafters/diffusion.py)
-        step = f"draft tree after {view.last - 1} refinement passes"
+    if view.kind == "tree":  # a draft tree refined along its own paths (drafters/diffusion.py), pass 0's first
+        step = f"draft tree after refinement pass {view.shown}/{view.last}" + (
+            f" · {len(view.changed)} new" if view.shown else ""
+        )
     elif view.kind == "pass":  # pass 0 is the drafter's own forward
         step = f"refinement pass {view.shown}/{view.last}" + (f" · {len(view.changed)} changed" if view.shown else "")
     else:
