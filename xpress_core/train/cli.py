@@ -13,6 +13,8 @@ from ..errors import XpressError
 from .refiner_cli import add_device_arg, add_refiner_step, run_refiner_step
 
 DEFAULT_WORK = Path("runs")
+# ``train compare``'s settings: one draft and the K = 4 tree, at every T the card measures
+COMPARE_SETTINGS = ("1,1,8", "1,2,8", "1,3,8", "1,4,8", "4,1,8", "4,2,8", "4,3,8")
 
 
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
@@ -204,6 +206,20 @@ def add_report_steps(steps: argparse._SubParsersAction) -> None:
     sharp.add_argument("--grid", type=float, nargs="+", help="candidate sharpnesses (default: 1 to 2.5)")
     sharp.add_argument("--write", action="store_true", help="keep the best in the drafter's config.json")
 
+    cmp = steps.add_parser(
+        "compare",
+        help="rank drafters by the draft tokens accepted at every round start of the target's greedy replies to "
+        "held-out chats, each against the first with its standard error (docs/experiments.md)",
+    )
+    cmp.add_argument("--target", default=str(Path("assets") / "target"))
+    cmp.add_argument("--drafter", nargs="+", required=True, help="two or more drafters; the first is the baseline")
+    cmp.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    cmp.add_argument("--chats", type=int, default=250, help="held-out sgd_dev chats the benchmark does not use")
+    cmp.add_argument("--starts", type=int, default=64, help="round starts per reply: its first tokens")
+    cmp.add_argument(
+        "--settings", nargs="+", default=list(COMPARE_SETTINGS), help="K,T,L per setting (greedy, default diversity)"
+    )
+
     curve = steps.add_parser("curve", help="draw a drafter run's learning curve (tau against tokens read) as HTML")
     curve.add_argument(
         "--run",
@@ -223,6 +239,49 @@ def add_report_steps(steps: argparse._SubParsersAction) -> None:
         required=True,
         help="JSON {target, drafter, drafter_gauss, ar_drafter}: the exact training command of each asset",
     )
+
+
+def parse_settings(texts: list[str]) -> list[tuple[int, int, int]]:
+    """``K,T,L`` strings -> (K, T, L) with K, T, L >= 1 and T <= L."""
+    settings = []
+    for text in texts:
+        parts = text.split(",")
+        if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+            raise XpressError(f"--settings takes K,T,L triples of whole numbers, got {text!r}")
+        k, t, length = (int(p) for p in parts)
+        if min(k, t, length) < 1 or t > length:
+            raise XpressError(f"--settings {text}: K, T and L are at least 1 and T is at most L")
+        settings.append((k, t, length))
+    return settings
+
+
+def run_compare(args: argparse.Namespace) -> list[dict]:
+    import torch
+
+    from ..data import fitting_prompts
+    from ..models import Models, load_drafter, load_target
+    from .compare import compare_drafters
+
+    settings = parse_settings(args.settings)
+    if len(args.drafter) < 2 or args.chats < 2 or args.starts < 1:
+        raise XpressError("compare needs two drafters or more, --chats >= 2 and --starts >= 1")
+    held_out = fitting_prompts(args.data, args.chats, stories=0)  # before the models: a missing folder fails fast
+    target, tokenizer = load_target(args.target, torch.device("cpu"), torch.float32)
+    drafters = [
+        Models(target, tokenizer, load_drafter(spec, target, tokenizer, torch.device("cpu"), torch.float32))
+        for spec in args.drafter
+    ]
+    comparisons = compare_drafters(drafters, [p.ids(tokenizer) for p in held_out], settings, args.starts)
+    return [
+        {
+            "setting": list(c.setting),
+            "prompts": len(held_out),
+            "accepted": dict(zip(args.drafter, c.accepted)),
+            "difference": dict(zip(args.drafter[1:], c.difference[1:])),
+            "standard_error": dict(zip(args.drafter[1:], c.standard_error[1:])),
+        }
+        for c in comparisons
+    ]
 
 
 def run_eval(args: argparse.Namespace) -> list[dict]:
@@ -344,6 +403,8 @@ def run_train(args: argparse.Namespace) -> int:
         print(json.dumps(run_eval(args)))
     elif args.step == "sharpness":
         print(json.dumps(run_sharpness(args)))
+    elif args.step == "compare":
+        print(json.dumps(run_compare(args)))
     elif args.step == "refiner":
         print(json.dumps(run_refiner_step(args)))
     else:

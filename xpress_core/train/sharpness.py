@@ -16,7 +16,7 @@ acceptance). The sharpness with the most accepted tokens wins.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,35 +44,49 @@ class SharpnessFit:
     prompts: int
 
 
+def greedy_reply(models: Models, prompt_ids: torch.Tensor, length: int) -> torch.Tensor:
+    """(1, prompt + up to ``length``) the prompt and the target's greedy reply (plain decoding, so no drafter)."""
+    plain = Models(models.target, models.tokenizer, NoDrafter())
+    reply = decode_to_end(plain, prompt_ids, DecodeConfig(max_new_tokens=length)).token_ids
+    return torch.cat([prompt_ids[0], torch.tensor(reply, dtype=prompt_ids.dtype)])[None]
+
+
+@torch.no_grad()
+def round_starts(models: Models, sequence: torch.Tensor, first: int, starts: int, block: int) -> Iterator[tuple]:
+    """Per round start in ``sequence`` (a prompt of ``first`` tokens and the target's greedy reply): the drafter's
+    state there, the round's root and the ``block`` tokens of the reply after it (fewer at the reply's end). The
+    first ``starts`` positions of the reply are starts, the first right after the prefill (the engine's first drafting
+    round); the drafter's state goes as in decoding: the prompt at the start, then each root committed with its target
+    features after its round's one forward."""
+    drafter = models.drafter
+    _, features = tapped_forward(models.target, drafter.tapped_layers, input_ids=sequence.to(models.device))
+    tokens = sequence[0].tolist()
+    state = drafter.start(sequence[:, :first], None if features is None else features[0, :first])
+    for root_at in range(first, min(first + starts, len(tokens) - 1)):
+        yield state, tokens[root_at], tokens[root_at + 1 : root_at + 1 + block]
+        drafter.commit(state, [tokens[root_at]], None if features is None else features[0, root_at : root_at + 1])
+
+
 @torch.no_grad()
 def accepted_at_round_starts(
     models: Models, prompt_ids: torch.Tensor, max_new_tokens: int, cfg: DecodeConfig, grid: Sequence[float]
 ) -> list[dict[float, int]]:
-    """Per round start, the draft tokens the target's greedy reply accepts from the round's greedy tree at each
-    sharpness. Each of the first ``max_new_tokens`` positions of the reply is a round's start, the first right after
-    the prefill (the engine's first drafting round); the reply runs a block further, so that every start sees a block
-    of it (or the reply's real end). The drafter's state goes as in decoding: the prompt at the start, then each root
-    committed with its target features after its round's one forward."""
+    """Per round start (``round_starts``) of the target's greedy reply, the draft tokens the reply accepts from the
+    round's greedy tree at each sharpness. The reply runs a block past ``max_new_tokens``, so that every start sees a
+    block of it (or the reply's real end)."""
     drafter = models.drafter
-    plain = Models(models.target, models.tokenizer, NoDrafter())
-    reply = decode_to_end(plain, prompt_ids, DecodeConfig(max_new_tokens=max_new_tokens + cfg.block)).token_ids
-    sequence = torch.cat([prompt_ids[0], torch.tensor(reply, dtype=prompt_ids.dtype)])[None]
-    _, features = tapped_forward(models.target, drafter.tapped_layers, input_ids=sequence.to(models.device))
-    tokens, first = sequence[0].tolist(), prompt_ids.shape[1]
-    state = drafter.start(sequence[:, :first], None if features is None else features[0, :first])
+    sequence = greedy_reply(models, prompt_ids, max_new_tokens + cfg.block)
     masked = torch.full((1, cfg.block), MASKED, dtype=torch.long, device=drafter.device)
     committed = torch.zeros((1, cfg.block), dtype=torch.bool, device=drafter.device)
     counts = []
-    for root_at in range(first, min(first + max_new_tokens, len(tokens) - 1)):
-        logits = drafter.denoise(state, tokens[root_at], masked, committed)[0]
-        continuation = tokens[root_at + 1 : root_at + 1 + cfg.block]
+    for state, root, continuation in round_starts(models, sequence, prompt_ids.shape[1], max_new_tokens, cfg.block):
+        logits = drafter.denoise(state, root, masked, committed)[0]
         count = {}
         for sharpness in grid:
             drafter.tree_sharpness = sharpness
             tree = drafter.tree_drafts(logits, masked[0], committed[0], cfg, DraftRandomness(None), [], False)
             count[sharpness] = max(common_prefix(path, continuation) for path in tree.tokens)
         counts.append(count)
-        drafter.commit(state, [tokens[root_at]], None if features is None else features[0, root_at : root_at + 1])
     return counts
 
 
