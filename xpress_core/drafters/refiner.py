@@ -13,10 +13,13 @@ earlier. The refiner corrects position j's logits from what the block says at po
   lives in the vocabulary's geometry instead of a V-wide matrix of its own.
 
 The projection back starts at zero, so a drafter given a new head drafts exactly as before until the head is trained
-(the mix starts at zero too: each position first learns from its own inputs, the previous token among them). Resolved by refinement passes (``refine_passes``): pass 0 is the drafter's own block; every next pass
-re-reads the tokens of the pass before, at all positions at once. Position j's logits depend only on the tokens
-before it, so after p passes the first p positions hold what a left-to-right walk through the head would draft, and
-a block whose tokens a pass does not change is a fixed point: more passes change nothing.
+(the mix starts at zero too: each position first learns from its own inputs, the previous token among them).
+Resolved by refinement passes (``refine_passes``): pass 0 is the drafter's own block; every next pass re-reads the
+tokens of the pass before, at all positions at once. Position j's logits depend only on the tokens before it, so
+after p passes the first p positions hold what a left-to-right walk through the head would draft, and a block whose
+tokens a pass does not change is a fixed point: more passes change nothing. A draft tree is refined along its own
+paths instead: each pass reads every node's path, and the tree is built again from those distributions
+(``RefinementPasses.refined_trees``).
 """
 
 from __future__ import annotations
@@ -170,8 +173,8 @@ class RefinementPasses:
         node's children (``chances`` turns the (S, C) candidate logits of the (S,) positions into chances). Those are
         kept, and the tree is built again best-first (``best_first_tree``), each node's children scored by its own
         path's distribution where a pass computed it, by the marginals where none did. A pass whose tree is the one
-        before is a fixed point. Unlike K rows refined from a chain's branches, the tree keeps its budget on distinct nodes;
-        unlike a tree of one refined chain's distributions, no node is scored in another path's context."""
+        before is a fixed point. Unlike K rows refined from a chain's branches, the tree keeps its budget on distinct
+        nodes; unlike a tree of one refined chain's distributions, no node is scored in another path's context."""
         known: dict[tuple[int, ...], tuple[list[float], list[int]]] = {}
         probs, tokens = first
 
