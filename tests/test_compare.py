@@ -14,7 +14,7 @@ from xpress_core.engine import decode
 from xpress_core.errors import XpressError
 from xpress_core.models import EMBEDDED_DRAFTER, EMBEDDED_TARGET, encode_prompt, load_models
 from xpress_core.train.cli import parse_settings, run_compare
-from xpress_core.train.compare import accepted_per_prompt, compare_drafters, paired_difference
+from xpress_core.train.compare import accepted_at_starts, compare_drafters, paired_difference, tree_pass_gains
 
 QUICK = [json.loads(line)["messages"] for line in (PROMPTS / "quick.jsonl").read_text().splitlines()]
 SETTINGS = [(1, 1, 8), (1, 3, 8), (4, 1, 8), (4, 2, 8), (2, 1, 4)]
@@ -26,19 +26,22 @@ def embedded():
     return models, [encode_prompt(models.tokenizer, messages, chat=True) for messages in QUICK]
 
 
-def test_the_first_round_start_accepts_what_the_engines_first_round_does(embedded):
-    """Greedy fp32: the first round start is the engine's first drafting round (the prefill's token its root), so
-    each setting's count there is that round's accepted length."""
+def test_each_round_start_counts_what_the_engines_round_from_there_accepts(embedded):
+    """Greedy fp32: wherever a round of the engine starts (the first right after the prefill), the count at that
+    round start is what the round accepted, at every setting (refined trees and chains among them)."""
     models, prompts = embedded
-    accepted_somewhere = False
-    for prompt_ids in prompts:
-        counts = accepted_per_prompt([models], prompt_ids, SETTINGS, starts=1)[0]
-        for (k, t, length), (accepted, starts) in zip(SETTINGS, counts):
-            cfg = DecodeConfig(drafts=k, steps=t, block=length, max_new_tokens=length + 2)
-            first_round = list(decode(models, prompt_ids, cfg))[1]
-            assert starts == 1 and accepted == first_round.accept_len
-            accepted_somewhere |= accepted > 0
-    assert accepted_somewhere
+    seen = 0
+    for prompt_ids in prompts[:3]:
+        counts = accepted_at_starts([models], prompt_ids, SETTINGS, starts=24)[0]
+        for (k, t, length), at_starts in zip(SETTINGS, counts):
+            cfg = DecodeConfig(drafts=k, steps=t, block=length, max_new_tokens=24)
+            position = 0  # new tokens before the round's root
+            for trace in list(decode(models, prompt_ids, cfg))[1:-1]:
+                if position < len(at_starts):
+                    assert at_starts[position] == len(trace.accepted), ((k, t, length), position)
+                    seen += len(trace.accepted)
+                position += len(trace.emitted)
+    assert seen > 0
 
 
 def test_a_drafter_against_itself_differs_by_nothing(embedded):
@@ -63,3 +66,48 @@ def test_settings_and_arguments_are_checked():
     args = argparse.Namespace(settings=["4,1,8"], drafter=["assets/drafter"], chats=10, starts=8)
     with pytest.raises(XpressError, match="two drafters"):
         run_compare(args)
+
+
+def test_a_head_that_corrects_nothing_gains_nothing_on_trees(zoo, tmp_path, monkeypatch):
+    """A zero head (every token a candidate) builds the T = 1 tree at every T: each position's gain is 1."""
+    from tests.test_refiner import with_head
+    from xpress_core.drafters import diffusion
+
+    monkeypatch.setattr(diffusion, "PASS_CANDIDATES", 10**6)
+    models = load_models(zoo["llama"], with_head(zoo["drafter_llama"], tmp_path / "zero", scale=0.0), device="cpu")
+    prompts = [encode_prompt(models.tokenizer, messages, chat=True) for messages in QUICK[:2]]
+    assert tree_pass_gains(models, prompts, 12, (2, 3)) == [[1.0] * 8, [1.0] * 8]
+
+
+def test_the_sharpness_fit_keeps_the_tree_gains_that_auto_starts_trees_from(embedded, tmp_path):
+    """``train sharpness --write`` on a drafter with a head writes ``refiner_tree_gains``; loaded, they are the
+    controller's prior for trees, and the chain-measured ``refiner_gains`` for K separate drafts."""
+    import shutil
+
+    from xpress_core.engine import calibrate, control
+    from xpress_core.train.cli import run_sharpness
+
+    folder = tmp_path / "drafter"
+    shutil.copytree(EMBEDDED_DRAFTER, folder)
+    args = argparse.Namespace(
+        target=str(EMBEDDED_TARGET),
+        drafter=str(folder),
+        prompts=PROMPTS / "quick.jsonl",
+        chats=0,
+        stories=0,
+        data=None,
+        max_new_tokens=12,
+        grid=[1.5],
+        write=True,
+    )
+    report = run_sharpness(args)
+    gains = report["tree_gains"]
+    assert len(gains) == 2 and all(len(row) == 8 and all(g > 0 for g in row) for row in gains)
+    assert json.loads((folder / "config.json").read_text())["refiner_tree_gains"] == gains
+    models = load_models(EMBEDDED_TARGET, str(folder), device="cpu")
+    assert models.drafter.tree_pass_gains == {2: tuple(gains[0]), 3: tuple(gains[1])}
+    costs = calibrate(embedded[0])
+    tree = control(models, DecodeConfig(auto=True), costs)
+    rows = control(models, DecodeConfig(auto=True, diversity="none"), costs)
+    assert tree.pass_gains == models.drafter.tree_pass_gains and rows.pass_gains == models.drafter.pass_gains
+    assert tree.pass_gains != rows.pass_gains

@@ -20,7 +20,8 @@ from ..config import DecodeConfig
 from ..drafters.base import DraftRandomness
 from ..models import Models
 from ..tree import common_prefix
-from .sharpness import greedy_reply, round_starts
+from .refiner import pass_gains
+from .sharpness import FIT_CONFIG, greedy_reply, round_starts
 
 BOOTSTRAP_ROUNDS = 1000
 
@@ -34,24 +35,50 @@ class SettingComparison:
 
 
 @torch.no_grad()
-def accepted_per_prompt(
+def accepted_at_starts(
     drafters: Sequence[Models], prompt_ids: torch.Tensor, settings: Sequence[tuple[int, int, int]], starts: int
-) -> list[list[tuple[int, int]]]:
-    """Per drafter, per setting: (draft tokens accepted, round starts) over the first ``starts`` positions of the
-    target's greedy reply to one prompt (greedy drafts, the engine's default diversity)."""
+) -> list[list[list[int]]]:
+    """Per drafter, per setting, per round start (the first ``starts`` positions of the target's greedy reply to one
+    prompt): the draft tokens the reply accepts from the drafter's greedy drafts (the engine's default diversity)."""
     block = max(length for _, _, length in settings)
     sequence = greedy_reply(drafters[0], prompt_ids, starts + block)
     counts = []
     for models in drafters:
-        sums = [[0, 0] for _ in settings]
+        per_setting: list[list[int]] = [[] for _ in settings]
         for state, root, continuation in round_starts(models, sequence, prompt_ids.shape[1], starts, block):
-            for total, (k, t, length) in zip(sums, settings):
+            for accepted, (k, t, length) in zip(per_setting, settings):
                 cfg = DecodeConfig(drafts=k, steps=t, block=length)
                 drafts = models.drafter.draft(state, root, cfg, DraftRandomness(torch.Generator()), False)
-                total[0] += max(common_prefix(path, continuation[:length]) for path in drafts.tokens)
-                total[1] += 1
-        counts.append([tuple(total) for total in sums])
+                accepted.append(max(common_prefix(path, continuation[:length]) for path in drafts.tokens))
+        counts.append(per_setting)
     return counts
+
+
+def accepted_per_prompt(
+    drafters: Sequence[Models], prompt_ids: torch.Tensor, settings: Sequence[tuple[int, int, int]], starts: int
+) -> list[list[tuple[int, int]]]:
+    """Per drafter, per setting: (draft tokens accepted, round starts) over one prompt's starts (``accepted_at_starts``)."""
+    counts = accepted_at_starts(drafters, prompt_ids, settings, starts)
+    return [[(sum(accepted), len(accepted)) for accepted in per_setting] for per_setting in counts]
+
+
+def tree_pass_gains(
+    models: Models, prompts: Sequence[torch.Tensor], starts: int, steps: Sequence[int]
+) -> list[list[float]]:
+    """Per T in ``steps`` (each > 1, in order), per block position: how much more often a (K, T, L) draft tree refined
+    along its paths gets the position accepted, once the positions before it were, than the (K, 1, L) tree
+    (``refiner.pass_gains`` of the round starts' leading shares; K x L = ``sharpness.FIT_CONFIG``'s). What a chain
+    gains from the passes, measured in training (``refiner_gains``), understates a tree's: ``auto``'s prior for trees."""
+    fit = FIT_CONFIG
+    settings = [(fit.drafts, t, fit.block) for t in (1, *steps)]
+    accepted: list[list[int]] = [[] for _ in settings]
+    for prompt_ids in prompts:
+        for column, counts in zip(accepted, accepted_at_starts([models], prompt_ids, settings, starts)[0]):
+            column.extend(counts)
+    leading = [
+        [sum(a >= j for a in column) / max(1, len(column)) for j in range(1, fit.block + 1)] for column in accepted
+    ]
+    return pass_gains([{"leading": shares} for shares in leading])
 
 
 def paired_difference(
