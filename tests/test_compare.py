@@ -14,7 +14,7 @@ from xpress_core.engine import decode
 from xpress_core.errors import XpressError
 from xpress_core.models import EMBEDDED_DRAFTER, EMBEDDED_TARGET, encode_prompt, load_models
 from xpress_core.train.cli import parse_settings, run_compare
-from xpress_core.train.compare import accepted_at_starts, compare_drafters, paired_difference, tree_pass_gains
+from xpress_core.train.compare import accepted_at_starts, compare_drafters, paired_difference
 
 QUICK = [json.loads(line)["messages"] for line in (PROMPTS / "quick.jsonl").read_text().splitlines()]
 SETTINGS = [(1, 1, 8), (1, 3, 8), (4, 1, 8), (4, 2, 8), (2, 1, 4)]
@@ -66,48 +66,3 @@ def test_settings_and_arguments_are_checked():
     args = argparse.Namespace(settings=["4,1,8"], drafter=["assets/drafter"], chats=10, starts=8)
     with pytest.raises(XpressError, match="two drafters"):
         run_compare(args)
-
-
-def test_a_head_that_corrects_nothing_gains_nothing_on_trees(zoo, tmp_path, monkeypatch):
-    """A zero head (every token a candidate) builds the T = 1 tree at every T: each position's gain is 1."""
-    from tests.test_refiner import with_head
-    from xpress_core.drafters import diffusion
-
-    monkeypatch.setattr(diffusion, "PASS_CANDIDATES", 10**6)
-    models = load_models(zoo["llama"], with_head(zoo["drafter_llama"], tmp_path / "zero", scale=0.0), device="cpu")
-    prompts = [encode_prompt(models.tokenizer, messages, chat=True) for messages in QUICK[:2]]
-    assert tree_pass_gains(models, prompts, 12, (2, 3)) == [[1.0] * 8, [1.0] * 8]
-
-
-def test_the_sharpness_fit_keeps_the_tree_gains_that_auto_starts_trees_from(embedded, tmp_path):
-    """``train sharpness --write`` on a drafter with a head writes ``refiner_tree_gains``; loaded, they are the
-    controller's prior for trees, and the chain-measured ``refiner_gains`` for K separate drafts."""
-    import shutil
-
-    from xpress_core.engine import calibrate, control
-    from xpress_core.train.cli import run_sharpness
-
-    folder = tmp_path / "drafter"
-    shutil.copytree(EMBEDDED_DRAFTER, folder)
-    args = argparse.Namespace(
-        target=str(EMBEDDED_TARGET),
-        drafter=str(folder),
-        prompts=PROMPTS / "quick.jsonl",
-        chats=0,
-        stories=0,
-        data=None,
-        max_new_tokens=12,
-        grid=[1.5],
-        write=True,
-    )
-    report = run_sharpness(args)
-    gains = report["tree_gains"]
-    assert len(gains) == 2 and all(len(row) == 8 and all(g > 0 for g in row) for row in gains)
-    assert json.loads((folder / "config.json").read_text())["refiner_tree_gains"] == gains
-    models = load_models(EMBEDDED_TARGET, str(folder), device="cpu")
-    assert models.drafter.tree_pass_gains == {2: tuple(gains[0]), 3: tuple(gains[1])}
-    costs = calibrate(embedded[0])
-    tree = control(models, DecodeConfig(auto=True), costs)
-    rows = control(models, DecodeConfig(auto=True, diversity="none"), costs)
-    assert tree.pass_gains == models.drafter.tree_pass_gains and rows.pass_gains == models.drafter.pass_gains
-    assert tree.pass_gains != rows.pass_gains

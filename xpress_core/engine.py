@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from . import cache as kv
-from .config import TREE, DecodeConfig
+from .config import DecodeConfig
 from .controller import AUTO_DRAFTS, AutoControl, CostModel, FixedControl, RoundSetting, auto_longest_block
 from .drafters.base import DraftRandomness, Drafts, NoDrafter
 from .errors import XpressError
@@ -127,7 +127,7 @@ def control(models: Models, cfg: DecodeConfig, costs: CostModel | None) -> Fixed
         can_draft,
         sampled=not cfg.greedy,
         steps=models.drafter.auto_steps,
-        pass_gains=(cfg.diversity == TREE and models.drafter.tree_pass_gains) or models.drafter.pass_gains,
+        pass_gains=models.drafter.pass_gains,
     )
 
 

@@ -58,12 +58,6 @@ class Drafter(ABC):
         measured on held-out text when the drafter was trained (the controller's prior); empty = not measured."""
         return {}
 
-    @property
-    def tree_pass_gains(self) -> dict[int, tuple[float, ...]]:
-        """``pass_gains`` for a draft tree refined along its paths (``train sharpness`` measures them); empty = not
-        measured, and trees start from ``pass_gains``."""
-        return {}
-
     def refine_passes(self, setting: RoundSetting) -> int:
         """Refinement passes a round at (K, T, L) runs beyond ``draft_work`` (priced apart: ``CostModel.pass_s``)."""
         return 0

@@ -397,11 +397,6 @@ class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
         gains = self.model.config.refiner_gains or []
         return {passes + 2: tuple(row) for passes, row in enumerate(gains)}
 
-    @property
-    def tree_pass_gains(self) -> dict[int, tuple[float, ...]]:
-        gains = self.model.config.refiner_tree_gains or []
-        return {passes + 2: tuple(row) for passes, row in enumerate(gains)}
-
     @torch.no_grad()
     def draft(self, state, root: int, cfg: DecodeConfig, randomness: DraftRandomness, watch: bool) -> Drafts:
         if self.step_kind == "denoise" or cfg.steps == 1:  # one step: the drafter's forward alone, either way

@@ -94,7 +94,6 @@ class XpressDrafterConfig(PreTrainedConfig):
         tree_sharpness: float = 1.0,
         refiner_rank: int = 0,
         refiner_gains: list[list[float]] | None = None,
-        refiner_tree_gains: list[list[float]] | None = None,
         **kwargs,
     ):
         if noise not in NOISE_TYPES:
@@ -144,9 +143,6 @@ class XpressDrafterConfig(PreTrainedConfig):
         # Per number of passes 1, 2, ...: each block position's greedy acceptance after them over after none, on
         # held-out text (``train refiner`` measures it): the prior the controller auto starts T > 1 from.
         self.refiner_gains = refiner_gains
-        # The same for a draft tree refined along its paths, at round starts of held-out replies (``train sharpness``
-        # measures it): the prior for trees, which gain more from the passes than a chain does.
-        self.refiner_tree_gains = refiner_tree_gains
         for name, neutral in DFLASH_FIELDS.items():
             setattr(self, name, kwargs.pop(name, neutral))
         super().__init__(**kwargs)

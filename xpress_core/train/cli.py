@@ -194,8 +194,7 @@ def add_report_steps(steps: argparse._SubParsersAction) -> None:
 
     sharp = steps.add_parser(
         "sharpness",
-        help="fit how sharply greedy draft trees read a masked drafter's distribution (its tree_sharpness) and, with a "
-        "refiner head, what its passes add to such trees (refiner_tree_gains: auto's prior)",
+        help="fit how sharply greedy draft trees read a masked drafter's distribution (its tree_sharpness)",
     )
     sharp.add_argument("--target", default=str(Path("assets") / "target"))
     sharp.add_argument("--drafter", default=str(Path("assets") / "drafter"))
@@ -205,9 +204,7 @@ def add_report_steps(steps: argparse._SubParsersAction) -> None:
     sharp.add_argument("--stories", type=int, default=10, help="story requests of the fitting set (at most 10)")
     sharp.add_argument("--max-new-tokens", type=int, default=128, help="length of the target's replies")
     sharp.add_argument("--grid", type=float, nargs="+", help="candidate sharpnesses (default: 1 to 2.5)")
-    sharp.add_argument(
-        "--write", action="store_true", help="keep the best (and the gains) in the drafter's config.json"
-    )
+    sharp.add_argument("--write", action="store_true", help="keep the best in the drafter's config.json")
 
     cmp = steps.add_parser(
         "compare",
@@ -328,10 +325,8 @@ def run_eval(args: argparse.Namespace) -> list[dict]:
 def run_sharpness(args: argparse.Namespace) -> dict:
     import torch
 
-    from ..controller import AUTO_PASSES
     from ..data import FITTING_STORIES, fitting_prompts, read_prompt_file
     from ..models import Models, load_drafter, load_target
-    from .compare import tree_pass_gains
     from .sharpness import SHARPNESS_GRID, fit_sharpness, kept_config, write_sharpness
 
     counts_ok = 0 <= args.stories <= len(FITTING_STORIES) and args.chats >= 0 and args.chats + args.stories > 0
@@ -348,20 +343,14 @@ def run_sharpness(args: argparse.Namespace) -> dict:
     if not chosen:
         raise XpressError("no prompts to fit on: give --prompts a file with prompts, or --chats / --stories above 0")
     prompts = [p.ids(tokenizer) for p in chosen]
-    models = Models(target, tokenizer, drafter)
-    fit = fit_sharpness(models, prompts, grid, args.max_new_tokens)
-    gains = None
-    if getattr(drafter, "step_kind", None) == "pass":  # a refiner head: what its passes add to trees so sharpened
-        drafter.tree_sharpness = fit.sharpness
-        gains = tree_pass_gains(models, prompts, args.max_new_tokens, AUTO_PASSES[1:])
-    written = write_sharpness(Path(args.drafter), fit.sharpness, gains) if args.write else None
+    fit = fit_sharpness(Models(target, tokenizer, drafter), prompts, grid, args.max_new_tokens)
+    written = write_sharpness(Path(args.drafter), fit.sharpness) if args.write else None
     return {
         "drafter": args.drafter,
         "sharpness": fit.sharpness,
         "accepted_per_round": {str(s): round(a, 4) for s, a in fit.accepted.items()},
         "rounds": fit.rounds,
         "prompts": fit.prompts,
-        "tree_gains": gains,
         "written": None if written is None else str(written),
     }
 

@@ -20,8 +20,7 @@ from ..config import DecodeConfig
 from ..drafters.base import DraftRandomness
 from ..models import Models
 from ..tree import common_prefix
-from .refiner import pass_gains
-from .sharpness import FIT_CONFIG, greedy_reply, round_starts
+from .sharpness import greedy_reply, round_starts
 
 BOOTSTRAP_ROUNDS = 1000
 
@@ -60,25 +59,6 @@ def accepted_per_prompt(
     """Per drafter, per setting: (draft tokens accepted, round starts) over one prompt's starts (``accepted_at_starts``)."""
     counts = accepted_at_starts(drafters, prompt_ids, settings, starts)
     return [[(sum(accepted), len(accepted)) for accepted in per_setting] for per_setting in counts]
-
-
-def tree_pass_gains(
-    models: Models, prompts: Sequence[torch.Tensor], starts: int, steps: Sequence[int]
-) -> list[list[float]]:
-    """Per T in ``steps`` (each > 1, in order), per block position: how much more often a (K, T, L) draft tree refined
-    along its paths gets the position accepted, once the positions before it were, than the (K, 1, L) tree
-    (``refiner.pass_gains`` of the round starts' leading shares; K x L = ``sharpness.FIT_CONFIG``'s). What a chain
-    gains from the passes, measured in training (``refiner_gains``), understates a tree's: ``auto``'s prior for trees."""
-    fit = FIT_CONFIG
-    settings = [(fit.drafts, t, fit.block) for t in (1, *steps)]
-    accepted: list[list[int]] = [[] for _ in settings]
-    for prompt_ids in prompts:
-        for column, counts in zip(accepted, accepted_at_starts([models], prompt_ids, settings, starts)[0]):
-            column.extend(counts)
-    leading = [
-        [sum(a >= j for a in column) / max(1, len(column)) for j in range(1, fit.block + 1)] for column in accepted
-    ]
-    return pass_gains([{"leading": shares} for shares in leading])
 
 
 def paired_difference(

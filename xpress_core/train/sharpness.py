@@ -128,14 +128,11 @@ def kept_config(drafter_dir: Path) -> Path:
     return path
 
 
-def write_sharpness(drafter_dir: Path, sharpness: float, tree_gains: list[list[float]] | None = None) -> Path:
+def write_sharpness(drafter_dir: Path, sharpness: float) -> Path:
     """Keep the fitted sharpness in a local drafter folder's config.json, where the drafter loader reads it (ours,
-    DFlash checkpoints and diffusion LMs alike; their own code ignores the extra field), and a refiner's tree gains
-    (``compare.tree_pass_gains``) when measured."""
+    DFlash checkpoints and diffusion LMs alike; their own code ignores the extra field)."""
     path = kept_config(drafter_dir)
     config = json.loads(path.read_text())
     config["tree_sharpness"] = sharpness
-    if tree_gains is not None:
-        config["refiner_tree_gains"] = tree_gains
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return path
