@@ -100,20 +100,37 @@ def training_time(summary: dict) -> str:
     return f"{steps} steps{split}, {minutes(wall)} of wall time"
 
 
+def refiner_stages(summary: dict) -> list[dict]:
+    """The ``train refiner`` runs a drafter's summary holds, the last first (each continued the one below it)."""
+    stages = []
+    while "refiner_recipe" in summary:
+        stages.append(summary)
+        summary = summary.get("continued_from", {})
+    return stages
+
+
 def refiner_text(summary: dict, cfg: dict) -> str:
-    """The refiner head's paragraph (``train refiner``): its rank, recipe and learning curve per pass, from its run's
-    summary; empty for a drafter without a head."""
-    if not cfg.get("refiner_rank"):
+    """The refiner head's paragraph (``train refiner``): its rank, its runs' recipes and the last run's learning curve
+    per pass; empty for a drafter without a head."""
+    stages = refiner_stages(summary)
+    if not cfg.get("refiner_rank") or not stages:
         return ""
-    recipe, curve = summary.get("refiner_recipe", {}), summary.get("heldout_refiner", {}).get("greedy", {})
+    recipe, curve = stages[0]["refiner_recipe"], stages[0].get("heldout_refiner", {}).get("greedy", {})
     accepted = " -> ".join(f"{p['accepted']:.2f}" for p in curve.get("passes", []))
+    co_trained = sum(bool(st["refiner_recipe"].get("co_train")) for st in stages)
+    steps = " + ".join(str(st.get("steps")) for st in reversed(stages))
+    how = (
+        f"{len(stages)} runs ({steps} steps), the last {co_trained} co-training the drafter along (its own loss kept)"
+        if co_trained
+        else f"{steps} steps on the frozen drafter"
+    )
+    rows = "reply tokens of held-out greedy rows" if recipe.get("replies_only") else "held-out greedy rows"
     return (
         f"\n\nA causal refiner head of rank {cfg['refiner_rank']} (`train refiner`, docs/DESIGN.md §3.5) turns `T > 1`"
-        " into refinement passes: each block position re-reads the tokens drafted before it. Trained on the frozen"
-        f" drafter for {summary.get('steps')} steps ({recipe.get('passes')} free-running passes, KL to the target's"
-        " distribution). On held-out greedy rows, the draft tokens a chain gets accepted per block after 0, 1, 2, ..."
-        f" passes: {accepted}; given a right prefix, agreement at positions 1-4"
-        f" {', '.join(f'{x:.2f}' for x in curve.get('teacher_forced', [])[:4])}."
+        f" into refinement passes: each block position re-reads the tokens drafted before it. Trained in {how}; the"
+        f" last with {recipe.get('passes')} free-running passes, KL to the target's distribution. On the {rows}, the"
+        f" draft tokens a chain gets accepted per block after 0, 1, 2, ... passes: {accepted}; given a right prefix,"
+        f" agreement at positions 1-4 {', '.join(f'{x:.2f}' for x in curve.get('teacher_forced', [])[:4])}."
     )
 
 
@@ -122,7 +139,8 @@ def drafter_card(asset: Path, command: str, kind: str) -> str:
     scores = read_json(asset / "eval.json")
     cfg = read_json(asset / "config.json")
     # A drafter given a refiner head: its own training is the stage the head's run continued.
-    s = whole.get("continued_from", {}) if "refiner_recipe" in whole else whole
+    stages = refiner_stages(whole)
+    s = stages[-1].get("continued_from", {}) if stages else whole
     recipe = s.get("recipe", {})
     root_text = (
         " The root's own output predicts the block's first token (`root_predicts_next`)."
