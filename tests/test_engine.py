@@ -23,7 +23,7 @@ from xpress_core.drafters.diffusion_model import XpressDrafter, XpressDrafterCon
 from xpress_core.engine import Models, decode, stop_token_ids
 from xpress_core.models import encode_prompt, load_models, load_target, native_bf16, resolve_dtype, target_banned_ids
 from xpress_core.sampling import TargetNoise, draw_token, gumbel
-from xpress_core.tree import best_first_paths, build_tree, tree_attention_mask, tree_position_ids
+from xpress_core.tree import best_first_paths, best_first_tree, build_tree, tree_attention_mask, tree_position_ids
 
 DETECTED_NATIVE_BF16 = native_bf16()  # read at import, before the tests' fp32 default replaces it (conftest.py)
 
@@ -547,6 +547,42 @@ def test_best_first_tree_is_the_best_tree_of_its_size(seed):
     # A sure block is a chain; chance 0 candidates are never nodes.
     sure = best_first_paths([[1.0, 0.0]] * 3, [[1, 2]] * 3, 5)
     assert (sure.tokens, sure.chances, sure.order) == (((1, 1, 1),), ((1.0, 1.0, 1.0),), ((0, 1, 2),))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_tree_whose_nodes_each_guess_their_children_is_the_best_of_its_size(seed):
+    """``best_first_tree`` when each node has its own distribution over its children (a refined tree: the head
+    reads the node's path), against every ancestor-closed set of nodes of the same size: none expects more
+    accepted tokens (a node's value: its path's chances multiplied, each under its parent's distribution)."""
+    rng = random.Random(seed)
+    length, width = 3, 2
+    every_node = [n for d in range(1, length + 1) for n in itertools.product(range(width), repeat=d)]
+    law = {}  # per parent (a tuple of candidate ranks; () the root): its children's chances, best first
+    for parent in [(), *every_node]:
+        p = sorted((rng.random() for _ in range(width)), reverse=True)
+        total = sum(p) + rng.random()
+        law[parent] = [x / total for x in p]
+
+    def token_path(ranks):  # a node's tokens: the rank at each depth, told apart by depth
+        return tuple(10 * j + r for j, r in enumerate(ranks))
+
+    def choices(path):
+        ranks = tuple(t - 10 * j for j, t in enumerate(path))
+        return law[ranks], [10 * len(path) + r for r in range(width)]
+
+    def value(nodes):
+        return sum(math.prod(law[n[:j]][n[j]] for j in range(len(n))) for n in nodes)
+
+    for budget in range(1, 8):
+        tree = best_first_tree(choices, budget, length)
+        nodes = {tuple(t - 10 * j for j, t in enumerate(p[:i])) for p in tree.tokens for i in range(1, len(p) + 1)}
+        assert len(nodes) == budget and all(token_path(n) in {p[: len(n)] for p in tree.tokens} for n in nodes)
+        assert tree.chances == tuple(
+            tuple(law[n[:j]][n[j]] for j in range(len(n)))
+            for n in (tuple(t - 10 * j for j, t in enumerate(p)) for p in tree.tokens)
+        )
+        trees = [s for s in itertools.combinations(every_node, budget) if all(n[:-1] in s or len(n) == 1 for n in s)]
+        assert value(nodes) == pytest.approx(max(value(t) for t in trees), rel=1e-12)
 
 
 @pytest.mark.parametrize("k,t,length", [(1, 1, 4), (3, 1, 8), (2, 2, 6)])
