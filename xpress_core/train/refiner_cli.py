@@ -42,6 +42,12 @@ def add_refiner_step(steps: argparse._SubParsersAction) -> None:
     step.add_argument(
         "--drafter-lr", type=float, default=1.0, help="co-training: the drafter's learning rate over the head's (--lr)"
     )
+    step.add_argument(
+        "--drafter-weight",
+        type=float,
+        default=0.6,
+        help="co-training: the weight of the drafter's own loss (pass 0's, what T = 1 drafts from) beside the head's",
+    )
     step.add_argument("--eval-every", type=int, default=250)
     step.add_argument(
         "--dialogue-rows",
@@ -97,6 +103,7 @@ def run_refiner_step(args: argparse.Namespace) -> dict:
         free_weight=args.free_weight,
         co_train=args.co_train,
         drafter_lr=args.drafter_lr,
+        drafter_weight=args.drafter_weight,
         anchors=args.anchors,
         decay=args.decay,
         soft=args.soft,
