@@ -143,6 +143,7 @@ def pipeline(tmp_path_factory):
         *["--workdir", str(root / "refiner_w"), "--out", str(root / "refined"), "--prompt-len", "24"],
         *["--steps", "40", "--batch-size", "8", "--rank", "16", "--anchors", "4", "--lr", "3e-3", "--eval-every", "20"],
         *["--replies-only", "--data", str(root / "corpus"), "--dialogue-rows", "8"],
+        *["--co-train", "--drafter-lr", "0.1", "--drafter-weight", "1.5"],
     )
     return out
 
@@ -521,7 +522,7 @@ def test_train_sharpness_writes_the_best_into_the_drafter_and_refuses_other_draf
 
 
 def test_a_refiner_head_trains_logs_a_curve_per_pass_and_decodes_exactly(pipeline):
-    """``train refiner --replies-only`` on the pipeline's drafter: the loss goes down, every evaluation logs each
+    """``train refiner --replies-only --co-train`` on the pipeline's drafter: the loss goes down, every evaluation logs each
     pass's agreement per position (on held-out dialogues too), the config keeps the head and its measured pass gains,
     and decoding with passes is the target's."""
     root = pipeline["root"]
@@ -541,6 +542,8 @@ def test_a_refiner_head_trains_logs_a_curve_per_pass_and_decodes_exactly(pipelin
     config = json.loads((root / "refined" / "config.json").read_text())
     assert config["refiner_rank"] == 16 and len(config["refiner_gains"]) == 4
     assert pipeline["refiner"]["continued_from"]["recipe"]["anchors"] == 8  # the drafter's own run, for the card
+    recipe = pipeline["refiner"]["refiner_recipe"]  # co-trained: the drafter's own loss at the weight asked
+    assert recipe["co_train"] and recipe["drafter_weight"] == 1.5 and recipe["drafter_lr"] == 0.1
     models = load_models(root / "target", root / "refined", device="cpu")
     prompt_ids = encode_prompt(models.tokenizer, "I want to book a table", chat=True)
     reference = models.target.generate(prompt_ids, max_new_tokens=20, do_sample=False)[0, prompt_ids.shape[1] :]
