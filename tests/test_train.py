@@ -522,9 +522,9 @@ def test_train_sharpness_writes_the_best_into_the_drafter_and_refuses_other_draf
 
 
 def test_a_refiner_head_trains_logs_a_curve_per_pass_and_decodes_exactly(pipeline):
-    """``train refiner --replies-only --co-train`` on the pipeline's drafter: the loss goes down, every evaluation logs each
-    pass's agreement per position (on held-out dialogues too), the config keeps the head and its measured pass gains,
-    and decoding with passes is the target's."""
+    """``train refiner --replies-only --co-train`` on the pipeline's drafter: the loss goes down, every evaluation
+    logs each pass's agreement per position (on held-out dialogues too), the config keeps the head and its measured
+    pass gains, the summary the recipe it ran, and decoding with passes is the target's."""
     root = pipeline["root"]
     log = losses(root / "refiner_w")
     assert log[-1] < log[0]

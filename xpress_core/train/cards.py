@@ -125,6 +125,7 @@ def refiner_text(summary: dict, cfg: dict) -> str:
         else f"{steps} steps on the frozen drafter"
     )
     rows = "reply tokens of held-out greedy rows" if recipe.get("replies_only") else "held-out greedy rows"
+    agreement = ", ".join(f"{x:.2f}" for x in curve.get("teacher_forced", [])[:4])
     # Recipes written before these weights were recorded say nothing of them.
     weights = f" at weight {recipe['free_weight']}" if "free_weight" in recipe else ""
     if recipe.get("co_train") and "drafter_weight" in recipe:
@@ -132,9 +133,9 @@ def refiner_text(summary: dict, cfg: dict) -> str:
     return (
         f"\n\nA causal refiner head of rank {cfg['refiner_rank']} (`train refiner`, docs/DESIGN.md §3.5) turns `T > 1`"
         f" into refinement passes: each block position re-reads the tokens drafted before it. Trained in {how}; the"
-        f" last with {recipe.get('passes')} free-running passes{weights}, KL to the target's distribution. On the {rows}, the"
-        f" draft tokens a chain gets accepted per block after 0, 1, 2, ... passes: {accepted}; given a right prefix,"
-        f" agreement at positions 1-4 {', '.join(f'{x:.2f}' for x in curve.get('teacher_forced', [])[:4])}."
+        f" last with {recipe.get('passes')} free-running passes{weights}, KL to the target's distribution. On the"
+        f" {rows}, the draft tokens a chain gets accepted per block after 0, 1, 2, ... passes: {accepted}; given a"
+        f" right prefix, agreement at positions 1-4 {agreement}."
     )
 
 
