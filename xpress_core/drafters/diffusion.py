@@ -413,10 +413,9 @@ class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
         raw = self.model.raw_logits(hidden)
         first = logits = self.model.processed(raw).to(self.device)  # (1, L, V) pass 0
         allowed = allowed_logits(first[0], self.banned)
-        # Best first where a greedy tree reads its first nodes from the shortlist (``refined_tree``): sorting the 64
-        # costs nothing measurable, a second top-k over the vocabulary 0.03 plain steps.
-        ranked = cfg.diversity == TREE and cfg.greedy
-        shortlist = allowed.topk(min(PASS_CANDIDATES, allowed.shape[-1]), sorted=ranked).indices  # (L, C)
+        # Best first: a greedy tree reads its first nodes from it (``refined_tree``). Sorting the 64 costs nothing
+        # measurable; a second top-k over the vocabulary 0.03 plain steps.
+        shortlist = allowed.topk(min(PASS_CANDIDATES, allowed.shape[-1])).indices  # (L, C)
         inputs = self.passes.inputs(hidden, raw, shortlist)
         if cfg.diversity == TREE:
             return self.refined_tree(allowed, inputs, root, cfg, randomness, watch)
@@ -475,8 +474,8 @@ class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
         candidates = inputs.candidates.to(self.device)
         marginals = self.tree_chances(allowed, cfg, randomness)
         if cfg.greedy and budget <= candidates.shape[-1]:
-            # Greedy chances rise with the logits: the shortlist, sorted (``refined_draft``), holds each position's
-            # best tokens in the order a top-k of the chances gives.
+            # Greedy chances rise with the logits: the candidates, best first, are each position's best tokens in
+            # the order a top-k of the chances gives.
             best = candidates[:, :budget]
             first = (marginals.gather(-1, best), best)
         else:

@@ -89,7 +89,7 @@ class PassInputs:
     """What every refinement pass of a round shares (``RefinementPasses``)."""
 
     base: torch.Tensor  # (1, L, r) fp32, ``BlockRefiner.round_inputs`` of the drafter's hidden states
-    candidates: torch.Tensor  # (L, C) token ids: per position, pass 0's best (``PASS_CANDIDATES``)
+    candidates: torch.Tensor  # (L, C) token ids: per position, pass 0's best, best first (``PASS_CANDIDATES``)
     raw: torch.Tensor  # (L, C) fp32, their pass-0 LM-head logits before ``processed``
     head_out: torch.Tensor  # (L, r, C) fp32, their rows of ``RefinementPasses.head_out``
 
