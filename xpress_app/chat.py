@@ -17,17 +17,18 @@ from pathlib import Path
 from xpress_core import plots, verdict
 from xpress_core.chat import cap_chars, fit_prompt
 from xpress_core.engine import decode
+from xpress_core.errors import XpressError
 from xpress_core.models import context_limit
 from xpress_core.race import race
 from xpress_core.trace import DecodeResult, RoundTrace, write_jsonl
 
 from .budget import Budget, Meter
 from .log import LOG
-from .models import Loaded, ModelCache, TokenTexts, check_block
-from .session import never
-from .settings import Settings, history_messages, user_message
+from .models import Loaded, ModelCache, TokenTexts, check_block, served
+from .session import StopTicket, never
+from .settings import UI_MAX_BLOCK, Settings, history_messages, user_message
 from .texts import EMPTY_MESSAGE, VERDICT_PENDING, exactness
-from .zerogpu import on_gpu
+from .zerogpu import GPU_SETUP_S, GPU_TOKEN_S, on_gpu
 
 # Rendering may take at most this share of the wall time, so that watching barely slows decoding; the engine's own
 # timings exclude it anyway (its clock stops while we hold an event). The reply's text streams more often than the
@@ -371,5 +372,38 @@ def scrub_figure(reply: Reply | None, round_index, step):
     return plots.draft_evolution_figure(trace, reply.token_text, int(step) - 1)
 
 
-# ZeroGPU attaches a GPU for each reply; elsewhere this is run_chat itself.
-chat_turn = on_gpu(run_chat)
+# --- a reply as a GPU call ----------------------------------------------------------------------------------------
+
+
+def load_for_reply(cache: ModelCache, message, settings: Settings, ticket: StopTicket) -> Iterator[View]:
+    """The web process's part of a reply, before a GPU is attached: the settings checked and the preset's models
+    loaded (downloads included; no forward runs), so that a GPU call decodes and a ZeroGPU worker forked from now on
+    inherits them. Nothing loads for a reply that will not decode (an empty message, a stop already requested)."""
+    settings.decode_config()
+    if not user_message(message) or ticket.requested():
+        return
+    if not cache.is_loaded(settings.preset):
+        yield View(message="", status=f"Loading “{settings.preset}”…")
+    cache.load(settings.preset)
+
+
+def reply_on_gpu(message, history, settings: Settings, budget: Budget, ticket: StopTicket) -> Iterator[View]:
+    """One reply as a GPU function runs it: plain data in (ZeroGPU pickles it to its worker), the models this process
+    serves (``models.served``), views out (each pickled back). A refusal is yielded, not raised: ZeroGPU would pass on
+    only the name of an exception's class."""
+    try:
+        yield from run_chat(served(), message, history, settings, ticket.requested, budget)
+    except XpressError as error:
+        yield error
+
+
+def reply_seconds(message, history, settings: Settings, budget: Budget, ticket: StopTicket) -> float:
+    """The GPU time to ask for a reply (its settings checked already): its tokens, twice with the Race, and the
+    animation's pauses, within the request's budget."""
+    tokens = settings.max_new_tokens * (2 if settings.race else 1)
+    frames = settings.max_new_tokens * (UI_MAX_BLOCK if settings.auto else settings.steps) if settings.animate else 0
+    return GPU_SETUP_S + min(tokens * GPU_TOKEN_S + frames * ANIMATION_FRAME_S, budget.wall_s)
+
+
+# ZeroGPU attaches a GPU for each reply; elsewhere this is reply_on_gpu itself.
+chat_turn = on_gpu(reply_on_gpu, duration=reply_seconds)

@@ -16,7 +16,7 @@ from xpress_core.config import DIVERSITY, REFINE_MODES, VERIFY_MODES
 from xpress_core.errors import XpressError
 
 from .budget import Budget
-from .chat import Reply, View, chat_turn, log_file, scrub_figure
+from .chat import Reply, View, chat_turn, load_for_reply, log_file, scrub_figure
 from .figures import empty_panels
 from .log import refusal
 from .models import ModelCache
@@ -259,11 +259,17 @@ def finished(tab: ChatTab, reply: Reply, log_dir: Path) -> dict:
 def reply_updates(
     tab: ChatTab, cache: ModelCache, log_dir: Path, budget: Budget, message, history, controls: Controls, settings: dict
 ):
-    """The chat endpoint's stream: the reply's views as component updates."""
+    """The chat endpoint's stream: the reply's views as component updates. The models load here; the reply decodes
+    in ``chat_turn``, on ZeroGPU in a GPU worker, reached by plain data and the session's stop ticket."""
+    chosen = Settings(**settings)
     controls.running += 1
     try:
         with cache.in_flight.serving():
-            for view in chat_turn(cache, message, history, Settings(**settings), lambda: controls.stop, budget):
+            for view in load_for_reply(cache, message, chosen, controls.ticket):
+                yield view_update(tab, log_dir, view)
+            for view in chat_turn(message, history, chosen, budget, controls.ticket):
+                if isinstance(view, XpressError):
+                    raise view
                 yield view_update(tab, log_dir, view)
     except XpressError as error:
         raise refusal("/chat", error) from None
@@ -273,7 +279,7 @@ def reply_updates(
 
 def cleared(tab: ChatTab, controls: Controls) -> dict:
     """Clear: stop the running reply, wait for its last update to go out, then empty the chat and the panels."""
-    controls.stop = True
+    controls.request_stop()
     controls.wait_idle(CLEAR_WAIT_S)
     empty = empty_panels()
     return {

@@ -22,11 +22,15 @@ def main(argv: list[str] | None = None) -> None:
     log_to_stderr()
     cache = ModelCache(config)
     if is_zero_gpu():
-        # ZeroGPU runs each request in a short-lived worker: models must be in place (on CUDA) before it forks.
+        # ZeroGPU forks a worker for GPU calls: the first preset's weights are loaded here, placed on CUDA by spaces'
+        # own bookkeeping, so that every worker inherits them. Only loaded: running them would initialise CUDA in this
+        # process, which ZeroGPU forbids; the first GPU call calibrates. Whatever fails, the page still comes up.
         try:
-            cache.get(config.presets[0].name)
+            cache.load(config.presets[0].name)
         except XpressError as error:
             print(f"xPress: {error}", file=sys.stderr)  # the page says it again when the preset is used
+        except Exception as error:  # noqa: BLE001 (a Hub outage or a broken checkpoint must not keep the page down)
+            print(f"xPress: loading {config.presets[0].name!r} failed: {error!r}", file=sys.stderr)
     demo = build_app(config, cache)
     # A stop request (SIGTERM: a Space restarting, a test ending) shuts down like Ctrl-C: Gradio closes the server
     # and the exit handlers remove the temporary files.

@@ -1,9 +1,15 @@
-"""The model cache: each preset's models loaded once, on first use, and shared read-only by every request."""
+"""The model cache: each preset's models loaded once, on first use, and shared read-only by every request.
+
+Loading (``ModelCache.load``: download, weights, placement) runs no forward; calibrating (``ModelCache.get``: the
+kernels warmed and the stage costs timed) does. On ZeroGPU the web process only loads, and CUDA work runs in the GPU
+worker that ``spaces`` forks for each call (``zerogpu.py``), which reaches the models through ``served()``.
+"""
 
 from __future__ import annotations
 
 import gc
 import threading
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -67,12 +73,22 @@ def unavailable(preset: ModelPreset, problem: str) -> str:
     )
 
 
+# Every TokenTexts of this process, by tokenizer name: a pickled one (a reply sent back from a ZeroGPU worker) is
+# this process's own again, not a copy of its tokenizer.
+_TOKEN_TEXTS: weakref.WeakValueDictionary[str, TokenTexts] = weakref.WeakValueDictionary()
+
+
 class TokenTexts:
-    """Display text of token ids, memoised (figures ask for the same ids again and again)."""
+    """Display text of token ids, memoised (figures ask for the same ids again and again). Pickles as its tokenizer's
+    name (``token_texts``): a reply crosses a process boundary without the tokenizer."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self.memo: dict[int, str] = {}
+        _TOKEN_TEXTS[tokenizer.name_or_path] = self  # the newest: the one least likely to be unloaded soon
+
+    def __reduce__(self):
+        return token_texts, (self.tokenizer.name_or_path,)
 
     def __call__(self, token: int) -> str:
         if token not in self.memo:
@@ -82,12 +98,22 @@ class TokenTexts:
         return self.memo[token]
 
 
+def token_texts(name: str) -> TokenTexts:
+    """This process's TokenTexts of the tokenizer ``name``; one of its own (the tokenizer read again) if it has none."""
+    if (known := _TOKEN_TEXTS.get(name)) is not None:
+        return known
+    from transformers import AutoTokenizer
+
+    return TokenTexts(AutoTokenizer.from_pretrained(name))
+
+
 @dataclass(frozen=True)
 class Loaded:
     speculative: Models
     plain: Models  # the same target without a drafter: the Race
     token_text: TokenTexts
     plain_step_s: float | None  # one plain decoding step, timed at load: the unit of the verdict's round cost
+    ready: bool = True  # calibrated (``calibrated``): False after ``ModelCache.load`` alone
 
     @property
     def block_limit(self) -> int:
@@ -134,7 +160,9 @@ class ModelCache:
             loaded = self._loaded.get(name)
         return f"{line}\n\n{dtype_note(loaded.speculative.dtype_choice)}" if loaded else line
 
-    def get(self, name: str) -> Loaded:
+    def load(self, name: str) -> Loaded:
+        """The preset's models, loaded if they were not (downloads included), without running them: what the web
+        process does on ZeroGPU, where only a GPU worker may run CUDA."""
         preset = self.preset(name)
         if (loaded := self._touch(name)) is not None:
             return loaded
@@ -148,10 +176,25 @@ class ModelCache:
                 loaded = self._load(preset)
             except XpressError as error:
                 raise XpressError(unavailable(preset, str(error))) from error
-            with self._index_lock:
-                self._loaded[name] = loaded
-                self._unload_least_recent()
+            self._keep(name, loaded)
         return loaded
+
+    def get(self, name: str) -> Loaded:
+        """The preset's models, loaded and calibrated: what a reply or a sweep decodes with."""
+        loaded = self.load(name)
+        if loaded.ready:
+            return loaded
+        with self._load_lock:
+            loaded = self._touch(name) or loaded
+            if not loaded.ready:
+                loaded = calibrated(loaded.speculative, loaded.plain, loaded.token_text)
+                self._keep(name, loaded)
+        return loaded
+
+    def _keep(self, name: str, loaded: Loaded) -> None:
+        with self._index_lock:
+            self._loaded[name] = loaded
+            self._unload_least_recent()
 
     def _touch(self, name: str) -> Loaded | None:
         """The preset's models if loaded, marked as the most recently used."""
@@ -187,7 +230,7 @@ class ModelCache:
             dtype = resolve_dtype(self.dtype, device)
             models = replace(self._fresh(preset, device, dtype), dtype_choice=unmeasured(self.dtype, dtype, device))
         self._targets[preset.target] = (models.target, models.tokenizer, models.dtype_choice)
-        return calibrated(models, replace(models, drafter=NoDrafter()), TokenTexts(models.tokenizer))
+        return Loaded(models, replace(models, drafter=NoDrafter()), TokenTexts(models.tokenizer), None, ready=False)
 
     def _fresh(self, preset: ModelPreset, device, dtype) -> Models:
         target, tokenizer = load_target(preset.target, device, dtype, self.device_map, self.access)
@@ -218,6 +261,23 @@ def calibrated(speculative: Models, plain: Models, token_text: TokenTexts) -> Lo
 def dtype_note(choice) -> str:
     """Which dtype the models run in and why (``models.DtypeChoice``)."""
     return f"Runs in {choice.dtype}: {choice.reason}." if choice else ""
+
+
+# The cache this process serves from (``serve``): GPU functions take plain data and find the models here, in the web
+# process as in a ZeroGPU worker, which inherits it when forked.
+_SERVED: list[ModelCache] = []
+
+
+def serve(cache: ModelCache) -> ModelCache:
+    """Make ``cache`` the one this process's GPU functions decode with (``served``)."""
+    _SERVED[:] = [cache]
+    return cache
+
+
+def served() -> ModelCache:
+    if not _SERVED:
+        raise XpressError("no model cache is being served in this process (xpress_app.models.serve)")
+    return _SERVED[0]
 
 
 def check_block(block: int, loaded: Loaded, preset: str) -> None:

@@ -1,12 +1,46 @@
-"""A browser session's Stop/Clear requests, shared by its tabs' handlers."""
+"""A browser session's Stop/Clear requests, shared by its tabs' handlers, and the tickets that carry them to a reply
+decoding in another process (a ZeroGPU worker)."""
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
 import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
 
 import gradio as gr
 
 CLEAR_WAIT_S = 5.0  # Clear waits this long at most for a running reply to notice it
+_TICKETS: list[Path] = []  # the folder of this server's stop tickets, made on first use
+
+
+@dataclass(frozen=True)
+class StopTicket:
+    """A session's stop request as a file: it crosses into a process forked before the request was made (ZeroGPU
+    forks a worker once and may reuse it), where a flag in this process's memory would never arrive. A reply polls it
+    between rounds (one ``stat``)."""
+
+    path: str
+
+    def requested(self) -> bool:
+        return os.path.exists(self.path)
+
+    def request(self) -> None:
+        Path(self.path).touch()
+
+    def clear(self) -> None:
+        Path(self.path).unlink(missing_ok=True)
+
+
+def new_ticket() -> StopTicket:
+    if not _TICKETS:
+        _TICKETS.append(Path(tempfile.mkdtemp(prefix="xpress-stops-")))
+        atexit.register(shutil.rmtree, _TICKETS[0], ignore_errors=True)
+    return StopTicket(str(_TICKETS[0] / uuid.uuid4().hex))
 
 
 class Controls:
@@ -19,13 +53,25 @@ class Controls:
     def __init__(self):
         self.stop = False
         self.running = 0  # replies of this session being decoded
+        self._ticket: StopTicket | None = None  # made on first use: the page's initial value is copied per session
+
+    @property
+    def ticket(self) -> StopTicket:
+        """The session's stop request, as a GPU function receives it."""
+        if self._ticket is None:
+            self._ticket = new_ticket()
+            if self.stop:
+                self._ticket.request()
+        return self._ticket
 
     def arm(self) -> None:
         """A new run starts: forget an earlier stop."""
         self.stop = False
+        self.ticket.clear()
 
     def request_stop(self) -> None:
         self.stop = True
+        self.ticket.request()
 
     def wait_idle(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

@@ -4,7 +4,9 @@ with the benchmark's heatmap builders."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import queue
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -24,10 +26,10 @@ from xpress_core.models import context_limit
 
 from .budget import Budget, Meter
 from .log import LOG
-from .models import Loaded, ModelCache, check_block
-from .session import never
+from .models import Loaded, ModelCache, check_block, served
+from .session import StopTicket, never
 from .settings import UI_MAX_BLOCK, UI_MAX_DRAFTS, check_whole_numbers, user_message
-from .zerogpu import on_gpu
+from .zerogpu import GPU_SETUP_S, GPU_TOKEN_S, on_gpu
 
 HELD_OUT, CHAT_BOX = "held-out prompts", "the chat box text"
 CHAT_BOX_PROMPT = "chat-box"  # its name in the benchmark's records
@@ -298,5 +300,52 @@ def sweep_table(run: BenchRun, exact_tokens: bool) -> str:
     return "\n".join(lines)
 
 
+# --- a sweep as a GPU call ----------------------------------------------------------------------------------------
+
+
+def load_for_sweep(cache: ModelCache, request: SweepRequest, message: str | None) -> None:
+    """The web process's part of a sweep, before a GPU is attached: the request checked, the models loaded (downloads
+    included; no forward runs)."""
+    request.grid()
+    sweep_prompts(request, message)
+    cache.load(request.preset)
+
+
+def sweep_on_gpu(
+    request: SweepRequest, message: str | None, budget: Budget, ticket: StopTicket
+) -> Iterator[tuple[int, int, str] | SweepView | XpressError]:
+    """The sweep as a GPU function runs it (plain data in, on the models this process serves): its progress (runs
+    done, runs in all, setting) as it goes, then its view, each pickled back on ZeroGPU; a refusal is yielded, not
+    raised (ZeroGPU would pass on only the name of an exception's class). The benchmark reports progress by calling
+    back, so it measures in a thread of its own and this generator relays."""
+    events: queue.Queue = queue.Queue()
+    abandoned = threading.Event()  # the caller closed the stream: the sweep ends after its current run
+
+    def measure() -> None:
+        try:
+            stop = lambda: ticket.requested() or abandoned.is_set()
+            events.put(run_sweep(served(), request, message, lambda *done: events.put(done), stop, budget))
+        except BaseException as error:  # noqa: BLE001 (raised again in the caller's thread)
+            events.put(error)
+
+    threading.Thread(target=measure, name="xpress-sweep", daemon=True).start()
+    try:
+        while isinstance(item := events.get(), tuple):
+            yield item
+    finally:
+        abandoned.set()
+    if isinstance(item, BaseException) and not isinstance(item, XpressError):
+        raise item
+    yield item
+
+
+def sweep_seconds(request: SweepRequest, message: str | None, budget: Budget, ticket: StopTicket) -> float:
+    """The GPU time to ask for a sweep (its request checked already): every setting and the plain baseline, on every
+    prompt, as often as it repeats, within the request's budget."""
+    settings = len(request.grid())
+    runs = (settings + 1) * request.prompt_count * request.repeats(settings)
+    return GPU_SETUP_S + min(runs * int(request.max_new_tokens) * GPU_TOKEN_S, budget.wall_s)
+
+
 # ZeroGPU attaches a GPU for each sweep, as for each reply.
-sweep_turn = on_gpu(run_sweep)
+sweep_turn = on_gpu(sweep_on_gpu, duration=sweep_seconds)

@@ -23,6 +23,7 @@ from .sweep import (
     SWEEP_SOURCES,
     SweepRequest,
     SweepView,
+    load_for_sweep,
     sweep_turn,
     values,
 )
@@ -148,17 +149,17 @@ def wire_sweep(
                 count,
                 max_new_tokens,
             )
-            view = sweep_turn(
-                cache,
-                request,
-                message,
-                lambda done, total, label: progress((done, total), desc=f"runs · last: {label}", unit="runs"),
-                lambda: controls.stop,
-                budget=budget,
-            )
+            load_for_sweep(cache, request, message)
+            for item in sweep_turn(request, message, budget, controls.ticket):
+                if isinstance(item, XpressError):
+                    raise item
+                if isinstance(item, SweepView):
+                    return view_update(tab, item)
+                done, total, label = item
+                progress((done, total), desc=f"runs · last: {label}", unit="runs")
         except XpressError as error:
             raise refusal("/sweep", error) from None
-        return view_update(tab, view)
+        raise RuntimeError("the sweep ended without a view")
 
     started = tab.run.click(Controls.arm, tab.controls, None, **private)
     inputs = {

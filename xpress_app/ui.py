@@ -13,15 +13,16 @@ from gradio.route_utils import delete_files_created_by_app
 from .chat import LOG_TTL_S
 from .chat_tab import chat_layout, settings_column, wire_chat
 from .config import QUEUE_SIZE, AppConfig
-from .models import ModelCache
+from .models import ModelCache, serve
 from .sweep_tab import sweep_layout, wire_sweep
 
 SIDEBAR_WIDTH = 300  # px
 
 
 def build_app(config: AppConfig, cache: ModelCache | None = None) -> gr.Blocks:
-    """The Gradio app; no model is loaded until a request needs one."""
-    cache = cache or ModelCache(config)
+    """The Gradio app; no model is loaded until a request needs one. Its GPU functions decode with ``cache``, this
+    process's (``models.serve``)."""
+    cache = serve(cache or ModelCache(config))
     log_dir = Path(tempfile.mkdtemp(prefix="xpress-logs-"))  # the replies' JSONL logs, offered for download
     atexit.register(shutil.rmtree, log_dir, ignore_errors=True)  # nothing left behind when the server stops
     # Gradio's copies of the logs (what the download serves) are deleted as soon as ours are.

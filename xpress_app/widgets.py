@@ -16,7 +16,7 @@ def int_slider(minimum: int, maximum: int, value: int, label: str, elem_id: str,
 def block_slider(cache: ModelCache, preset: str, value) -> dict:
     """The block L slider capped at the preset's limit once its models are loaded (the drafter's trained block size is
     known then); the UI's cap before."""
-    limit = cache.get(preset).block_limit if cache.is_loaded(preset) else UI_MAX_BLOCK
+    limit = cache.load(preset).block_limit if cache.is_loaded(preset) else UI_MAX_BLOCK
     return gr.update(maximum=limit, value=min(int(value), limit))
 
 

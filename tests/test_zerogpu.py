@@ -1,0 +1,208 @@
+"""The app under ZeroGPU's contract (``tests/zerogpu_standin.py``: each GPU call in a forked worker, its arguments
+and results pickled), against the same handlers run in-process: the same tokens, Stop and Clear reaching a reply in
+the worker, durations from the request, and no CUDA in the web process."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import threading
+import time
+from functools import partial
+
+import pytest
+
+from tests.zerogpu_standin import CudaInWebProcess, WorkerError, ZeroGPU, web_process
+from xpress_app import chat as app_chat
+from xpress_app import chat_tab, main, sweep_tab, zerogpu
+from xpress_app import models as app_models
+from xpress_app import sweep as app_sweep
+from xpress_app.budget import Budget
+from xpress_app.config import AppConfig
+from xpress_app.session import Controls
+from xpress_app.settings import Settings
+from xpress_app.sweep import CHAT_BOX, SweepRequest
+from xpress_app.ui import build_app
+from xpress_core.config import DecodeConfig
+from xpress_core.engine import decode
+from xpress_core.models import encode_prompt, load_models
+from xpress_core.presets import ModelPreset
+
+TINY, TINY_AR = "tiny · diffusion", "tiny · autoregressive"
+REPLY_STATE = 8  # the Reply's place among the chat endpoint's outputs (``ChatTab.outputs``)
+
+
+@pytest.fixture(scope="module")
+def config(zoo):
+    return AppConfig(
+        presets=(
+            ModelPreset(TINY, str(zoo["llama"]), str(zoo["drafter_llama"])),
+            ModelPreset(TINY_AR, str(zoo["llama"]), str(zoo["ar_drafter"])),
+        ),
+        device="cpu",
+    )
+
+
+@pytest.fixture
+def zero(monkeypatch):
+    """The app's GPU functions, as the app decorates them, run by the stand-in."""
+    standin = ZeroGPU()
+    monkeypatch.setattr(chat_tab, "chat_turn", standin.GPU(app_chat.chat_turn, duration=app_chat.reply_seconds))
+    monkeypatch.setattr(sweep_tab, "sweep_turn", standin.GPU(app_sweep.sweep_turn, duration=app_sweep.sweep_seconds))
+    yield standin
+    standin.close()
+
+
+def handler(demo, api_name: str):
+    return next(d for d in demo.fns.values() if d.api_name == api_name)
+
+
+def chat_args(message: str, **changes) -> dict:
+    base = {"preset": TINY, "drafts": 3, "steps": 2, "block": 4, "max_new_tokens": 24, "auto": False}
+    return {"message": message, "history": [], **vars(Settings(**{**base, **changes}))}
+
+
+def settings_of(args: dict) -> Settings:
+    return Settings(**{k: v for k, v in args.items() if k not in ("message", "history")})
+
+
+def reply_of(demo, controls: Controls, args: dict, between=None) -> list[dict]:
+    """The chat endpoint's updates for ``args``; ``between(n)`` is called after the n-th update."""
+    chat = handler(demo, "chat")
+    Controls.arm(controls)
+    updates = []
+    for update in chat.fn(controls=controls, request=None, **args):
+        updates.append(update if isinstance(update, dict) else {})
+        if between:
+            between(len(updates))
+    return [{chat.outputs.index(c): v for c, v in update.items()} for update in updates]
+
+
+def final_reply(updates: list[dict]):
+    return next(u[REPLY_STATE] for u in reversed(updates) if REPLY_STATE in u)
+
+
+def engine_ids(models, message: str, args: dict) -> tuple[int, ...]:
+    prompt = encode_prompt(models.tokenizer, message, chat=True)
+    return list(decode(models, prompt, DecodeConfig.from_mapping(args)))[-1].token_ids
+
+
+CASES = [
+    ("Book a table for two.", {}),
+    ("Once upon a time", {"temperature": 0.9, "seed": 7, "race": True}),
+    ("Find me a train to Cambridge.", {"preset": TINY_AR, "drafts": 2, "block": 5, "steps": 1}),
+]
+
+
+def test_chat_through_zerogpu_gives_the_in_process_replies_token_for_token(config, zero, zoo):
+    demo = build_app(config)
+    in_process = [final_reply(reply_of(demo, Controls(), chat_args(m, **c))) for m, c in CASES]
+    demo = build_app(config)  # a fresh web process: nothing loaded, nothing calibrated
+    with web_process():
+        forked = [final_reply(reply_of(demo, Controls(), chat_args(m, **c))) for m, c in CASES]
+    assert [r.result.token_ids for r in forked] == [r.result.token_ids for r in in_process]
+    assert [r.plain_result is not None for r in forked] == [False, True, False]
+    assert forked[1].plain_result.token_ids == forked[1].result.token_ids
+    oracle = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu")
+    assert forked[0].result.token_ids == engine_ids(oracle, CASES[0][0], chat_args(CASES[0][0]))
+    # One worker, forked once and reused (as ZeroGPU reuses an idle one): the autoregressive preset was loaded in the
+    # web process after the fork, and the worker loaded its own.
+    (worker,) = zero.workers
+    assert worker.process.pid != os.getpid()
+    assert zero.durations == [
+        app_chat.reply_seconds(m, [], settings_of(chat_args(m, **c)), Budget(), None) for m, c in CASES
+    ]
+    # The reply crossed back with a reference to the web process's own tokenizer, not a copy of it.
+    assert forked[0].token_text is app_models.token_texts(str(zoo["llama"]))
+    assert len(pickle.dumps(forked[0].token_text)) < 1000
+
+
+def test_stop_and_clear_end_a_reply_running_in_the_worker(config, zero):
+    demo = build_app(config)
+    controls = Controls()
+    long_reply = chat_args("Once upon a time", max_new_tokens=200, animate=True)  # paced: a frame per denoise step
+    with web_process():
+        stopped = reply_of(demo, controls, long_reply, between=lambda n: n == 3 and controls.request_stop())
+        assert "■ Stopped after" in stopped[-1][2]
+        assert final_reply(stopped).result is None
+        first = final_reply(stopped).traces[-1].new_tokens_total
+        assert first < 200
+        # Clear from another request while a reply streams: it stops the reply and waits for its last update.
+        cleared = {}
+        streaming = threading.Thread(target=lambda: cleared.update(updates=reply_of(demo, controls, long_reply)))
+        streaming.start()
+        while controls.running == 0:
+            time.sleep(0.05)
+        time.sleep(1.0)
+        emptied = clear_handler(demo).fn(controls)
+        streaming.join(timeout=30)
+        assert not streaming.is_alive()
+        assert "■ Stopped after" in cleared["updates"][-1][2]
+        assert [] in emptied.values()
+        # Send again: the stop is forgotten and the next reply runs to its end.
+        assert final_reply(reply_of(demo, controls, chat_args("Hello"))).result is not None
+
+
+def clear_handler(demo):
+    return next(d for d in demo.fns.values() if isinstance(d.fn, partial) and d.fn.func is chat_tab.cleared)
+
+
+def test_sweep_through_zerogpu_measures_what_the_in_process_sweep_measures(config, zero):
+    args = {"drafts": [1, 2], "steps": [1, 2], "block": 4, "source": CHAT_BOX, "count": 1, "max_new_tokens": 8}
+    progress = []
+
+    def sweep(demo):
+        fn = handler(demo, "sweep").fn
+        update = fn(TINY, message="Book a table for two.", controls=Controls(), request=None, progress=record, **args)
+        return {getattr(c, "elem_id", None): v for c, v in update.items()}
+
+    def record(value, desc=None, unit=None):
+        progress.append(value)
+
+    in_process = sweep(build_app(config))
+    progress.clear()
+    with web_process():
+        forked = sweep(build_app(config))
+    assert "Every output equals plain decoding's" in forked["sweep-status"]
+    assert forked["sweep-heatmap-tau"].data[0].z == in_process["sweep-heatmap-tau"].data[0].z
+    assert progress[-1][0] == progress[-1][1] > 0  # the runs' progress crossed back as they went
+    request = SweepRequest(TINY, (1, 2), (1, 2), 4, CHAT_BOX, 1, 8)
+    assert zero.durations == [app_sweep.sweep_seconds(request, "Book a table for two.", Budget(), None)]
+
+
+def test_the_standin_refuses_what_zerogpu_cannot_pickle():
+    zero = ZeroGPU()
+    try:
+        with pytest.raises((AttributeError, TypeError), match="pickle"):
+            zero.GPU(lambda check: check())(lambda: True)  # an argument: the call fails before the worker runs
+        with pytest.raises(WorkerError, match="does not pickle"):
+            list(zero.GPU(unpicklable_values)())
+    finally:
+        zero.close()
+
+
+def unpicklable_values():
+    yield lambda: None
+
+
+def test_zerogpu_start_loads_the_first_preset_without_running_it_and_survives_a_failed_load(zoo, monkeypatch):
+    launched = []
+    monkeypatch.setattr("gradio.Blocks.launch", lambda demo, **options: launched.append(options))
+    monkeypatch.setattr(zerogpu, "spaces", ZeroGPU())
+    monkeypatch.setenv("SPACES_ZERO_GPU", "true")
+    for name, value in {"XPRESS_TARGET": zoo["llama"], "XPRESS_DRAFTER": zoo["drafter_llama"]}.items():
+        monkeypatch.setenv(name, str(value))
+    monkeypatch.setenv("XPRESS_DEVICE", "cpu")
+
+    def no_forward(*args, **kwargs):
+        raise CudaInWebProcess("a forward ran in the web process at start")
+
+    monkeypatch.setattr(app_models, "calibrated", no_forward)
+    with web_process():
+        main.main([])
+        cache = app_models.served()
+        first = next(iter(cache.presets))
+        assert cache.is_loaded(first) and not cache.load(first).ready
+        monkeypatch.setattr(app_models, "load_target", lambda *a, **k: (_ for _ in ()).throw(OSError("Hub down")))
+        main.main([])  # the page comes up all the same
+    assert len(launched) == 2
