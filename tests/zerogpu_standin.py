@@ -15,6 +15,7 @@ from __future__ import annotations
 import inspect
 import multiprocessing
 import pickle
+import sys
 import traceback
 from contextlib import contextmanager
 from functools import wraps
@@ -23,11 +24,15 @@ import torch
 
 FORK = multiprocessing.get_context("fork")
 PICKLE_ERRORS = (pickle.PicklingError, AttributeError, TypeError)  # what pickling an unpicklable object raises
+# Where CUDA gets initialised: torch's C entry point (a CUDA build's) and the lazy initialiser every torch.cuda module
+# that needs the device calls (bound by name in several); and the availability spaces fakes in the web process.
 CUDA_HOOKS = {
-    (torch._C, "_cuda_init"): torch._C._cuda_init,
-    (torch.cuda, "_lazy_init"): torch.cuda._lazy_init,
-    (torch.cuda, "is_available"): torch.cuda.is_available,
+    (module, name): getattr(module, name)
+    for module in [torch._C] + [m for n, m in sys.modules.items() if n.startswith("torch.cuda")]
+    for name in ("_cuda_init", "_lazy_init")
+    if hasattr(module, name) and (module is torch._C or getattr(module, name) is torch.cuda._lazy_init)
 }
+CUDA_HOOKS[torch.cuda, "is_available"] = torch.cuda.is_available
 
 
 class CudaInWebProcess(RuntimeError):
@@ -42,8 +47,8 @@ def forbid_cuda() -> None:
     def refuse(*args, **kwargs):
         raise CudaInWebProcess("CUDA must not be initialised in the web process on ZeroGPU")
 
-    torch._C._cuda_init = refuse
-    torch.cuda._lazy_init = refuse
+    for module, name in CUDA_HOOKS:
+        setattr(module, name, refuse)
     torch.cuda.is_available = lambda: True  # as spaces says in the web process
 
 
