@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from functools import partial
 
 import pytest
+import torch
 
 from tests.zerogpu_standin import CudaInWebProcess, WorkerError, ZeroGPU, web_process
 from xpress_app import chat as app_chat
@@ -169,9 +170,11 @@ def test_sweep_through_zerogpu_measures_what_the_in_process_sweep_measures(confi
 
     in_process = sweep(build_app(config))
     progress.clear()
-    with on_zerogpu(zero):
-        forked = sweep(build_app(config))
+    demo = build_app(config)
+    with on_zerogpu(zero), app_models.served().in_flight.serving():  # a reply in the web process meanwhile
+        forked = sweep(demo)
     assert "Every output equals plain decoding's" in forked["sweep-status"]
+    assert "1 other request in the app at once" in forked["sweep-status"]  # counted across the fork
     assert forked["sweep-heatmap-tau"].data[0].z == in_process["sweep-heatmap-tau"].data[0].z
     assert progress[-1][0] == progress[-1][1] > 0  # the runs' progress crossed back as they went
     request = SweepRequest(TINY, (1, 2), (1, 2), 4, CHAT_BOX, 1, 8)
@@ -185,6 +188,8 @@ def test_the_standin_refuses_what_zerogpu_cannot_pickle():
             zero.GPU(lambda check: check())(lambda: True)  # an argument: the call fails before the worker runs
         with pytest.raises(WorkerError, match="does not pickle"):
             list(zero.GPU(unpicklable_values)())
+        with web_process(), pytest.raises(CudaInWebProcess):
+            torch.cuda.synchronize()  # what would initialise CUDA raises in the web process
     finally:
         zero.close()
 
