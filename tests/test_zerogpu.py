@@ -13,7 +13,11 @@ from functools import partial
 
 import pytest
 import torch
+from gradio_client import Client
 
+from tests.app_server import OUTPUT, ROOT, serve_app, zoo_env
+from tests.test_app_api import sweep_args
+from tests.test_app_server import engine_text, reply_text, request
 from tests.zerogpu_standin import CudaInWebProcess, WorkerError, ZeroGPU, web_process
 from xpress_app import chat as app_chat
 from xpress_app import chat_tab, main, sweep_tab, zerogpu
@@ -219,3 +223,33 @@ def test_zerogpu_start_loads_the_first_preset_without_running_it_and_survives_a_
         monkeypatch.setattr(app_models, "load_target", lambda *a, **k: (_ for _ in ()).throw(OSError("Hub down")))
         main.main([])  # the page comes up all the same
     assert len(launched) == 2
+
+
+def test_app_py_on_zerogpu_answers_chat_and_sweep_and_a_cancelled_reply_frees_the_worker(zoo):
+    """``python app.py`` as a ZeroGPU Space runs it: ``spaces`` imported first (the stand-in package), the first
+    preset loaded at start, every reply and sweep in a forked worker, driven through the API."""
+    env = zoo_env(zoo) | {
+        "SPACES_ZERO_GPU": "true",
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "zerogpu_spaces"), str(ROOT)]),
+    }
+    models = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu")
+    with serve_app(env, "app-zerogpu") as url:
+        client = Client(url, verbose=False)
+        for args in (request("Book a table for two."), request("Once upon a time", temperature=0.8, seed=3)):
+            assert reply_text(client.predict(api_name="/chat", **args)) == engine_text(models, args)
+        status = client.predict(api_name="/sweep", **sweep_args(drafts=[1, 2]))[0]
+        assert "Every output equals plain decoding's" in status
+        job = client.submit(api_name="/chat", **request("Once upon a time", animate=True, max_new_tokens=400))
+        deadline = time.monotonic() + 60
+        while len(job.outputs()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        job.cancel()  # Gradio closes the stream: the stand-in, as spaces, tells the worker to stop
+        args = request("hello")
+        assert reply_text(client.predict(api_name="/chat", **args)) == engine_text(models, args)
+    log = (OUTPUT / "app-zerogpu.log").read_text(encoding="utf-8", errors="replace")
+    assert "Traceback" not in log and "CudaInWebProcess" not in log
+    # The replies and the sweep ran in workers (one each, reused), not in the web process.
+    assert [line.split()[-1] for line in log.splitlines() if "ZeroGPU stand-in: worker" in line] == [
+        "reply_on_gpu",
+        "sweep_on_gpu",
+    ]

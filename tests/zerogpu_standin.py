@@ -73,6 +73,7 @@ class Worker:
         self.process = FORK.Process(target=serve_calls, args=(task, generator, self.calls, self.results, self.stop))
         self.process.daemon = True
         self.process.start()
+        print(f"ZeroGPU stand-in: worker {self.process.pid} forked for {task.__name__}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         self.process.kill()
