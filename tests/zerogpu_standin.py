@@ -15,6 +15,7 @@ from __future__ import annotations
 import inspect
 import multiprocessing
 import pickle
+import signal
 import sys
 import traceback
 from contextlib import contextmanager
@@ -83,6 +84,7 @@ class Worker:
 def serve_calls(task, generator: bool, calls, results, stop) -> None:
     """The worker: run each call that arrives, send back its values, then an end mark."""
     allow_cuda()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # ended without a word (spaces, too, ends quietly on SIGTERM)
     while True:
         args, kwargs = calls.get()
         stop.clear()
