@@ -107,7 +107,7 @@ CASES = [
 ]
 
 
-def test_chat_through_zerogpu_gives_the_in_process_replies_token_for_token(config, zero, zoo):
+def test_chat_through_zerogpu_gives_the_in_process_replies_token_for_token(config, zero, zoo, monkeypatch):
     demo = build_app(config)
     in_process = [final_reply(reply_of(demo, Controls(), chat_args(m, **c))) for m, c in CASES]
     demo = build_app(config)  # a fresh web process: nothing loaded, nothing calibrated
@@ -128,6 +128,21 @@ def test_chat_through_zerogpu_gives_the_in_process_replies_token_for_token(confi
     # The reply crossed back with a reference to the web process's own tokenizer, not a copy of it.
     assert forked[0].token_text.tokenizer is app_models.served().load(TINY).speculative.tokenizer
     assert len(pickle.dumps(forked[0].token_text)) < 1000
+    # The web process kept what the worker measured (never measuring itself): a worker forked later, for another
+    # GPU, starts calibrated.
+    cache = app_models.served()
+    assert cache.is_ready(TINY) and cache.is_ready(TINY_AR)
+    assert cache.load(TINY).speculative.costs.draft_work.__self__ is cache.load(TINY).speculative.drafter
+    worker.close()
+
+    def no_calibration(*args):
+        raise AssertionError("a worker forked after the first calibrated again")
+
+    monkeypatch.setattr(app_models, "calibrated", no_calibration)
+    with on_zerogpu(zero):
+        again = final_reply(reply_of(demo, Controls(), chat_args(CASES[0][0], auto=True)))
+    assert len(zero.workers) == 2
+    assert again.result.token_ids == forked[0].result.token_ids  # greedy, auto's settings: the target's tokens
 
 
 def test_stop_and_clear_end_a_reply_running_in_the_worker(config, zero):

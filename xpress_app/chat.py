@@ -24,7 +24,7 @@ from xpress_core.trace import DecodeResult, RoundTrace, write_jsonl
 
 from .budget import Budget, Meter
 from .log import LOG
-from .models import Loaded, ModelCache, TokenTexts, check_block, served
+from .models import Calibration, Loaded, ModelCache, TokenTexts, check_block, served
 from .session import StopTicket, never
 from .settings import UI_MAX_BLOCK, Settings, history_messages, user_message
 from .texts import EMPTY_MESSAGE, VERDICT_PENDING, exactness
@@ -387,14 +387,22 @@ def load_for_reply(cache: ModelCache, message, settings: Settings, ticket: StopT
     cache.load(settings.preset)
 
 
-def reply_on_gpu(message, history, settings: Settings, budget: Budget, ticket: StopTicket) -> Iterator[View]:
+def reply_on_gpu(
+    message, history, settings: Settings, budget: Budget, ticket: StopTicket
+) -> Iterator[View | XpressError | Calibration]:
     """One reply as a GPU function runs it: plain data in (ZeroGPU pickles it to its worker), the models this process
     serves (``models.served``), views out (each pickled back). A refusal is yielded, not raised: ZeroGPU would pass on
-    only the name of an exception's class."""
+    only the name of an exception's class. Last, if this call calibrated the models, what it measured
+    (``ModelCache.adopt``: the web process keeps it, and workers forked later need not measure again)."""
+    cache = served()
+    fresh = not cache.is_ready(settings.preset)
     try:
-        yield from run_chat(served(), message, history, settings, ticket.requested, budget)
+        yield from run_chat(cache, message, history, settings, ticket.requested, budget)
     except XpressError as error:
         yield error
+        return
+    if fresh and (measured := cache.calibration(settings.preset)) is not None:
+        yield measured
 
 
 def reply_seconds(message, history, settings: Settings, budget: Budget, ticket: StopTicket) -> float:

@@ -19,7 +19,7 @@ from .budget import Budget
 from .chat import Reply, View, chat_turn, load_for_reply, log_file, scrub_figure
 from .figures import empty_panels
 from .log import refusal
-from .models import ModelCache
+from .models import Calibration, ModelCache
 from .session import CLEAR_WAIT_S, Controls, forget_replaced_blocks
 from .settings import (
     CHAT_ROLES,
@@ -270,6 +270,9 @@ def reply_updates(
             for view in chat_turn(message, history, chosen, budget, controls.ticket):
                 if isinstance(view, XpressError):
                     raise view
+                if isinstance(view, Calibration):
+                    cache.adopt(view)
+                    continue
                 yield view_update(tab, log_dir, view)
     except XpressError as error:
         raise refusal("/chat", error) from None

@@ -11,12 +11,13 @@ import gc
 import threading
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import torch
 
 from xpress_core import engine, validation
+from xpress_core.controller import CostModel
 from xpress_core.drafters.base import NoDrafter
 from xpress_core.engine import decode_to_end
 from xpress_core.errors import XpressError
@@ -121,6 +122,21 @@ class Loaded:
         return min(UI_MAX_BLOCK, self.speculative.drafter.max_block or UI_MAX_BLOCK)
 
 
+@dataclass(frozen=True)
+class DrafterMethod:
+    name: str
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A preset's calibration (``ModelCache.calibration``) as plain data: the controller's stage costs by field, the
+    plain step's time."""
+
+    preset: str
+    costs: dict | None
+    plain_step_s: float | None
+
+
 class ModelCache:
     """Loads each preset on first use and shares it read-only across requests (targets shared by presets). At most
     ``max_loaded`` presets stay loaded: loading another unloads the least recently used one (a request still running
@@ -145,6 +161,10 @@ class ModelCache:
 
     def is_loaded(self, name: str) -> bool:
         return name in self._loaded
+
+    def is_ready(self, name) -> bool:
+        """Loaded and calibrated (any ``name``: a request's preset is checked later)."""
+        return isinstance(name, str) and (loaded := self._loaded.get(name)) is not None and loaded.ready
 
     def describe(self, name: str) -> str:
         """A line about the preset for the UI, without loading it."""
@@ -190,6 +210,41 @@ class ModelCache:
                 loaded = calibrated(loaded.speculative, loaded.plain, loaded.token_text)
                 self._keep(name, loaded)
         return loaded
+
+    def calibration(self, name: str) -> Calibration | None:
+        """What calibrating the preset measured, to send from a ZeroGPU worker to the web process; None if it has not
+        been calibrated here. A method of the drafter goes as its name (it would pickle the drafter's weights)."""
+        loaded = self._touch(name)
+        if loaded is None or not loaded.ready:
+            return None
+        costs, drafter = loaded.speculative.costs, loaded.speculative.drafter
+        portable = {}
+        for field in fields(costs) if costs else ():
+            value = getattr(costs, field.name)
+            portable[field.name] = (
+                DrafterMethod(value.__name__) if getattr(value, "__self__", None) is drafter else value
+            )
+        return Calibration(name, portable if costs else None, loaded.plain_step_s)
+
+    def adopt(self, calibration: Calibration) -> None:
+        """Keep what a GPU worker measured: the workers forked from now on start calibrated (a fresh worker would
+        otherwise time the stages again, on the request's GPU time)."""
+        with self._load_lock:
+            loaded = self._touch(calibration.preset)
+            if loaded is None or loaded.ready:
+                return
+            drafter = loaded.speculative.drafter
+            costs = calibration.costs and CostModel(
+                **{
+                    k: getattr(drafter, v.name) if isinstance(v, DrafterMethod) else v
+                    for k, v in calibration.costs.items()
+                }
+            )
+            speculative = replace(loaded.speculative, costs=costs)
+            self._keep(
+                calibration.preset,
+                replace(loaded, speculative=speculative, plain_step_s=calibration.plain_step_s, ready=True),
+            )
 
     def _keep(self, name: str, loaded: Loaded) -> None:
         with self._index_lock:

@@ -26,7 +26,7 @@ from xpress_core.models import context_limit
 
 from .budget import Budget, Meter
 from .log import LOG
-from .models import Loaded, ModelCache, check_block, served
+from .models import Calibration, Loaded, ModelCache, check_block, served
 from .session import StopTicket, never
 from .settings import UI_MAX_BLOCK, UI_MAX_DRAFTS, check_whole_numbers, user_message
 from .zerogpu import GPU_SETUP_S, GPU_TOKEN_S, on_gpu
@@ -313,7 +313,7 @@ def load_for_sweep(cache: ModelCache, request: SweepRequest, message: str | None
 
 def sweep_on_gpu(
     request: SweepRequest, message: str | None, budget: Budget, ticket: StopTicket
-) -> Iterator[tuple[int, int, str] | SweepView | XpressError]:
+) -> Iterator[tuple[int, int, str] | Calibration | SweepView | XpressError]:
     """The sweep as a GPU function runs it (plain data in, on the models this process serves): its progress (runs
     done, runs in all, setting) as it goes, then its view, each pickled back on ZeroGPU; a refusal is yielded, not
     raised (ZeroGPU would pass on only the name of an exception's class). The benchmark reports progress by calling
@@ -328,6 +328,7 @@ def sweep_on_gpu(
         except BaseException as error:  # noqa: BLE001 (raised again in the caller's thread)
             events.put(error)
 
+    fresh = not served().is_ready(request.preset)
     threading.Thread(target=measure, name="xpress-sweep", daemon=True).start()
     try:
         while isinstance(item := events.get(), tuple):
@@ -336,6 +337,8 @@ def sweep_on_gpu(
         abandoned.set()
     if isinstance(item, BaseException) and not isinstance(item, XpressError):
         raise item
+    if fresh and (measured := served().calibration(request.preset)) is not None:
+        yield measured  # before the view, which ends the caller's loop (``reply_on_gpu`` says why)
     yield item
 
 

@@ -13,7 +13,7 @@ from .budget import Budget
 from .chat_tab import ChatTab
 from .figures import empty_heatmaps
 from .log import refusal
-from .models import ModelCache
+from .models import Calibration, ModelCache
 from .session import Controls, forget_replaced_blocks
 from .settings import UI_MAX_BLOCK, UI_MAX_DRAFTS
 from .sweep import (
@@ -153,6 +153,9 @@ def wire_sweep(
             for item in sweep_turn(request, message, budget, controls.ticket):
                 if isinstance(item, XpressError):
                     raise item
+                if isinstance(item, Calibration):
+                    cache.adopt(item)
+                    continue
                 if isinstance(item, SweepView):
                     return view_update(tab, item)
                 done, total, label = item
