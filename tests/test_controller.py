@@ -25,19 +25,10 @@ from xpress_core.controller import (
     RoundSetting,
     denoise_work,
 )
+from xpress_core.costs import calibration_drafts, fit_draft_costs, fit_verify_costs, timed_in_turns
 from xpress_core.drafters.base import NoDrafter
 from xpress_core.drafters.diffusion import MaskedDiffusionDrafter
-from xpress_core.engine import (
-    Models,
-    calibrate,
-    calibrated,
-    calibration_drafts,
-    control,
-    decode,
-    fit_draft_costs,
-    fit_verify_costs,
-    timed_in_turns,
-)
+from xpress_core.engine import Models, calibrate, calibrated, control, decode
 from xpress_core.models import encode_prompt, load_models
 from xpress_core.trace import RoundTrace, write_jsonl
 
@@ -98,7 +89,9 @@ def test_sampling_starts_from_its_own_lower_prior(llama):
     a plain step where the greedy one drafts."""
     assert PRIOR_ACCEPT_SAMPLED < PRIOR_ACCEPT
     models, _ = llama
-    greedy, sampled = (control(models, DecodeConfig(auto=True, temperature=t), COSTS) for t in (0.0, 0.7))
+    # The counting model (K separate drafts: no tree chances to read).
+    cfgs = (DecodeConfig(auto=True, temperature=t, diversity="branch-first") for t in (0.0, 0.7))
+    greedy, sampled = (control(models, cfg, COSTS) for cfg in cfgs)
     assert greedy.acceptance((1, 1)) == pytest.approx([PRIOR_ACCEPT] * greedy.max_block)
     assert sampled.acceptance((1, 1)) == pytest.approx([PRIOR_ACCEPT_SAMPLED] * sampled.max_block)
     # With a drafter forward 2.5x the embedded pair's: greedy opens with (1, 1, 7), expected 1.23x a plain step's
