@@ -338,3 +338,20 @@ def test_no_refinement_is_recorded_at_t_1_or_without_a_refiner_head(zoo, embedde
         traces = [e for e in decode(drafter, prompt_ids, replace(cfg, max_new_tokens=24)) if isinstance(e, RoundTrace)]
         assert len(traces) > 2 and all(t.refinement is None for t in traces)
         assert verdict.refinement_gain(traces) is None
+
+
+def test_every_speedup_is_over_the_faster_dtypes_plain_decoding():
+    """With fake figures where bf16 runs and its plain step is slower than fp32's, the baseline is fp32's plain step
+    (scaled by the dtype choice's own timings); where the run dtype's plain decoding is the faster, it stays."""
+    from xpress_core.models import DtypeChoice, DtypeTiming
+    from xpress_core.verdict import fastest_plain
+
+    timings = {
+        "float32": DtypeTiming(3.0e-3, 6e-3, 3.0e-3, 2e-3),
+        "bfloat16": DtypeTiming(4.0e-3, 5e-3, 4.0e-3, 1.5e-3),
+    }
+    bf16 = DtypeChoice("bfloat16", "measured", 2, timings)
+    step, note = fastest_plain(bf16, 4.4e-3)
+    assert step == pytest.approx(4.4e-3 * 3.0 / 4.0) and "float32" in note
+    assert fastest_plain(DtypeChoice("float32", "measured", 2, timings), 3.1e-3) == (3.1e-3, "")
+    assert fastest_plain(None, 2e-3) == (2e-3, "")
