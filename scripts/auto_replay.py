@@ -89,9 +89,7 @@ def replay(models, costs: CostModel, prompt, cfg: DecodeConfig, charges: tuple[f
         cut = control.last if isinstance(control, ChanceControl) else None
         if isinstance(control, ChanceControl):
             drafted = cut is not None
-            draft_s = (
-                costs.tree_draft(RoundSetting(controller.CHANCE_DRAFTS, 1, event.setting[2] or 1)) if drafted else 0
-            )
+            draft_s = costs.tree_draft(control.drafted) if drafted else 0.0
         else:
             drafted = not setting.plain
             draft_s = costs.drafting_s(setting) if drafted else 0.0

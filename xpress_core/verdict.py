@@ -234,6 +234,21 @@ def fastest_plain(choice, step_s: float) -> tuple[float, str]:
     return step_s * factor, f"against plain decoding in {fastest}, {1 / factor:.2f}x faster per step here"
 
 
+def against_fastest_plain(traces: Sequence[RoundTrace], choice) -> dict | None:
+    """The reply (``traces``, the prefill first) against the fastest plain decoding on this machine, from the plain
+    steps the dtype choice timed at load (``fastest_plain``): the CLI's ``--json``. None where nothing was timed (a
+    pinned dtype) or no round ran."""
+    timings = getattr(choice, "timings", None) or {}
+    if choice is None or choice.dtype not in timings:
+        return None
+    step_s, note = fastest_plain(choice, timings[choice.dtype].plain_step_s)
+    cost = reply_cost(traces, step_s)
+    if cost is None:
+        return None
+    dtype = min(timings, key=lambda name: timings[name].plain_step_s) if note else choice.dtype
+    return {"dtype": dtype, "plain_step_s": step_s, "speedup": cost.speedup, "rounds_speedup": cost.rounds.speedup}
+
+
 def calibrate_plain_step(plain: Models, prompt_ids: torch.Tensor) -> float | None:
     """Time one plain decoding step of ``plain`` (a target without a drafter) on ``prompt_ids``, greedy.
 
