@@ -1,16 +1,19 @@
-"""auto against plain decoding, replayed at fixed prices: the controller's variants compared without the machine's noise.
+"""auto against plain decoding and fixed settings, replayed at fixed prices: the controller's variants compared without
+the machine's noise.
 
-    OMP_NUM_THREADS=1 python -m scripts.auto_replay --costs /tmp/costs.json [--plain-charge 0.85 --draft-charge 1.03]
-        [--sets sgd_dev,sgd_short,stories] [--temperatures 0,0.7] [--set FIRST_PROBE=4 --set REALISED_PRIOR=1e12]
+    OMP_NUM_THREADS=1 python -m scripts.auto_replay --costs /tmp/costs.json [--split tune] [--methods auto,auto-counts,
+        4x1x8,1x1x8] [--sets sgd_dev,sgd_short,stories] [--temperatures 0,0.7] [--set GAIN_PRIOR=1.0]
 
-Each request is decoded for real with ``auto`` (so the acceptance is real), then every round is charged a fixed price
-instead of its measured time: a plain round ``--plain-charge`` times the calibrated plain step, a drafting round
-``--draft-charge`` times its calibrated price (decoding paid 0.83-0.93x and 0.97-1.08x on this CPU in fp32: lab log,
-"auto never below plain"). Plain decoding is charged the same plain round per token, so the ratio printed per class
-and temperature is auto's tokens per second over plain decoding's at those prices. The calibrated prices are written to
-``--costs`` on the first run and read back after, so that variants are replayed at the same prices. ``--set`` changes
-one of the controller's constants (``controller.py``) for the run. Losses by kind (in plain steps over the class): the
-request's first drafting round (priors only), probes (after a run of plain rounds) and the other drafting rounds.
+Each request is decoded for real with each method (so the acceptance is real), then every round is charged a fixed
+price instead of its measured time: a plain round ``--plain-charge`` times the calibrated plain step, a drafting round
+``--draft-charge`` times its calibrated price (its draft, and the verify over the nodes it verified). Plain decoding is
+charged the same plain round per token, so the ratio printed per class, temperature and method is its tokens per second
+over plain decoding's at those prices. The calibrated prices are written to ``--costs`` on the first run and read back
+after, so that variants are replayed at the same prices. ``--split`` keeps the prompts of one half (``data.split_of``:
+constants are chosen on "tune" only; "held" is reported). Methods: ``auto`` (by the trees' chances,
+``controller.ChanceControl``), ``auto-counts`` (the counting model, ``AutoControl``), ``KxTxL`` a fixed setting.
+``--set`` changes one of the controller's constants for the run. For ``auto`` it also prints the draft tokens the
+verified cuts' chances expected against those accepted (the share), and how often it drafted and verified.
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ import torch
 
 from xpress_core import controller, engine
 from xpress_core.config import DecodeConfig
-from xpress_core.controller import PLAIN_STEP, CostModel, RoundSetting
-from xpress_core.data import evaluation_prompts, prompt_class
+from xpress_core.controller import PLAIN_STEP, ChanceControl, CostModel, RoundSetting
+from xpress_core.data import evaluation_prompts, prompt_class, split_of
 from xpress_core.models import load_models
 from xpress_core.trace import RoundTrace
 
@@ -40,6 +43,7 @@ PRICES = (
     "verify_wide_token_s",
     "pass_s",
     "draft_other_s",
+    "tree_draft_s",
 )
 
 
@@ -53,30 +57,62 @@ def fixed_prices(models, path: Path) -> CostModel:
     return calibrated
 
 
-def replay(models, costs: CostModel, prompt, cfg: DecodeConfig, plain_s: float, draft_charge: float) -> dict:
-    """One request's charged seconds, tokens and losses by kind (plain steps)."""
-    charged, tokens, losses, first, plain_run = 0.0, 0, {}, True, 0
+class Watched:
+    """``engine.control`` that keeps the control it makes, so a replay reads a round's cut after its event."""
+
+    def __init__(self):
+        self.made = None
+        self.original = engine.control
+
+    def __call__(self, *args, **kwargs):
+        self.made = self.original(*args, **kwargs)
+        return self.made
+
+
+def method_config(method: str, cfg: DecodeConfig) -> DecodeConfig:
+    if method.startswith("auto"):
+        return cfg
+    k, t, length = (int(x) for x in method.split("x"))
+    return replace(cfg, auto=False, drafts=k, steps=t, block=length)
+
+
+def replay(models, costs: CostModel, prompt, cfg: DecodeConfig, charges: tuple[float, float], watched) -> dict:
+    """One request's charged seconds, tokens, rounds and the chance control's figures."""
+    plain_charge, draft_charge = charges
+    plain_s = plain_charge * costs.round_s(PLAIN_STEP)
+    out = {"charged": 0.0, "tokens": 0, "rounds": 0, "drafted": 0, "verified": 0, "expects": 0.0, "accepted": 0}
     for event in engine.decode(models, prompt, cfg, costs=costs):
         if not isinstance(event, RoundTrace) or event.index == 0:
             continue
-        setting = RoundSetting(*event.setting)
-        seconds = plain_s if setting.plain else draft_charge * costs.round_s(setting)
-        charged, tokens = charged + seconds, tokens + len(event.emitted)
-        if setting.plain:
-            plain_run += 1
-            continue
-        kind = "first" if first else "probe" if plain_run >= controller.FIRST_PROBE else "other"
-        losses[kind] = losses.get(kind, 0.0) + seconds / plain_s - len(event.emitted)
-        first, plain_run = False, 0
-    return {"charged": charged, "tokens": tokens, "losses": losses}
+        setting, nodes = RoundSetting(*event.setting), max(0, len(event.tree_tokens) - 1)
+        control = watched.made
+        cut = control.last if isinstance(control, ChanceControl) else None
+        if isinstance(control, ChanceControl):
+            drafted = cut is not None
+            draft_s = costs.tree_draft(control.drafted) if drafted else 0.0
+        else:
+            drafted = not setting.plain
+            draft_s = costs.drafting_s(setting) if drafted else 0.0
+        rest = costs.after_draft_s(nodes) if nodes else plain_s / draft_charge
+        seconds = draft_charge * (draft_s + rest) if drafted else plain_s
+        out["charged"] += seconds
+        out["tokens"] += len(event.emitted)
+        out["rounds"] += 1
+        out["drafted"] += drafted
+        out["verified"] += not setting.plain
+        out["accepted"] += len(event.accepted)
+        out["expects"] += cut.expects if cut is not None else 0.0
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--costs", type=Path, required=True)
-    parser.add_argument("--plain-charge", type=float, default=0.85)
-    parser.add_argument("--draft-charge", type=float, default=1.03)
+    parser.add_argument("--plain-charge", type=float, default=1.0)
+    parser.add_argument("--draft-charge", type=float, default=1.0)
     parser.add_argument("--sets", default="sgd_dev,sgd_short,stories")
+    parser.add_argument("--split", choices=("tune", "held", "all"), default="tune")
+    parser.add_argument("--methods", default="auto,auto-counts,4x1x8,1x1x8")
     parser.add_argument("--temperatures", default="0,0.7")
     parser.add_argument("--seeds", type=int, default=2, help="seeds per prompt when sampling")
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -88,23 +124,39 @@ def main() -> None:
     torch.set_num_threads(1)
     models = load_models(dtype="float32", device="cpu")
     costs = fixed_prices(models, args.costs)
-    plain_s = args.plain_charge * costs.round_s(PLAIN_STEP)
+    watched = Watched()
+    engine.control = watched
+    prompts = [p for p in evaluation_prompts(args.sets.split(",")) if args.split in ("all", split_of(p))]
     totals: dict = {}
-    for temperature in (float(t) for t in args.temperatures.split(",")):
-        for prompt in evaluation_prompts(args.sets.split(",")):
-            ids = prompt.ids(models.tokenizer, max_new_tokens=args.max_new_tokens)
-            for seed in range(args.seeds if temperature else 1):
-                cfg = DecodeConfig(auto=True, max_new_tokens=args.max_new_tokens, temperature=temperature, seed=seed)
-                one = replay(models, costs, ids, cfg, plain_s, args.draft_charge)
-                total = totals.setdefault((prompt_class(prompt.name), temperature), {"charged": 0.0, "tokens": 0})
-                total["charged"] += one["charged"]
-                total["tokens"] += one["tokens"]
-                for kind, loss in one["losses"].items():
-                    total[kind] = total.get(kind, 0.0) + loss
-    for (name, temperature), total in totals.items():
-        losses = ", ".join(f"{k} {v:+.1f}" for k, v in total.items() if k not in ("charged", "tokens"))
-        ratio = total["tokens"] * plain_s / total["charged"]
-        print(f"{name} at {temperature}: auto over plain {ratio:.3f} (plain steps lost: {losses})")
+    for method in args.methods.split(","):
+        # The counting model is what auto ran before the chances: the same drafter, its trees' chances unread.
+        chances = method != "auto-counts"
+        run_models = replace(models, drafter=models.drafter)
+        type(run_models.drafter).offers_chances = chances
+        for temperature in (float(t) for t in args.temperatures.split(",")):
+            for prompt in prompts:
+                ids = prompt.ids(models.tokenizer, max_new_tokens=args.max_new_tokens)
+                for seed in range(args.seeds if temperature else 1):
+                    base = DecodeConfig(
+                        auto=True, max_new_tokens=args.max_new_tokens, temperature=temperature, seed=seed
+                    )
+                    charges = (args.plain_charge, args.draft_charge)
+                    one = replay(run_models, costs, ids, method_config(method, base), charges, watched)
+                    key = (prompt_class(prompt.name), temperature, method)
+                    total = totals.setdefault(key, dict.fromkeys(one, 0))
+                    for name, value in one.items():
+                        total[name] += value
+        type(models.drafter).offers_chances = True
+    plain_s = args.plain_charge * costs.round_s(PLAIN_STEP)
+    print(f"split {args.split}: {len(prompts)} prompts; plain step {1000 * plain_s:.2f} ms")
+    for (name, temperature, method), t in sorted(totals.items()):
+        ratio = t["tokens"] * plain_s / t["charged"]
+        extra = ""
+        if method == "auto":
+            share = t["accepted"] / t["expects"] if t["expects"] else float("nan")
+            extra = f", drafted {t['drafted']}/{t['rounds']} verified {t['verified']}, realised/expected {share:.2f}"
+        tau = t["tokens"] / t["rounds"]
+        print(f"{name:11s} {temperature:.1f} {method:12s} over plain {ratio:.3f}  tokens/round {tau:.2f}{extra}")
 
 
 if __name__ == "__main__":

@@ -24,3 +24,9 @@ def fp32_by_default():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("xpress_core.models.native_bf16", lambda: False)
         yield
+
+
+@pytest.fixture(autouse=True)
+def dtype_cache_in_tmp(tmp_path, monkeypatch):
+    """``--dtype auto``'s cached choices (precision.cache_file) go to the test's own folder, never the user's."""
+    monkeypatch.setenv("XPRESS_CACHE_DIR", str(tmp_path / "xpress-cache"))

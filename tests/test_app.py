@@ -47,6 +47,7 @@ from xpress_core import models as core_models
 from xpress_core import verdict
 from xpress_core.bench import measure as bench_measure
 from xpress_core.bench.methods import REFERENCE, XPRESS
+from xpress_core.bench.summary import paired_speedups
 from xpress_core.chat import MAX_MESSAGE_CHARS, fit_prompt
 from xpress_core.config import DecodeConfig
 from xpress_core.drafters.base import NoDrafter
@@ -864,6 +865,20 @@ def test_a_differing_output_is_a_failure_in_float32_and_explained_as_rounding_in
     assert "new token 5 is `' a'` where plain decoding has `' the'`" in rounding
     assert "in float32 xPress gives plain decoding's tokens exactly" in rounding
     assert "1/3 (rounding)" in sweep_table(run, False) and "✗" not in sweep_table(run, False)
+
+
+def test_the_sweeps_speedups_are_over_the_faster_dtypes_plain_decoding(cache):
+    """Fake figures where the run dtype's plain step takes 4 ms and the faster dtype's 3: every speedup, the plain
+    row's too, is the paired one times 0.75, and the headline names the faster dtype."""
+    view = run_sweep(cache, sweep_request(drafts=(1,), steps=(1,)), "hello")
+    xpress = next(s for s in view.run.summaries if s.setting.method == XPRESS)
+    paired = paired_speedups(view.run.measurements)[xpress.setting, xpress.temperature]
+    note = "against plain decoding in float32, 1.33x faster per step here"
+    status = sweep_status(view.run, 1, None, 0, torch.bfloat16, (0.75, note))
+    assert f"×{0.75 * paired.median:.2f} over plain decoding ({note}) (half the runs ×{0.75 * paired.low:.2f}" in status
+    rows = sweep_table(view.run, False, 0.75).splitlines()[2:]
+    assert "| ×0.75 | 1.00 |" in rows[0]
+    assert f"| ×{0.75 * paired.median:.2f} ({0.75 * paired.low:.2f}–{0.75 * paired.high:.2f}) |" in rows[1]
 
 
 @pytest.mark.parametrize("settings,prompts,repeats", [(1, 1, 3), (4, 4, 3), (6, 4, 2), (8, 4, 1), (48, 1, 1)])

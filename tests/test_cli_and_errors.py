@@ -174,6 +174,7 @@ def test_cli_generate_json_equals_generate(zoo, tmp_path):
     )
     # A drafter without a refiner head: T = 2 is two denoise steps, no refinement passes to account for.
     assert out["refinement"] is None and all(r["refinement"] is None for r in records)
+    assert out["over_fastest_plain"] is None  # a pinned dtype timed no plain decoding to compare with
 
 
 def test_cli_generate_says_what_the_refinement_passes_bought(tmp_path):

@@ -23,21 +23,17 @@ from xpress_core.controller import (
     AutoControl,
     CostModel,
     RoundSetting,
+    TreeCut,
+    apply_cut,
+    best_cut,
     denoise_work,
+    next_drafts,
+    node_chances,
 )
-from xpress_core.drafters.base import NoDrafter
+from xpress_core.costs import calibration_drafts, fit_draft_costs, fit_verify_costs, timed_in_turns
+from xpress_core.drafters.base import Drafts, NoDrafter
 from xpress_core.drafters.diffusion import MaskedDiffusionDrafter
-from xpress_core.engine import (
-    Models,
-    calibrate,
-    calibrated,
-    calibration_drafts,
-    control,
-    decode,
-    fit_draft_costs,
-    fit_verify_costs,
-    timed_in_turns,
-)
+from xpress_core.engine import Models, calibrate, calibrated, control, decode
 from xpress_core.models import encode_prompt, load_models
 from xpress_core.trace import RoundTrace, write_jsonl
 
@@ -98,7 +94,9 @@ def test_sampling_starts_from_its_own_lower_prior(llama):
     a plain step where the greedy one drafts."""
     assert PRIOR_ACCEPT_SAMPLED < PRIOR_ACCEPT
     models, _ = llama
-    greedy, sampled = (control(models, DecodeConfig(auto=True, temperature=t), COSTS) for t in (0.0, 0.7))
+    # The counting model (K separate drafts: no tree chances to read).
+    cfgs = (DecodeConfig(auto=True, temperature=t, diversity="branch-first") for t in (0.0, 0.7))
+    greedy, sampled = (control(models, cfg, COSTS) for cfg in cfgs)
     assert greedy.acceptance((1, 1)) == pytest.approx([PRIOR_ACCEPT] * greedy.max_block)
     assert sampled.acceptance((1, 1)) == pytest.approx([PRIOR_ACCEPT_SAMPLED] * sampled.max_block)
     # With a drafter forward 2.5x the embedded pair's: greedy opens with (1, 1, 7), expected 1.23x a plain step's
@@ -367,3 +365,51 @@ def test_the_none_drafter_under_auto_steps_plainly(zoo):
     result = list(decode(models, prompt_ids, AUTO, costs=COSTS))[-1]
     assert set(result.settings) == {PLAIN_STEP.as_tuple()}
     assert list(result.token_ids) == hf_greedy(models, prompt_ids, new=AUTO.max_new_tokens)
+
+
+# A plain step costs 1 s here (verify 0.9 + 0.1 per token, nothing else); a cut of n nodes costs 1 + 0.1 n after its
+# draft. Nodes best first as (depth, path chance): a three-deep chain 0.9, 0.8, 0.6 and a second first token 0.05.
+UNIT_COSTS = CostModel(1.0, 0.1, 0.9, 0.1, 0.0)
+HAND_NODES = [(1, 0.9), (2, 0.8), (3, 0.6), (1, 0.05)]
+
+
+def test_the_cut_with_the_largest_hand_computed_gain_is_verified():
+    """gain = share x the kept chances' sum - rate x 0.1 per node. At share 1, rate 1: L = 1: K = 1 0.9 - 0.1 = 0.8,
+    K = 2 0.95 - 0.2 = 0.75; L = 2: 1.7 - 0.2 = 1.5, 1.75 - 0.3 = 1.45; L = 3: 2.3 - 0.3 = 2.0 (the chain),
+    2.35 - 0.4 = 1.95: the chain of three. At most two deep: the chain of two."""
+    cut = best_cut(HAND_NODES, 3, 1.0, UNIT_COSTS, 1.0)
+    assert (cut.setting, cut.nodes) == (RoundSetting(1, 1, 3), 3)
+    assert (cut.expects, cut.gain) == (pytest.approx(2.3), pytest.approx(2.0))
+    shorter = best_cut(HAND_NODES, 2, 1.0, UNIT_COSTS, 1.0)
+    assert (shorter.setting, shorter.nodes, shorter.gain) == (RoundSetting(1, 1, 2), 2, pytest.approx(1.5))
+    # Half the share: 1.15 - 0.3 = 0.85 for the chain of three against 0.65, 0.35 and 0.775 (both first tokens).
+    assert best_cut(HAND_NODES, 3, 0.5, UNIT_COSTS, 1.0).gain == pytest.approx(0.85)
+    # A node at ten times a plain step's price per token: every cut loses (L = 1, K = 1: 0.9 - 1.0), the root alone.
+    root = best_cut(HAND_NODES, 3, 1.0, UNIT_COSTS, 10.0)
+    assert (root.setting, root.nodes, root.gain) == (PLAIN_STEP, 0, 0.0)
+
+
+def test_node_chances_and_the_cut_drafts_keep_the_best_first_nodes():
+    """Two paths sharing their first node: node 3's chance is 0.9 x 0.5; cutting to 3 nodes two deep keeps nodes 0, 1
+    and 3 (node 2 is three deep), renumbered best first."""
+    drafts = Drafts(tokens=((5, 6, 7), (5, 8)), order=((0, 1, 2), (0, 3)), chances=((0.9, 0.8, 0.75), (0.9, 0.5)))
+    nodes = node_chances(drafts)
+    assert nodes == [(1, 0.9), (2, pytest.approx(0.72)), (3, pytest.approx(0.54)), (2, pytest.approx(0.45))]
+    cut = apply_cut(drafts, nodes, TreeCut(RoundSetting(2, 1, 2), 3, 2.07, 0.0))
+    assert (cut.tokens, cut.order, cut.chances) == (((5, 6), (5, 8)), ((0, 1), (0, 2)), ((0.9, 0.8), (0.9, 0.5)))
+
+
+def test_the_next_tree_keeps_the_branches_its_cut_kept_and_grows_where_it_kept_them_all():
+    assert next_drafts(8, RoundSetting(2, 1, 5)) == 2
+    assert next_drafts(2, RoundSetting(2, 1, 5)) == 4
+    assert next_drafts(8, RoundSetting(8, 1, 3)) == 8
+    assert next_drafts(4, PLAIN_STEP) == 4
+
+
+def test_a_smaller_tree_pays_its_share_of_the_timed_trees_search():
+    """Declared work of K rows of L + 1 at T = 1: 1 + 0.1 x 4 K s at L = 3; the timed 8 x 3 tree took 0.8 s more
+    (5.0 s), so a 2 x 3 tree costs 1.8 + 0.2 s."""
+    costs = replace(UNIT_COSTS, tree_draft_s=5.0)
+    assert costs.tree_draft(RoundSetting(8, 1, 3)) == pytest.approx(5.0)
+    assert costs.tree_draft(RoundSetting(2, 1, 3)) == pytest.approx(2.0)
+    assert UNIT_COSTS.tree_draft(RoundSetting(2, 1, 3)) == pytest.approx(1.8)

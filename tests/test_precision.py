@@ -3,6 +3,8 @@ models. Real timings are never asserted: the benchmark measures speed."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -58,6 +60,7 @@ def test_load_fastest_times_both_dtypes_on_a_native_bf16_cpu_and_keeps_the_faste
         ({"float32": timing(4.0, 1.0), "bfloat16": timing(5.0, 2.0)}, torch.float32),
     ):
         monkeypatch.setattr(precision, "time_dtypes", lambda candidates, timings=timings: timings)
+        precision.cache_file().unlink(missing_ok=True)  # measured afresh each way
         models = load_fastest(zoo["llama"], zoo["drafter_llama"], device="cpu")
         assert models.target.dtype == want and next(models.drafter.model.parameters()).dtype == want
         assert models.dtype_choice.dtype == str(want).removeprefix("torch.")
@@ -81,3 +84,29 @@ def test_time_dtypes_times_plain_steps_and_rounds_of_each_candidate(zoo):
     for t in timings.values():
         assert min(t.plain_step_s, t.round_s, t.plain_token_s, t.round_token_s) > 0
         assert t.round_token_s <= t.round_s  # a round emits at least one token
+
+
+def test_the_choice_is_cached_per_machine_and_models_and_a_changed_model_is_measured_again(zoo, monkeypatch, tmp_path):
+    """The second load reads the cache and times nothing, says so and keeps the figures that chose; another drafter,
+    or new weights of the same target folder, are measured again; the cache lives where the environment says."""
+    monkeypatch.setattr("xpress_core.models.native_bf16", lambda: True)
+    monkeypatch.setenv(precision.CACHE_ENV, str(tmp_path / "cache"))
+    calls = []
+
+    def timed(candidates):
+        calls.append(sorted(candidates))
+        return {"float32": timing(4.0, 2.0), "bfloat16": timing(5.0, 1.0)}
+
+    monkeypatch.setattr(precision, "time_dtypes", timed)
+    first = load_fastest(zoo["llama"], zoo["drafter_llama"], device="cpu")
+    again = load_fastest(zoo["llama"], zoo["drafter_llama"], device="cpu")
+    assert len(calls) == 1 and precision.cache_file() == tmp_path / "cache" / "dtype_choice.json"
+    assert first.dtype_choice.dtype == again.dtype_choice.dtype == "bfloat16" and again.target.dtype == torch.bfloat16
+    assert "cached in" in again.dtype_choice.reason and again.dtype_choice.reason.startswith("measured at load")
+    assert again.dtype_choice.timings["bfloat16"].round_token_s == pytest.approx(1.0e-3)
+    load_fastest(zoo["llama"], "none", device="cpu")  # another drafter: another key
+    assert len(calls) == 2
+    weights = next(p for p in sorted(zoo["llama"].iterdir()) if p.suffix == ".safetensors")
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # new weights
+    load_fastest(zoo["llama"], zoo["drafter_llama"], device="cpu")
+    assert len(calls) == 3

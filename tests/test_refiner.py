@@ -13,10 +13,10 @@ from tests.oracles import NEW, PROMPTS, check_invariants, hf_greedy, run
 from tests.test_engine import plain_sampling
 from xpress_core.config import DecodeConfig
 from xpress_core.controller import AutoControl, CostModel, RoundSetting
+from xpress_core.costs import fit_draft_costs, round_draft_work
 from xpress_core.drafters import diffusion
 from xpress_core.drafters.base import DraftRandomness
 from xpress_core.drafters.diffusion_model import XpressDrafter
-from xpress_core.engine import fit_draft_costs, round_draft_work
 from xpress_core.models import encode_prompt, load_models
 from xpress_core.train.drafter import DrafterBatch, read_target
 from xpress_core.train.refiner import RefinerRecipe, attach_refiner, pass_gains, refiner_loss

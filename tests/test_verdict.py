@@ -338,3 +338,43 @@ def test_no_refinement_is_recorded_at_t_1_or_without_a_refiner_head(zoo, embedde
         traces = [e for e in decode(drafter, prompt_ids, replace(cfg, max_new_tokens=24)) if isinstance(e, RoundTrace)]
         assert len(traces) > 2 and all(t.refinement is None for t in traces)
         assert verdict.refinement_gain(traces) is None
+
+
+def test_every_speedup_is_over_the_faster_dtypes_plain_decoding():
+    """With fake figures where bf16 runs and its plain step is slower than fp32's, the baseline is fp32's plain step
+    (scaled by the dtype choice's own timings); where the run dtype's plain decoding is the faster, it stays."""
+    from xpress_core.models import DtypeChoice, DtypeTiming
+    from xpress_core.verdict import fastest_plain
+
+    timings = {
+        "float32": DtypeTiming(3.0e-3, 6e-3, 3.0e-3, 2e-3),
+        "bfloat16": DtypeTiming(4.0e-3, 5e-3, 4.0e-3, 1.5e-3),
+    }
+    bf16 = DtypeChoice("bfloat16", "measured", 2, timings)
+    step, note = fastest_plain(bf16, 4.4e-3)
+    assert step == pytest.approx(4.4e-3 * 3.0 / 4.0) and "float32" in note
+    assert fastest_plain(DtypeChoice("float32", "measured", 2, timings), 3.1e-3) == (3.1e-3, "")
+    assert fastest_plain(None, 2e-3) == (2e-3, "")
+
+
+def test_the_cli_json_compares_the_reply_with_the_faster_dtypes_plain_decoding():
+    """The reply of the prefill-counting test (50 ms, then 2 rounds of 4 ms emitting 6 tokens) run in bf16, whose
+    timed plain step (4 ms) is slower than fp32's (3 ms): against fp32 plain decoding, 50 + 6 x 3 = 68 ms over 58, the
+    rounds tau 3 in 4 / 3 plain steps a round. A pinned dtype timed nothing: no comparison is claimed."""
+    from xpress_core.models import DtypeChoice, DtypeTiming
+
+    rounds = [
+        PREFILL,
+        round_trace(index=1, accepted=(5,), emitted=(5, 8), draft_s=0.001, verify_s=0.0025, other_s=0.0005),
+        round_trace(index=2, accepted=(5, 6, 7), emitted=(5, 6, 7, 9), draft_s=0.001, verify_s=0.0025, other_s=5e-4),
+    ]
+    timings = {"float32": DtypeTiming(3e-3, 6e-3, 3e-3, 2e-3), "bfloat16": DtypeTiming(4e-3, 5e-3, 4e-3, 1.5e-3)}
+    got = verdict.against_fastest_plain(rounds, DtypeChoice("bfloat16", "measured", 2, timings))
+    assert got == {
+        "dtype": "float32",
+        "plain_step_s": pytest.approx(3e-3),
+        "speedup": pytest.approx(0.068 / 0.058),
+        "rounds_speedup": pytest.approx(3.0 / (4 / 3)),
+    }
+    assert verdict.against_fastest_plain(rounds, DtypeChoice("float32", "measured", 2, timings))["dtype"] == "float32"
+    assert verdict.against_fastest_plain(rounds, DtypeChoice("float32", "pinned by --dtype float32", 2)) is None

@@ -162,8 +162,18 @@ class Board:
             self.plain_after_s = verdict.time_plain_steps(self.loaded.plain, prompt_ids)
 
     def reply_cost(self) -> verdict.ReplyCost | None:
+        """The reply against the fastest plain decoding on this machine (``verdict.fastest_plain``)."""
         step_s, _ = self.plain_step()
-        return verdict.reply_cost(self.traces[SPECULATIVE], step_s) if step_s else None
+        if not step_s:
+            return None
+        return verdict.reply_cost(self.traces[SPECULATIVE], verdict.fastest_plain(self.dtype_choice(), step_s)[0])
+
+    def dtype_choice(self):
+        return self.loaded.speculative.dtype_choice
+
+    def plain_share(self) -> float:
+        """The share of a plain step in the run dtype that the faster dtype's plain decoding takes (1: the same)."""
+        return verdict.fastest_plain(self.dtype_choice(), 1.0)[0]
 
     def why(self) -> str:
         """The verdict: the whole reply against plain decoding of its tokens, and τ against what a round cost in
@@ -171,7 +181,8 @@ class Board:
         cost = self.reply_cost()
         if cost is None:
             return VERDICT_PENDING
-        line = f"**{verdict.reply_headline(cost)}** · {verdict.breakdown(cost.rounds)} ({self.plain_step()[1]})"
+        source = ", ".join(filter(None, (self.plain_step()[1], verdict.fastest_plain(self.dtype_choice(), 1.0)[1])))
+        line = f"**{verdict.reply_headline(cost)}** · {verdict.breakdown(cost.rounds)} ({source})"
         gain = verdict.refinement_gain(self.traces[SPECULATIVE])
         return line if gain is None else f"{line} · {verdict.refinement_line(gain)}"
 
@@ -214,13 +225,22 @@ class Board:
         spec_speed = spec[-1].tokens_per_s if spec else 0.0
         line = f"Race (measured, prefill included) · plain decoding: {plain_speed:.1f} tokens/s"
         if plain_speed > 0 and spec_speed > 0:
-            line += f" → speculative is ×{spec_speed / plain_speed:.2f}"
+            share = self.plain_share()  # against the faster dtype's plain decoding (verdict.fastest_plain)
+            line += f" → speculative is ×{spec_speed * share / plain_speed:.2f}"
+            line += (
+                f" (over plain decoding in the faster dtype: ×{share:.2f} of this run's plain time)"
+                if share < 1
+                else ""
+            )
         if len(self.results) == 2:
             same = self.results[SPECULATIVE].token_ids == self.results[PLAIN].token_ids
             line += " · same tokens ✓" if same else " · the outputs differ ✗"
             cost = self.reply_cost()
             if cost is not None:
-                line += " · " + verdict.agreement(cost, self.results[SPECULATIVE], self.results[PLAIN])[1]
+                line += (
+                    " · "
+                    + verdict.agreement(cost, self.results[SPECULATIVE], self.results[PLAIN], self.plain_share())[1]
+                )
         return line
 
 

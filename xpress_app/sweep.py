@@ -23,6 +23,7 @@ from xpress_core.data import Prompt, evaluation_prompts, spread
 from xpress_core.drafters.base import NoDrafter
 from xpress_core.errors import XpressError
 from xpress_core.models import context_limit
+from xpress_core.verdict import fastest_plain
 
 from .budget import Budget, Meter
 from .log import LOG
@@ -185,11 +186,12 @@ def run_sweep(
     except SweepCancelled as cancelled:
         why = f": {cancelled}" if str(cancelled) else ""
         return SweepView(f"■ Sweep stopped after {reached[0]} of {reached[1]} runs{why}: nothing measured to show.")
+    plain = fastest_plain(loaded.speculative.dtype_choice, 1.0)  # the faster dtype's plain step, per run-dtype step
     return SweepView(
-        status=sweep_status(run, len(prompts), note, beside[0], loaded.speculative.target.dtype),
+        status=sweep_status(run, len(prompts), note, beside[0], loaded.speculative.target.dtype, plain),
         tokens_per_s=heatmap(run.summaries, "tokens_per_s"),
         tau=heatmap(run.summaries, "tau"),
-        table=sweep_table(run, exact(loaded.speculative.target.dtype)),
+        table=sweep_table(run, exact(loaded.speculative.target.dtype), plain[0]),
         run=run,
     )
 
@@ -209,17 +211,23 @@ def exact(dtype: torch.dtype) -> bool:
     return dtype == torch.float32
 
 
-def sweep_status(run: BenchRun, prompts: int, note: str | None, beside: int, dtype: torch.dtype) -> str:
+def sweep_status(
+    run: BenchRun, prompts: int, note: str | None, beside: int, dtype: torch.dtype, plain=(1.0, "")
+) -> str:
+    """``plain``: ``verdict.fastest_plain`` of one run-dtype plain step: the speedups are over the faster dtype's plain
+    decoding."""
     xpress = [s for s in run.summaries if s.setting.method == XPRESS]
     paired = paired_speedups(run.measurements)
     lines = [f"⚠ {note}."] if note else []
     if xpress:
         best = max(xpress, key=lambda s: paired[s.setting, s.temperature].median)
-        speedup = paired[best.setting, best.temperature]
+        speedup, share = paired[best.setting, best.temperature], plain[0]
+        against = f" ({plain[1]})" if plain[1] else ""
         lines.append(
             f"✓ **settings: {len(xpress)} · prompts: {prompts} · repeats: {best.calls // prompts} · best "
             f"{best.setting.label}: "
-            f"×{speedup.median:.2f} over plain decoding (half the runs ×{speedup.low:.2f}–{speedup.high:.2f}), "
+            f"×{share * speedup.median:.2f} over plain decoding{against} (half the runs "
+            f"×{share * speedup.low:.2f}–{share * speedup.high:.2f}), "
             f"{best.tokens_per_s:.1f} tokens/s, τ = {best.tau:.2f}**"
         )
     lines.append(load_line(run.load, beside))
@@ -271,10 +279,10 @@ def visible(token: str) -> str:
     return f"`{token!r}`" if token else "the end"
 
 
-def sweep_table(run: BenchRun, exact_tokens: bool) -> str:
+def sweep_table(run: BenchRun, exact_tokens: bool, share: float = 1.0) -> str:
     """One row per setting, plain decoding first (the speedups divide by its tokens/s), then by K and T: tokens/s (the
     median of the repeats, with their range) and the speedup run by run (``PairedSpeedup``: the median, with the
-    middle half of the runs)."""
+    middle half of the runs), over plain decoding in the faster dtype (``share``: its step per run-dtype step)."""
 
     def order(s: Summary) -> tuple[int, ...]:
         d = s.setting.decode
@@ -292,7 +300,9 @@ def sweep_table(run: BenchRun, exact_tokens: bool) -> str:
         if s.mismatches:
             same += " ✗" if exact_tokens else " (rounding)"
         speedup = paired.get((s.setting, s.temperature))
-        ratio = f"×{speedup.median:.2f} ({speedup.low:.2f}–{speedup.high:.2f})" if speedup else "×1.00"
+        ratio = f"×{share:.2f}"  # plain decoding in the run dtype
+        if speedup:
+            ratio = f"×{share * speedup.median:.2f} ({share * speedup.low:.2f}–{share * speedup.high:.2f})"
         lines.append(
             f"| {name} | {s.tokens_per_s:.1f} ({s.tokens_per_s_min:.1f}–{s.tokens_per_s_max:.1f}) | {ratio} | "
             f"{s.tau:.2f} | {same} |"

@@ -182,7 +182,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from .precision import load_fastest
     from .records import json_record
     from .trace import DecodeResult, RoundTrace, write_jsonl
-    from .verdict import refinement_gain, refinement_line
+    from .verdict import against_fastest_plain, refinement_gain, refinement_line
 
     cfg = check_generate_args(args)
     models = load_fastest(**model_choice(args))
@@ -211,7 +211,10 @@ def run_generate(args: argparse.Namespace) -> int:
     gain = refinement_gain(traces)
     if args.json:
         refinement = None if gain is None else json_record(asdict(gain))
-        print(json.dumps(result.to_json() | {"dtype_choice": models.dtype_choice.to_json(), "refinement": refinement}))
+        choice = models.dtype_choice
+        plain = against_fastest_plain(traces, choice)  # every speedup over the fastest plain decoding here
+        extra = {"dtype_choice": choice.to_json(), "refinement": refinement, "over_fastest_plain": plain}
+        print(json.dumps(result.to_json() | extra))
     else:
         print(
             f"\n[{result.new_tokens} tokens, {result.rounds} rounds, tau {result.tau:.2f}, "

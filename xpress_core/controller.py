@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from itertools import accumulate
 
 from .config import DecodeConfig
 
@@ -135,19 +136,40 @@ class CostModel:
     # plain round's acceptance and commit cost 0.13 ms.
     draft_other_s: float = 0.0
 
+    # The draft ``ChanceControl`` runs every drafting round, a tree of ``CHANCE_DRAFTS`` x L nodes at T = 1, as timed
+    # by ``engine.calibrate`` (its tree's best-first search included); 0: priced from the declared work.
+    tree_draft_s: float = 0.0
+
     def round_s(self, setting: RoundSetting) -> float:
         """Seconds of a round; a tree of K drafts of L tokens has at most K x L nodes (branching keeps them apart)."""
-        tree = setting.drafts * setting.block
-        verify = self.verify_forward_s + self.verify_token_s * (tree + 1)
-        if self.verify_wide and tree > self.verify_wide:
-            verify += (self.verify_wide_token_s - self.verify_token_s) * (tree - self.verify_wide)
-        if not setting.plain:
-            verify += self.verify_draft_s
         if setting.plain:
-            return verify + self.other_s
+            return self.verify_s(0) + self.other_s
+        return self.drafting_s(setting) + self.after_draft_s(setting.drafts * setting.block)
+
+    def verify_s(self, nodes: int) -> float:
+        """Seconds of the verify forward over the root and ``nodes`` drafted nodes (none: a plain step's forward)."""
+        verify = self.verify_forward_s + self.verify_token_s * (nodes + 1)
+        if self.verify_wide and nodes > self.verify_wide:
+            verify += (self.verify_wide_token_s - self.verify_token_s) * (nodes - self.verify_wide)
+        return verify + (self.verify_draft_s if nodes else 0.0)
+
+    def after_draft_s(self, nodes: int) -> float:
+        """Seconds of a drafting round past its draft: the verify over ``nodes`` nodes, the walk, commit and search."""
+        return self.verify_s(nodes) + (self.draft_other_s or self.other_s)
+
+    def drafting_s(self, setting: RoundSetting) -> float:
+        """Seconds of the draft at (K, T, L): its forwards, positions and refinement passes as the drafter declares."""
         forwards, positions = self.draft_work(setting)
         drafting = forwards * self.draft_forward_s + positions * self.draft_position_s
-        return drafting + self.refine_passes(setting) * self.pass_s + verify + (self.draft_other_s or self.other_s)
+        return drafting + self.refine_passes(setting) * self.pass_s
+
+    def tree_draft(self, setting: RoundSetting) -> float:
+        """Seconds of ``ChanceControl``'s draft of a K x L tree: the declared work plus the timed tree's search (its
+        seconds past the declared work of ``CHANCE_DRAFTS`` x L), in proportion to its nodes."""
+        if not self.tree_draft_s:
+            return self.drafting_s(setting)
+        search_s = max(0.0, self.tree_draft_s - self.drafting_s(replace(setting, drafts=CHANCE_DRAFTS)))
+        return self.drafting_s(setting) + search_s * setting.drafts / CHANCE_DRAFTS
 
 
 def auto_longest_block(max_block: int | None) -> int:
@@ -163,6 +185,10 @@ class FixedControl:
 
     def choose(self, remaining: int) -> RoundSetting:
         return self.setting
+
+    def cut(self, drafts, setting: RoundSetting):
+        """The drafts to verify and the round's setting: as drafted."""
+        return drafts, setting
 
     def observe(self, setting: RoundSetting, accepted: int, with_fewer: tuple[int, ...] = ()) -> None:
         pass
@@ -272,6 +298,10 @@ class AutoControl:
             return setting
         return PLAIN_STEP
 
+    def cut(self, drafts, setting: RoundSetting):
+        """The drafts to verify and the round's setting: as drafted (this model chooses before the draft)."""
+        return drafts, setting
+
     def observe(self, setting: RoundSetting, accepted: int, with_fewer: tuple[int, ...] = ()) -> None:
         """Count a round: positions 1..accepted were accepted, position accepted + 1 (if drafted) was not.
         ``with_fewer`` (per k = 1..K, what the round would have accepted with k drafts, ``engine.accepted_with_fewer``)
@@ -297,3 +327,172 @@ class AutoControl:
         for i in range(min(accepted + 1, block)):
             reached[i] += 1.0
             hits[i] += 1.0 if i < accepted else 0.0
+
+
+# ``ChanceControl``: auto by what each round's draft tree says about itself (docs/DESIGN.md §2.6). Its constants were
+# chosen on the tune half of the prompt sets only (``data.split_of``; lab log, "auto by the drafter's own chances").
+CHANCE_DRAFTS = max(AUTO_DRAFTS)  # every drafting round drafts the tree of CHANCE_DRAFTS x L nodes, then cuts it
+# Draft tokens accepted per token the kept nodes' chances expect, before a request's own rounds: measured on the tune
+# half (greedy: the sharpened chances overstate; sampled: the coupled scores' softmax understates deep nodes).
+# Tune half, 64 tokens, fixed prices: greedy 0.96 / 1.03 / 1.27 (chats / short / stories), at 0.7 0.77 / 0.69 / 0.65.
+SHARE_PRIOR, SHARE_PRIOR_SAMPLED = 1.0, 0.7
+# The rate a round's time could earn otherwise, in plain steps' tokens per plain step: a cut is worth its tokens less
+# this rate times its seconds (what the same time earns at the decoding's own pace, not at plain decoding's). At 1 the
+# cut took every node worth its own verify time and ran below one fixed chain (tune half, greedy chats: auto 1.37x
+# plain, (1, 1, 8) 1.45x, (4, 1, 8) 1.34x): the best fixed settings' rates on the tune half, greedy / at 0.7.
+RATE, RATE_SAMPLED = 1.4, 1.15
+SHARE_WEIGHT = 4.0  # draft tokens the share's prior counts as
+# What a drafting round gains over plain steps in the same time (plain steps) before a request drafts: the draft is
+# taken when the expected gain beats the draft's own price. A round counts what it realised (its accepted tokens less
+# ``RATE`` x its verify's time past a plain step), not what its cut's chances promised: where the chances mislead
+# (greedy stories and small talk accept 1.3-1.4x what they promise, sampled text 0.7x) a promise would stop drafting
+# that pays or keep drafting that does not (tune half, greedy stories 1.430 -> 1.467x plain). Each drafting round counts
+# ``GAIN_MEMORY`` times the ones before: consecutive rounds are alike, a reply's start says little about its end.
+GAIN_PRIOR, GAIN_WEIGHT, GAIN_MEMORY = 1.5, 1.0, 0.5
+# Plain rounds before a draft that the expected gain does not ask for (a probe), doubling after each probe that did not
+# pay, back to the first after one that did: a bad start costs a few rounds of a chat reply, never the rest of it.
+PROBE_FIRST, PROBE_MAX = 2, 16
+# K of a request's first draft tree (``next_drafts`` grows it): a short reply lasts two or three rounds, and a wide
+# first tree's search costs more than its branches return (tune half, 64 tokens, over plain, first K 8 / 2: greedy
+# short chats 1.624 / 1.736x, chats 1.427 / 1.442x, stories 1.467 / 1.475x; at 0.7 the same within 0.01).
+FIRST_DRAFTS = 2
+
+
+@dataclass(frozen=True)
+class TreeCut:
+    """What of a drafted tree a round verifies: the first K x L nodes (best-first order) of depth L at most."""
+
+    setting: RoundSetting  # (K, 1, L); PLAIN_STEP: the root alone
+    nodes: int
+    expects: float  # draft tokens the kept nodes' chances expect (before the share)
+    gain: float  # expected tokens less ``RATE`` x the rest of the round's time (plain steps), over a plain step's
+
+
+def node_chances(drafts) -> list[tuple[int, float]]:
+    """Per node of a draft tree (``Drafts.order``, best first): (depth, the chance it is reached and accepted, its
+    path's product of chances)."""
+    nodes: dict[int, tuple[int, float]] = {}
+    for orders, chances in zip(drafts.order, drafts.chances):
+        product = 1.0
+        for depth, (node, chance) in enumerate(zip(orders, chances), start=1):
+            product *= chance
+            nodes.setdefault(node, (depth, product))
+    return [nodes[n] for n in sorted(nodes)]
+
+
+def best_cut(nodes: list[tuple[int, float]], longest: int, share: float, costs: CostModel, rate: float) -> TreeCut:
+    """The cut with the largest gain over a plain step: per L, the first K x L nodes of depth <= L (a tree: a node's
+    ancestors come before it and are shallower) for K in ``AUTO_DRAFTS``; gain = share x their chances' sum - ``rate``
+    x (the round's rest, its verify, walk and commit, in plain steps - 1). The draft is paid already: it does not
+    enter."""
+    plain_s, best = costs.round_s(PLAIN_STEP), TreeCut(PLAIN_STEP, 0, 0.0, 0.0)
+    for block in range(1, longest + 1):
+        sums = list(accumulate(p for d, p in nodes if d <= block))
+        for k in AUTO_DRAFTS:
+            count = min(k * block, len(sums))
+            if count == 0:
+                break
+            gain = share * sums[count - 1] - rate * (costs.after_draft_s(count) / plain_s - 1.0)
+            if gain > best.gain:
+                best = TreeCut(RoundSetting(k, 1, block), count, sums[count - 1], gain)
+            if count == len(sums):
+                break  # a larger K keeps the same nodes
+    return best
+
+
+def apply_cut(drafts, nodes: list[tuple[int, float]], cut: TreeCut):
+    """The drafts of the cut tree: each path's kept prefix, prefixes of other kept paths left out, the nodes renumbered
+    in their best-first order (``engine.accepted_with_fewer`` reads it)."""
+    if cut.setting.plain:
+        return replace(drafts, tokens=(), order=(), chances=())
+    kept = [node for node, (depth, _) in enumerate(nodes) if depth <= cut.setting.block][: cut.nodes]
+    rank = {node: r for r, node in enumerate(kept)}
+    paths: dict[tuple[int, ...], tuple] = {}
+    for tokens, orders, chances in zip(drafts.tokens, drafts.order, drafts.chances):
+        length = next((i for i, node in enumerate(orders) if node not in rank), len(orders))
+        if length:
+            paths.setdefault(tuple(orders[:length]), (tokens[:length], chances[:length]))
+    inner = {path[:i] for path in paths for i in range(1, len(path))}
+    leaves = [path for path in paths if path not in inner]
+    return replace(
+        drafts,
+        tokens=tuple(paths[p][0] for p in leaves),
+        order=tuple(tuple(rank[n] for n in p) for p in leaves),
+        chances=tuple(paths[p][1] for p in leaves),
+    )
+
+
+def next_drafts(drafted: int, cut: RoundSetting) -> int:
+    """K of the next round's draft tree: the K its cut kept, twice the drafted K where the cut kept all of it (wider
+    trees may pay again), the same after a cut to the root alone. A tree's search costs in proportion to its nodes,
+    and a round rarely keeps more branches than the one before (tune half, greedy chats: (1, 1, 8) 1.45x plain where
+    auto drafting 8 x L trees every round got 1.39x)."""
+    if cut.plain:
+        return drafted
+    return min(CHANCE_DRAFTS, 2 * drafted) if cut.drafts >= drafted else cut.drafts
+
+
+class ChanceControl:
+    """``auto`` for drafters whose trees carry their chances (``Drafter.offers_chances``): every drafting round drafts
+    a tree of K x L nodes at T = 1 (one drafter forward whatever K; K from the cuts before, ``next_drafts``), reads
+    the chances of its nodes and verifies the cut that gains most over plain steps (``best_cut``), or the root alone.
+    Whether to draft at all is the one choice made before the chances are known: when the gain the last drafting
+    rounds realised (``GAIN_MEMORY``, over ``GAIN_PRIOR``) beats the draft's price, or as a probe after
+    ``PROBE_FIRST`` plain rounds and more."""
+
+    def __init__(self, costs: CostModel, max_block: int | None, sampled: bool = False):
+        self.costs, self.max_block = costs, auto_longest_block(max_block)
+        self.share_prior = SHARE_PRIOR_SAMPLED if sampled else SHARE_PRIOR
+        self.rate = RATE_SAMPLED if sampled else RATE
+        self.realised, self.expected = 0.0, 0.0  # decayed draft tokens accepted / expected by the verified cuts
+        self.gains, self.weight = 0.0, 0.0  # decayed sum and count of drafting rounds' best gains
+        self.plain_run, self.probe_after, self.probing = 0, PROBE_FIRST, False
+        self.last: TreeCut | None = None  # this round's cut (None: it did not draft)
+        self.drafts = FIRST_DRAFTS  # K of the next draft (``next_drafts``)
+        self.drafted = PLAIN_STEP  # the last draft's (K, 1, L)
+
+    def share(self) -> float:
+        """Draft tokens accepted per token the chances expected, in this request over ``SHARE_PRIOR``."""
+        return (self.realised + SHARE_WEIGHT * self.share_prior) / (self.expected + SHARE_WEIGHT)
+
+    def expected_gain(self) -> float:
+        return (self.gains + GAIN_WEIGHT * GAIN_PRIOR) / (self.weight + GAIN_WEIGHT)
+
+    def draft_price(self, setting: RoundSetting) -> float:
+        """The draft's seconds in plain steps, times the rate they could earn otherwise (``RATE``)."""
+        return self.rate * self.costs.tree_draft(setting) / self.costs.round_s(PLAIN_STEP)
+
+    def choose(self, remaining: int) -> RoundSetting:
+        self.last = None
+        longest = min(self.max_block, remaining - 1)  # drafting past the reply's end gains nothing
+        if longest < 1:
+            return PLAIN_STEP
+        setting = RoundSetting(self.drafts, 1, longest)
+        self.probing = self.expected_gain() <= self.draft_price(setting)
+        return PLAIN_STEP if self.probing and self.plain_run < self.probe_after else setting
+
+    def cut(self, drafts, setting: RoundSetting):
+        """The drafts to verify (``best_cut`` of the drafted tree) and the round's setting (PLAIN_STEP: the root)."""
+        if setting.plain:
+            return drafts, setting
+        nodes, self.drafted = node_chances(drafts), setting
+        self.last = best_cut(nodes, setting.block, self.share(), self.costs, self.rate)
+        self.plain_run, self.drafts = 0, next_drafts(setting.drafts, self.last.setting)
+        return apply_cut(drafts, nodes, self.last), self.last.setting
+
+    def observe(self, setting: RoundSetting, accepted: int, with_fewer: tuple[int, ...] = ()) -> None:
+        if self.last is None:
+            self.plain_run += 1
+            return
+        cut = self.last
+        realised = accepted - self.rate * (self.costs.after_draft_s(cut.nodes) / self.costs.round_s(PLAIN_STEP) - 1.0)
+        gain = realised if cut.nodes else cut.gain
+        self.gains = GAIN_MEMORY * self.gains + gain
+        self.weight = GAIN_MEMORY * self.weight + 1.0
+        paid = gain > self.draft_price(self.drafted)
+        if paid or self.probing:
+            self.probe_after = PROBE_FIRST if paid else min(2 * self.probe_after, PROBE_MAX)
+        if setting.plain:
+            return
+        self.realised = MEMORY * self.realised + accepted
+        self.expected = MEMORY * self.expected + self.last.expects

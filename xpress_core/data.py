@@ -8,6 +8,7 @@ Neutral ground: the benchmark, the training pipeline and the app all import it; 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Iterator, Sequence
@@ -241,6 +242,58 @@ def read_prompt_file(path: Path) -> tuple[Prompt, ...]:
     return tuple(prompts)
 
 
+# Story requests unlike the training stories (TinyStories: a child's world, simple words): other genres, adult
+# characters, other registers. Written for this project; no set tuned on them (held out whole, ``split_of``).
+OFF_DOMAIN_STORIES = (
+    "Write a short detective story set in a rainy harbour town in 1923.",
+    "Tell me a science fiction story about a cargo pilot who finds a signal near Jupiter.",
+    "Write a story about an old fisherman teaching his granddaughter to repair nets.",
+    "Tell me a ghost story that takes place in an empty train station at midnight.",
+    "Write a story about a chef who loses her sense of taste the night before a competition.",
+    "Tell me a story about two rival architects forced to design one bridge together.",
+    "Write a fable about a clever fox and a proud eagle, with a moral at the end.",
+    "Tell me a story about a nurse working the night shift during a snowstorm.",
+    "Write a story about a retired astronaut who opens a bakery.",
+    "Tell me an adventure story about explorers crossing a desert to find a lost library.",
+)
+SMALL_TALK_PROMPTS = 10  # Topical-Chat conversations cut after their second user turn (``small_talk_prompts``)
+
+
+def small_talk_prompts(data_dir: Path, count: int = SMALL_TALK_PROMPTS) -> tuple[Prompt, ...]:
+    """Open-domain small talk between two people (Topical-Chat, its last conversations; A -> user, B -> assistant),
+    each cut after its second user turn. The target's corpus holds Topical-Chat, so the text is not new to the models;
+    the class is new to every constant tuned on the benchmark's sets (held out whole)."""
+    error = missing_data(data_dir, [Path("topical_chat") / "topical_chat_AB.txt"])
+    if error:
+        raise error
+    chats = [d for d in read_dialogues(data_dir / "topical_chat" / "topical_chat_AB.txt") if len(d) >= 3]
+    picked = chats[-count:]
+    return tuple(
+        Prompt(f"small_talk-{i}", tuple((m["role"], m["content"]) for m in chat[:3]), chat=True)
+        for i, chat in enumerate(picked)
+    )
+
+
+def new_story_prompts() -> tuple[Prompt, ...]:
+    return tuple(Prompt(f"new_story-{i}", (("user", text),), chat=True) for i, text in enumerate(OFF_DOMAIN_STORIES))
+
+
+# Prompt sets that no constant was tuned on at all: reported beside the held-out half of the others.
+OFF_DOMAIN_SETS = ("small_talk", "new_stories")
+SPLITS = ("tune", "held")
+
+
+def split_of(prompt: Prompt) -> str:
+    """The half a prompt belongs to, fixed once for every prompt set: "tune" (constants and designs are chosen on it)
+    or "held" (reported only), by the first byte of the SHA-256 of its content (its messages as JSON, or its raw
+    text), so the split depends on no order and no file. The off-domain sets (``OFF_DOMAIN_SETS``) are "held"
+    whole."""
+    if prompt_class(prompt.name) in ("small_talk", "new_story"):
+        return "held"
+    content = prompt.content if isinstance(prompt.content, str) else json.dumps(prompt.content, ensure_ascii=False)
+    return "tune" if hashlib.sha256(content.encode("utf-8")).digest()[0] < 128 else "held"
+
+
 def derive_prompt_sets(data_dir: Path) -> dict[str, tuple[Prompt, ...]]:
     """The shipped prompt sets (``xpress_core/prompts/<name>.jsonl``) as derived from the data folder: what
     ``scripts/make_prompts.py`` writes, and what ``evaluation_prompts`` derives afresh from another folder."""
@@ -249,6 +302,8 @@ def derive_prompt_sets(data_dir: Path) -> dict[str, tuple[Prompt, ...]]:
         "sgd_short": default_prompts(data_dir, sgd=0, stories=0, short=SHORT_CHATS),
         "stories": story_prompts(),
         "quick": default_prompts(data_dir, *QUICK_PROMPTS),
+        "small_talk": small_talk_prompts(data_dir),
+        "new_stories": new_story_prompts(),
     }
 
 

@@ -17,8 +17,18 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from . import cache as kv
-from .config import DecodeConfig
-from .controller import AUTO_DRAFTS, AutoControl, CostModel, FixedControl, RoundSetting, auto_longest_block
+from .config import TREE, DecodeConfig
+from .controller import (
+    AUTO_DRAFTS,
+    CHANCE_DRAFTS,
+    AutoControl,
+    ChanceControl,
+    CostModel,
+    FixedControl,
+    RoundSetting,
+    auto_longest_block,
+)
+from .costs import calibration_drafts, fitted_costs, timed_in_turns
 from .drafters.base import DraftRandomness, Drafts, NoDrafter
 from .errors import XpressError
 from .models import Models, context_limit, eos_ids, tapped_forward
@@ -117,12 +127,16 @@ def prefill(models: Models, prompt_ids: torch.Tensor, cfg: DecodeConfig) -> tupl
     return state, first
 
 
-def control(models: Models, cfg: DecodeConfig, costs: CostModel | None) -> FixedControl | AutoControl:
+def control(models: Models, cfg: DecodeConfig, costs: CostModel | None) -> FixedControl | AutoControl | ChanceControl:
+    """The rounds' settings: pinned, or auto (by each tree's chances where the drafter's trees carry them)."""
     if not cfg.auto:
         return FixedControl(cfg)
+    costs = costs or models.costs or calibrate(models)
+    if cfg.diversity == TREE and models.drafter.offers_chances:
+        return ChanceControl(costs, models.drafter.max_block, sampled=not cfg.greedy)
     can_draft = not isinstance(models.drafter, NoDrafter)
     return AutoControl(
-        costs or models.costs or calibrate(models),
+        costs,
         models.drafter.max_block,
         can_draft,
         sampled=not cfg.greedy,
@@ -304,7 +318,7 @@ def decode(
         with torch.no_grad():
             t0 = clock.now()
             setting = settings.choose(output_limit(models, state, cfg) - len(state.output))
-            drafts = draft(models, state, cfg, setting, watch)
+            drafts, setting = settings.cut(draft(models, state, cfg, setting, watch), setting)
             t1 = clock.now()
             tree = build_tree(state.root, cut_drafts(drafts.tokens, models, state))
             verified = verifier.verify(models, state, tree)
@@ -411,180 +425,120 @@ CALIBRATION_BLOCK = 8  # block length of its drafts
 
 
 def calibrate(models: Models, repeats: int = 5) -> CostModel:
-    """The controller's stage costs on these models (``CostModel``): target forwards over 1, 5 and 33 tokens, drafts of
-    different forwards and positions (``calibration_drafts``, fitted by ``fit_draft_costs``), a plain round's acceptance
-    and commit, and a drafting round's (its tree walked, committed, and auto's new search: ``CostModel.draft_other_s``),
-    timed on a throwaway request (medians).
+    """The controller's stage costs on these models (``CostModel``): target forwards over 1, 5 and 33 tokens (and the
+    widest tree auto may verify), drafts of different forwards and positions (``calibration_drafts``, fitted by
+    ``fit_draft_costs``), the draft ``ChanceControl`` runs every drafting round (its tree and cut), a plain round's
+    acceptance and commit, and a drafting round's (its tree walked, committed, and auto's bookkeeping:
+    ``CostModel.draft_other_s``), timed on a throwaway request (medians).
 
     Every draft is timed right after a commit, as in decoding: the drafter then first takes in the committed tokens
     (our drafter projects their features into its context), a cost that a draft on an unchanged context would miss.
     The stages are timed in turns (``timed_in_turns``): what the controller weighs is one stage against another, and
     on a shared machine whose speed drifts, stages timed one after the other can be off against each other by more
     than the choices they decide (measured: a plain step priced 1.3x its cost against the drafting rounds)."""
-    clock = Clock(models.device)
-    limit = context_limit(models.target) or 2 * CALIBRATION_CONTEXT
-    wide = max(1, min(CALIBRATION_TOKENS, limit // 4))
-    short = min(CALIBRATION_BLOCK // 2, wide)
-    # The widest tree auto may verify: K x L nodes at its largest K and L.
-    widest = min(max(AUTO_DRAFTS) * auto_longest_block(models.drafter.max_block), limit // 4)
-    # A quarter of a short context each for the prompt and the widest tree: the turns' commits add a few dozen tokens.
-    ids = models.tokenizer(CALIBRATION_TEXT * 64, return_tensors="pt")["input_ids"][
-        :, : min(CALIBRATION_CONTEXT, limit // 4)
-    ]
     with torch.no_grad():
-        state, _ = prefill(models, ids.to(models.device), DecodeConfig())
-        verifier = VERIFIERS["tree"]
+        run = CalibrationRun(models)
+        stages = run.verify_stages() | run.draft_stages() | run.round_stages()
+        seconds = timed_in_turns(run.clock, stages, repeats)
+        other = statistics.median(run.accept_and_commit() for _ in range(repeats))
+    verify_s = {tokens: seconds[("verify", tokens)] for tokens in run.verify_widths}
+    drafted = {s: seconds[s] for s in run.drafts}
+    fitted = fitted_costs(models.drafter, verify_s, drafted, other)
+    return replace(fitted, draft_other_s=seconds.get("rest", 0.0), tree_draft_s=seconds.get("tree", 0.0))
 
-        def verify(drafted: int) -> Callable[[], None]:
-            def stage() -> None:
-                past = kv.cache_length(state.cache)
-                verifier.verify(models, state, build_tree(state.root, [[state.root] * drafted] if drafted else []))
-                kv.truncate(state.cache, past)
 
-            return stage
+class CalibrationRun:
+    """A throwaway request and the stages ``calibrate`` times on it, each a ``(run, setup or None)`` pair."""
 
-        def accept_and_commit() -> float:
-            """A plain round on the throwaway request; returns the seconds of its acceptance and commit."""
-            tree = build_tree(state.root, [[state.root]])
-            verified = verifier.verify(models, state, tree)
-            start = clock.now()
-            commit(
-                models,
-                state,
-                tree,
-                verified,
-                accept(tree, verified.node_logits, DecodeConfig(), state.noise),
-                verifier,
-            )
-            return clock.now() - start
-
-        # A drafting round past its forwards (``CostModel.draft_other_s``): the acceptance walk over a tree of 4 drafts,
-        # the commit, and auto's bookkeeping and new search, which plain rounds skip. The planner's prices are
-        # placeholders: its search does the same work whatever they are.
-        planner, tree_round = control(models, DecodeConfig(auto=True), CostModel(0.0, 0.0, 1.0, 0.0, 0.0)), {}
-
-        def draft_and_verify(setting: RoundSetting) -> None:
-            drafts = draft(models, state, round_config(DecodeConfig(), setting), setting, False)
-            tree = build_tree(state.root, cut_drafts(drafts.tokens, models, state))
-            tree_round.update(setting=setting, drafts=drafts, tree=tree, verified=verifier.verify(models, state, tree))
-
-        def rest_of_round() -> None:
-            tree, verified, setting = tree_round["tree"], tree_round["verified"], tree_round["setting"]
-            acceptance = accept(tree, verified.node_logits, DecodeConfig(), state.noise)
-            commit(models, state, tree, verified, acceptance, verifier)
-            planner.observe(
-                setting, len(acceptance.path), accepted_with_fewer(tree_round["drafts"], tree, acceptance, setting)
-            )
-            planner.choose(remaining=4 * CALIBRATION_BLOCK)
-
-        def drafting(setting: RoundSetting) -> Callable[[], object]:
-            # K separate rows: the work the drafter declares (``draft_work``, ``refine_passes``); a tree drafts one
-            # row a step (its refinement passes too), the same work at T = 1.
-            cfg = round_config(DecodeConfig(diversity="branch-first"), setting)
-            return lambda: draft(models, state, cfg, setting, False)
-
-        stages = {"one": (verify(0), None), "few": (verify(short), None), "many": (verify(wide), None)}
-        if widest > wide:
-            stages["most"] = (verify(widest), None)
-        drafts = (
-            ()
-            if isinstance(models.drafter, NoDrafter)
-            else calibration_drafts(min(CALIBRATION_BLOCK, models.drafter.max_block or CALIBRATION_BLOCK))
+    def __init__(self, models: Models):
+        self.models, self.clock, self.verifier = models, Clock(models.device), VERIFIERS["tree"]
+        limit = context_limit(models.target) or 2 * CALIBRATION_CONTEXT
+        wide = max(1, min(CALIBRATION_TOKENS, limit // 4))
+        # The widest tree auto may verify: K x L nodes at its largest K and L.
+        widest = min(max(AUTO_DRAFTS) * auto_longest_block(models.drafter.max_block), limit // 4)
+        self.verify_widths = sorted(
+            {0, min(CALIBRATION_BLOCK // 2, wide), wide} | ({widest} if widest > wide else set())
         )
-        stages |= {setting: (drafting(setting), accept_and_commit) for setting in drafts}
-        if drafts:  # a tree of 4 drafts of the short block: auto's usual first round
-            stages["rest"] = (rest_of_round, lambda: draft_and_verify(RoundSetting(4, 1, drafts[0].block)))
-        seconds = timed_in_turns(clock, stages, repeats)
-        other = statistics.median(accept_and_commit() for _ in range(repeats))
-    verify_s = {0: seconds["one"], short: seconds["few"], wide: seconds["many"]} | (
-        {widest: seconds["most"]} if "most" in seconds else {}
-    )
-    fitted = fitted_costs(models.drafter, verify_s, {s: seconds[s] for s in drafts}, other)
-    return replace(fitted, draft_other_s=seconds.get("rest", 0.0))
+        self.block = min(CALIBRATION_BLOCK, models.drafter.max_block or CALIBRATION_BLOCK)
+        self.longest = auto_longest_block(models.drafter.max_block)
+        none = isinstance(models.drafter, NoDrafter)
+        self.drafts = () if none else calibration_drafts(self.block)
+        # A quarter of a short context each for the prompt and the widest tree: the turns' commits add a few dozen
+        # tokens.
+        ids = models.tokenizer(CALIBRATION_TEXT * 64, return_tensors="pt")["input_ids"]
+        self.state, _ = prefill(
+            models, ids[:, : min(CALIBRATION_CONTEXT, limit // 4)].to(models.device), DecodeConfig()
+        )
+        # auto's bookkeeping and search, timed in the round's rest. The planner's prices are placeholders: its search
+        # does the same work whatever they are.
+        self.planner = control(models, DecodeConfig(auto=True), CostModel(0.0, 0.0, 1.0, 0.0, 0.0))
+        self.round: dict = {}
 
+    def verify(self, drafted: int) -> Callable[[], None]:
+        """A verify forward over a chain of ``drafted`` tokens after the root, taken back out of the cache."""
 
-def fitted_costs(drafter, verify_s: dict[int, float], draft_s: dict[RoundSetting, float], other_s: float) -> CostModel:
-    """The ``CostModel`` of timed verify forwards (by tokens drafted), timed drafts and a round's acceptance and
-    commit: the verify in pieces (``fit_verify_costs``), drafting per unit of the work the drafter declares
-    (``fit_draft_costs``)."""
-    forward_s, token_s, step_s, wide_from, wide_token_s = fit_verify_costs(verify_s)
-    per_unit = fit_draft_costs(round_draft_work(drafter), draft_s) if draft_s else (0.0,) * 3
-    return CostModel(
-        *per_unit[:2],
-        forward_s,
-        token_s,
-        other_s,
-        step_s,
-        verify_wide=wide_from,
-        verify_wide_token_s=wide_token_s,
-        draft_work=drafter.draft_work,
-        pass_s=per_unit[2],
-        refine_passes=drafter.refine_passes,
-    )
+        def stage() -> None:
+            state, past = self.state, kv.cache_length(self.state.cache)
+            self.verifier.verify(
+                self.models, state, build_tree(state.root, [[state.root] * drafted] if drafted else [])
+            )
+            kv.truncate(state.cache, past)
 
+        return stage
 
-def round_draft_work(drafter) -> Callable[[RoundSetting], tuple[int, int, int]]:
-    """A round's drafting work at (K, T, L) as the drafter declares it: (forwards, positions, refinement passes)."""
-    return lambda setting: (*drafter.draft_work(setting), drafter.refine_passes(setting))
+    def accept_and_commit(self) -> float:
+        """A plain round on the throwaway request; returns the seconds of its acceptance and commit."""
+        state, tree = self.state, build_tree(self.state.root, [[self.state.root]])
+        verified = self.verifier.verify(self.models, state, tree)
+        start = self.clock.now()
+        acceptance = accept(tree, verified.node_logits, DecodeConfig(), state.noise)
+        commit(self.models, state, tree, verified, acceptance, self.verifier)
+        return self.clock.now() - start
 
+    def verify_stages(self) -> dict:
+        return {("verify", tokens): (self.verify(tokens), None) for tokens in self.verify_widths}
 
-def fit_verify_costs(seconds: dict[int, float]) -> tuple[float, float, float, int, float]:
-    """(fixed, per token, step, wide, per token past wide) seconds of a verify forward from its seconds over a root
-    alone and over a short and a wide chain of drafted tokens (keys: tokens drafted, 0 and two more), and maybe a
-    widest one: the tokens' share from the two chains, the step from one token up to a forward over drafts from the
-    short one (``CostModel.verify_draft_s``), the share past the wide chain from the widest (0, 0 without it:
-    ``CostModel.verify_wide``). A root alone costs fixed + one token's share, so a plain step is priced exactly as
-    timed, and every chain timed is priced as timed."""
-    points = sorted(seconds.items())
-    (_, one), (short, few), (wide, many) = points[:3]
-    token_s = max(0.0, (many - few) / (wide - short)) if wide > short else max(0.0, (few - one) / short)
-    fitted = (max(0.0, one - token_s), token_s, max(0.0, few - one - token_s * short))
-    if len(points) < 4:
-        return (*fitted, 0, 0.0)
-    widest, most = points[3]
-    return (*fitted, wide, max(0.0, (most - many) / (widest - wide)))
+    def draft_stages(self) -> dict:
+        """The drafts whose fit prices every setting (K separate rows: the work the drafter declares, ``draft_work``,
+        ``refine_passes``; a tree drafts one row a step, the same work at T = 1), and the tree ``ChanceControl``
+        drafts and cuts every drafting round (best-first search and cut included)."""
+        stages = {}
+        for setting in self.drafts:
+            cfg = round_config(DecodeConfig(diversity="branch-first"), setting)
+            stages[setting] = (
+                lambda cfg=cfg, setting=setting: draft(self.models, self.state, cfg, setting, False),
+                self.accept_and_commit,
+            )
+        if self.drafts and isinstance(self.planner, ChanceControl):
+            stages["tree"] = (self.tree_draft, self.accept_and_commit)
+        return stages
 
+    def tree_draft(self) -> tuple:
+        """``ChanceControl``'s draft at the longest block and its cut -> (drafts, setting)."""
+        setting = RoundSetting(CHANCE_DRAFTS, 1, min(self.longest, 4 * CALIBRATION_BLOCK))
+        drafts = draft(self.models, self.state, round_config(DecodeConfig(), setting), setting, False)
+        return self.planner.cut(drafts, setting)
 
-def timed_in_turns(clock: Clock, stages: dict, repeats: int) -> dict:
-    """Median seconds of each stage ``(run, setup or None)``: every turn runs each stage once, right after its setup,
-    so that a drift of the machine's speed shifts every stage alike; the first turn warms up and is not counted."""
-    times: dict = {name: [] for name in stages}
-    for turn in range(repeats + 1):
-        for name, (run, setup) in stages.items():
-            if setup:
-                setup()
-            start = clock.now()
-            run()
-            if turn:
-                times[name].append(clock.now() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
+    def round_stages(self) -> dict:
+        """A drafting round past its forwards (``CostModel.draft_other_s``): the acceptance walk over its tree, the
+        commit, and auto's bookkeeping and new search, which plain rounds skip; after a tree of 4 drafts of the short
+        block (auto's usual first round), or ``ChanceControl``'s cut tree."""
+        return {"rest": (self.rest_of_round, self.draft_and_verify)} if self.drafts else {}
 
+    def draft_and_verify(self) -> None:
+        models, state = self.models, self.state
+        if isinstance(self.planner, ChanceControl):
+            drafts, setting = self.tree_draft()
+        else:
+            setting = RoundSetting(4, 1, self.drafts[0].block)
+            drafts = draft(models, state, round_config(DecodeConfig(), setting), setting, False)
+        tree = build_tree(state.root, cut_drafts(drafts.tokens, models, state))
+        self.round.update(setting=setting, drafts=drafts, tree=tree, verified=self.verifier.verify(models, state, tree))
 
-def calibration_drafts(block: int) -> tuple[RoundSetting, ...]:
-    """Drafts whose declared (forwards, positions) tell the two draft costs apart for every drafter family: a short
-    and a long block, two steps (a masked drafter's first step runs one row), four rows."""
-    half, steps = max(1, block // 2), min(2, block)  # T <= L
-    return (
-        RoundSetting(1, 1, half),
-        RoundSetting(1, 1, block),
-        RoundSetting(1, steps, block),
-        RoundSetting(4, steps, block),
-    )
-
-
-def fit_draft_costs(work: Callable[[RoundSetting], tuple[int, ...]], seconds: dict[RoundSetting, float]) -> tuple:
-    """Seconds per unit of each kind of drafting work (per forward, per position, per refinement pass...): the
-    least-squares fit of ``seconds`` to the drafts' declared work, no cost below zero (a column the drafts never do,
-    or whose fit goes negative, costs zero and the others are fitted without it)."""
-    rows = torch.tensor([work(s) for s in seconds], dtype=torch.float64)
-    times = torch.tensor(list(seconds.values()), dtype=torch.float64)[:, None]
-    kept = [c for c in range(rows.shape[1]) if rows[:, c].any()]
-    while kept:
-        fitted = torch.linalg.lstsq(rows[:, kept], times).solution[:, 0].tolist()
-        if min(fitted) >= 0:
-            break
-        kept.pop(fitted.index(min(fitted)))  # the most negative: the work that explains the least
-    costs = [0.0] * rows.shape[1]
-    for column, cost in zip(kept, fitted if kept else []):
-        costs[column] = cost
-    return tuple(costs)
+    def rest_of_round(self) -> None:
+        tree, verified, setting = self.round["tree"], self.round["verified"], self.round["setting"]
+        acceptance = accept(tree, verified.node_logits, DecodeConfig(), self.state.noise)
+        commit(self.models, self.state, tree, verified, acceptance, self.verifier)
+        fewer = accepted_with_fewer(self.round["drafts"], tree, acceptance, setting)
+        self.planner.observe(setting, len(acceptance.path), fewer)
+        self.planner.choose(remaining=4 * CALIBRATION_BLOCK)

@@ -9,15 +9,20 @@ gives plain decoding's tokens exactly (docs/DESIGN.md §2.5), a margin worth a l
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import platform
 import statistics
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
 from .config import DecodeConfig
 from .drafters.base import NoDrafter
-from .engine import CALIBRATION_TEXT, decode_to_end
+from .engine import CALIBRATION_TEXT, calibrated, decode_to_end
 from .models import (
     DrafterOptions,
     DtypeChoice,
@@ -40,11 +45,13 @@ DTYPE_AUTO_HELP = (
     f"kept, bf16 only if {100 * BF16_MARGIN:.0f}%% faster)"
 )
 TIMING_PROMPT_TOKENS = 32  # a short chat's prompt
-TIMING_TOKENS = 16  # tokens per timed request
-TIMING_TURNS = 3  # timed turns, after one that warms up
-# The round timed: the app's fixed default, a draft tree of K x L = 4 x 8 nodes (L at most the drafter's own limit),
-# whose 33-token verify is where bf16's cheap wide forwards count.
-TIMING_DRAFTS, TIMING_BLOCK = 4, 8
+# Tokens per timed request and timed turns (after one that warms up): long enough that auto's mix of drafting rounds,
+# verified cuts and plain steps is in the figures, not one short request's first rounds (16 tokens, 3 turns flipped
+# the choice run to run on a quiet machine: issue 48). The choice is measured once and cached (``cached_choice``).
+TIMING_TOKENS = 64
+TIMING_TURNS = 4
+# The environment variable naming the folder of the choice's cache (else $XDG_CACHE_HOME/xpress, ~/.cache/xpress).
+CACHE_ENV = "XPRESS_CACHE_DIR"
 
 
 def choose_dtype(timings: dict[str, DtypeTiming], threads: int) -> DtypeChoice:
@@ -80,13 +87,12 @@ def describe(t: DtypeTiming, drafting: bool) -> str:
 
 
 def time_dtypes(candidates: dict, turns: int = TIMING_TURNS) -> dict[str, DtypeTiming]:
-    """Each ``Models`` of ``candidates`` (by dtype name) timed on a short greedy request, plain (the target alone) and
-    speculative at a draft tree of ``TIMING_DRAFTS`` x ``TIMING_BLOCK``, the dtypes in turns; the first turn warms up
-    (first shapes, kernel choice)."""
+    """Each ``Models`` of ``candidates`` (by dtype name) timed on a greedy request, plain (the target alone) and as
+    the default decodes it (``auto``, at the models' calibrated costs: its drafting rounds, cut trees and plain steps
+    as they mix), the dtypes in turns; the first turn warms up (first shapes, kernel choice)."""
     first = next(iter(candidates.values()))
     prompt = first.tokenizer(CALIBRATION_TEXT * 8, return_tensors="pt")["input_ids"][:, :TIMING_PROMPT_TOKENS]
-    block = min(TIMING_BLOCK, first.drafter.max_block or TIMING_BLOCK)
-    cfg = DecodeConfig(drafts=TIMING_DRAFTS, block=block, max_new_tokens=TIMING_TOKENS)
+    cfg = DecodeConfig(auto=True, max_new_tokens=TIMING_TOKENS)
     runs = {name: {"plain": [], "rounds": []} for name in candidates}
     for turn in range(turns + 1):
         for name, models in candidates.items():
@@ -125,14 +131,99 @@ def load_fastest(
         return load_models(target, drafter, device, dtype, device_map, options, access)
     access = access or Access.from_env()
     target, drafter = resolve_model("target", target, access), resolve_drafter(drafter, options, access)
-    models, choice = fastest(lambda name: load_models(target, drafter, device, name, None, options, access))
+    threads = torch.get_num_threads()
+    key = choice_key(target, drafter, threads)
+    cached = cached_choice(key)
+    if cached is not None:
+        models = load_models(target, drafter, device, cached.dtype, None, options, access)
+        return replace(models, dtype_choice=cached)
+    models, choice = fastest(lambda name: load_models(target, drafter, device, name, None, options, access), threads)
+    store_choice(key, choice)
     return replace(models, dtype_choice=choice)
 
 
+def with_costs(models):
+    """The models with auto's stage costs measured (the timed requests decode with ``auto``); Models as they are
+    where they are not a ``Models`` (tests inject stand-ins)."""
+    return calibrated(models) if isinstance(models, Models) else models
+
+
+def cache_file() -> Path:
+    """The JSON file of measured dtype choices: under ``$XPRESS_CACHE_DIR``, else ``$XDG_CACHE_HOME/xpress``, else
+    ``~/.cache/xpress``."""
+    folder = os.environ.get(CACHE_ENV)
+    if not folder:
+        folder = str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "xpress")
+    return Path(folder) / "dtype_choice.json"
+
+
+def cpu_identity() -> dict:
+    """What makes one CPU's timings another's: its model name and flags (Linux's /proc/cpuinfo), the machine."""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            name, _, value = line.partition(":")
+            fields.setdefault(name.strip(), value.strip())  # the first CPU's
+    except OSError:
+        pass
+    model = fields.get("model name") or platform.processor()
+    flags = fields.get("flags") or fields.get("Features", "")
+    return {"cpu": model, "flags": hashlib.sha256(flags.encode()).hexdigest()[:16], "machine": platform.machine()}
+
+
+def model_identity(spec) -> dict:
+    """A model as the choice depends on it: its name, its config.json, and for a folder its weight files' names, sizes
+    and modification times (new weights in the same folder are another model)."""
+    weights = []
+    if spec.local and Path(spec.name).is_dir():
+        for path in sorted(Path(spec.name).iterdir()):
+            if path.suffix in (".safetensors", ".bin", ".pt"):
+                stat = path.stat()
+                weights.append([path.name, stat.st_size, stat.st_mtime_ns])
+    config = json.dumps(dict(spec.config or {}), sort_keys=True, default=str)
+    return {"name": spec.name, "config": hashlib.sha256(config.encode()).hexdigest(), "weights": weights}
+
+
+def choice_key(target, drafter, threads: int) -> str:
+    """The cache key of a choice: this machine (``cpu_identity``), the thread count, torch's version and the models."""
+    parts = {"machine": cpu_identity(), "threads": threads, "torch": torch.__version__}
+    parts |= {"target": model_identity(target), "drafter": model_identity(drafter)}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def cached_choice(key: str) -> DtypeChoice | None:
+    """The choice measured before for ``key``, saying so, or None (no cache, another key, an unreadable file)."""
+    try:
+        entry = json.loads(cache_file().read_text()).get(key)
+        timings = {name: DtypeTiming(**t) for name, t in entry["timings"].items()}
+        reason = f"{entry['reason']}; cached in {cache_file()} (delete it to measure again)"
+        return DtypeChoice(entry["dtype"], reason, entry["threads"], timings)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def store_choice(key: str, choice: DtypeChoice) -> None:
+    """Keep a measured choice for the next load on this machine and these models (a cache that cannot be written is
+    left: the next load measures again)."""
+    path = cache_file()
+    try:
+        entries = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, ValueError):
+        entries = {}
+    entries[key] = choice.to_json()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(entries, indent=1))
+    except OSError:
+        pass
+
+
 def fastest(load, threads: int | None = None) -> tuple[Models, DtypeChoice]:
-    """``load(dtype)`` -> Models in each candidate dtype; the faster kept (the other released), with its choice."""
+    """``load(dtype)`` -> Models in each candidate dtype, with their stage costs (``engine.calibrated``: auto decodes
+    the timed requests at them, and the kept models keep them); the faster kept (the other released), with its
+    choice."""
     start = time.perf_counter()
-    candidates = {name: load(name) for name in CANDIDATES}
+    candidates = {name: with_costs(load(name)) for name in CANDIDATES}
     with torch.no_grad():
         choice = choose_dtype(time_dtypes(candidates), threads or torch.get_num_threads())
     models = candidates.pop(choice.dtype)

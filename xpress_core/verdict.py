@@ -219,6 +219,36 @@ def plain_step_s(traces: Sequence[RoundTrace]) -> float | None:
     return sum(steps) / len(steps) if steps else None
 
 
+def fastest_plain(choice, step_s: float) -> tuple[float, str]:
+    """A plain step timed in the run dtype as plain decoding in the faster dtype on this machine takes it, and a note
+    saying so ("" where the run dtype's plain decoding is the faster or nothing was measured): the dtype choice's own
+    figures (``DtypeChoice.timings``, timed in turns at load) scale it. Every speedup is over the fastest plain
+    decoding, not over plain decoding in a dtype that a user who turns the drafter off would not pick."""
+    timings = getattr(choice, "timings", None) or {}
+    if choice is None or choice.dtype not in timings:
+        return step_s, ""
+    fastest = min(timings, key=lambda name: timings[name].plain_step_s)
+    factor = timings[fastest].plain_step_s / timings[choice.dtype].plain_step_s
+    if fastest == choice.dtype or factor >= 1.0:
+        return step_s, ""
+    return step_s * factor, f"against plain decoding in {fastest}, {1 / factor:.2f}x faster per step here"
+
+
+def against_fastest_plain(traces: Sequence[RoundTrace], choice) -> dict | None:
+    """The reply (``traces``, the prefill first) against the fastest plain decoding on this machine, from the plain
+    steps the dtype choice timed at load (``fastest_plain``): the CLI's ``--json``. None where nothing was timed (a
+    pinned dtype) or no round ran."""
+    timings = getattr(choice, "timings", None) or {}
+    if choice is None or choice.dtype not in timings:
+        return None
+    step_s, note = fastest_plain(choice, timings[choice.dtype].plain_step_s)
+    cost = reply_cost(traces, step_s)
+    if cost is None:
+        return None
+    dtype = min(timings, key=lambda name: timings[name].plain_step_s) if note else choice.dtype
+    return {"dtype": dtype, "plain_step_s": step_s, "speedup": cost.speedup, "rounds_speedup": cost.rounds.speedup}
+
+
 def calibrate_plain_step(plain: Models, prompt_ids: torch.Tensor) -> float | None:
     """Time one plain decoding step of ``plain`` (a target without a drafter) on ``prompt_ids``, greedy.
 
@@ -250,17 +280,20 @@ def plain_rounds(plain: Models, prompt_ids: torch.Tensor, tokens: int) -> list[R
 AGREEMENT = 0.15
 
 
-def race_speedup(speculative: DecodeResult, plain: DecodeResult) -> float:
-    """Tokens/s of the speculative run over the plain run's, each from its own start (prefill included)."""
-    return speculative.tokens_per_s / plain.tokens_per_s if plain.tokens_per_s > 0 else 0.0
+def race_speedup(speculative: DecodeResult, plain: DecodeResult, plain_share: float = 1.0) -> float:
+    """Tokens/s of the speculative run over the plain run's, each from its own start (prefill included);
+    ``plain_share``: the plain run's time as the faster dtype's plain decoding takes it (``fastest_plain``)."""
+    return speculative.tokens_per_s * plain_share / plain.tokens_per_s if plain.tokens_per_s > 0 else 0.0
 
 
-def agreement(predicted: ReplyCost, speculative: DecodeResult, plain: DecodeResult) -> tuple[bool, str]:
+def agreement(
+    predicted: ReplyCost, speculative: DecodeResult, plain: DecodeResult, plain_share: float = 1.0
+) -> tuple[bool, str]:
     """Whether the Race's measured speedup is the verdict's prediction (within ``AGREEMENT``), and a line saying so or
     why not. Both count the plain run's own steps, so for the same tokens they differ only by the two prefills of
     the same prompt: apart, the machine ran at different speeds for the two runs, and neither figure is the
     speedup."""
-    measured = race_speedup(speculative, plain)
+    measured = race_speedup(speculative, plain, plain_share)
     if predicted.speedup > 0 and abs(measured / predicted.speedup - 1) <= AGREEMENT:
         return True, f"agrees with the verdict's whole reply (×{predicted.speedup:.2f}) ✓"
     return False, (

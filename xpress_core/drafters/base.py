@@ -34,6 +34,9 @@ class Drafts:
     # T = 1 the tree of K' x L nodes is the first K' x L: ``accepted_with_fewer``); empty for K separate drafts.
     order: tuple[tuple[int, ...], ...] = ()
     refinement: Refinement | None = None  # what the refinement passes did, when any ran (watched or not)
+    # A tree's drafts: per token, its own chance given the path before it, as the tree was built on them (auto's
+    # ``ChanceControl`` reads them before the verify); empty for K separate drafts.
+    chances: tuple[tuple[float, ...], ...] = ()
 
 
 class Drafter(ABC):
@@ -46,6 +49,9 @@ class Drafter(ABC):
     max_block_reason: str = "trained block size"
     # What a round's T steps are: "denoise" steps, or refinement "pass"es (a drafter with a refiner head).
     step_kind: str = "denoise"
+    # Whether its draft trees (diversity "tree") carry their nodes' chances (``Drafts.chances``): auto then cuts
+    # each round's tree by them (``controller.ChanceControl``).
+    offers_chances: bool = False
 
     @property
     def auto_steps(self) -> tuple[int, ...]:

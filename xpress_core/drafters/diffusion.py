@@ -54,6 +54,7 @@ class MaskedDiffusionDrafter(Drafter):
     banned: torch.Tensor  # (V,) additive, -inf at tokens drafts may not use (banned_token_bias); V bounds the ids
     device: torch.device
     tree_sharpness: float = 1.0  # greedy trees: chances from softmax(sharpness x logits) (XpressDrafterConfig)
+    offers_chances = True
 
     def draft_work(self, setting: RoundSetting) -> tuple[int, int]:
         """T forwards: the first over one row (all K rows start the same), the others over K rows of L + 1 (a draft
@@ -125,7 +126,7 @@ class MaskedDiffusionDrafter(Drafter):
         tree = best_first_paths(top.values.tolist(), top.indices.tolist(), budget)
         if watch:
             steps = [*steps, DenoiseStep(tree.tokens, tree.chances)]
-        return Drafts(tree.tokens, tuple(steps), tree.order)
+        return Drafts(tree.tokens, tuple(steps), tree.order, chances=tree.chances)
 
     def tree_chances(self, allowed: torch.Tensor, cfg: DecodeConfig, randomness: DraftRandomness) -> torch.Tensor:
         """A tree node's chances (..., V) from its position's logits: greedy, the chance that a token is the target's
@@ -493,7 +494,7 @@ class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
         # Each tree a step of the panel ("tree": its rows are paths, not the rows of the tree before)
         steps = tuple(DenoiseStep(t.tokens, t.chances, kind="tree") for t in trees) if watch else ()
         tree = trees[-1]
-        return Drafts(tree.tokens, steps, tree.order, Refinement(trees[0].tokens, tree.tokens))
+        return Drafts(tree.tokens, steps, tree.order, Refinement(trees[0].tokens, tree.tokens), tree.chances)
 
     def denoise(self, state: DiffusionState, root: int, tokens: torch.Tensor, committed: torch.Tensor) -> torch.Tensor:
         """One drafter forward on the rows' blocks ``[root, tokens or MASK]`` -> (R, L, V) logits."""
