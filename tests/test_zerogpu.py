@@ -207,8 +207,11 @@ def test_the_standin_refuses_what_zerogpu_cannot_pickle():
             zero.GPU(lambda check: check())(lambda: True)  # an argument: the call fails before the worker runs
         with pytest.raises(WorkerError, match="does not pickle"):
             list(zero.GPU(unpicklable_values)())
-        with web_process(), pytest.raises(CudaInWebProcess):
-            torch.cuda.synchronize()  # what would initialise CUDA raises in the web process
+        with web_process():  # what would initialise CUDA, or run a model, raises in the web process
+            with pytest.raises(CudaInWebProcess):
+                torch.cuda.synchronize()
+            with pytest.raises(CudaInWebProcess, match="Linear forward"):
+                torch.nn.Linear(2, 2)(torch.zeros(1, 2))
     finally:
         zero.close()
 
@@ -217,7 +220,11 @@ def unpicklable_values():
     yield lambda: None
 
 
-def test_zerogpu_start_loads_the_first_preset_without_running_it_and_survives_a_failed_load(zoo, monkeypatch):
+def hub_down(*args, **kwargs):
+    raise OSError("Hub down")
+
+
+def test_zerogpu_start_loads_the_first_preset_without_running_it_and_survives_a_failed_load(zoo, monkeypatch, capsys):
     launched = []
     monkeypatch.setattr("gradio.Blocks.launch", lambda demo, **options: launched.append(options))
     monkeypatch.setattr(zerogpu, "spaces", ZeroGPU())
@@ -225,18 +232,15 @@ def test_zerogpu_start_loads_the_first_preset_without_running_it_and_survives_a_
     for name, value in {"XPRESS_TARGET": zoo["llama"], "XPRESS_DRAFTER": zoo["drafter_llama"]}.items():
         monkeypatch.setenv(name, str(value))
     monkeypatch.setenv("XPRESS_DEVICE", "cpu")
-
-    def no_forward(*args, **kwargs):
-        raise CudaInWebProcess("a forward ran in the web process at start")
-
-    monkeypatch.setattr(app_models, "calibrated", no_forward)
-    with web_process():
+    with web_process():  # a forward at start would raise (and be reported)
         main.main([])
+        assert "xPress:" not in capsys.readouterr().err
         cache = app_models.served()
         first = next(iter(cache.presets))
         assert cache.is_loaded(first) and not cache.load(first).ready
-        monkeypatch.setattr(app_models, "load_target", lambda *a, **k: (_ for _ in ()).throw(OSError("Hub down")))
+        monkeypatch.setattr(app_models, "load_target", hub_down)
         main.main([])  # the page comes up all the same
+        assert "Hub down" in capsys.readouterr().err
     assert len(launched) == 2
 
 

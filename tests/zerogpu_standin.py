@@ -7,13 +7,14 @@
   the call; a closed stream sets the worker's stop event, which it reads after each value;
 - the duration is asked for before each call: a number, or a callable given the call's own arguments;
 - the web process may not initialise CUDA (ZeroGPU makes ``torch._C._cuda_init`` raise there and says CUDA is
-  available); the worker may.
+  available) nor, here, run a model's forward; the worker may.
 """
 
 from __future__ import annotations
 
 import inspect
 import multiprocessing
+import os
 import pickle
 import signal
 import sys
@@ -44,18 +45,32 @@ class WorkerError(RuntimeError):
     """A GPU call failed in its worker (ZeroGPU's "ZeroGPU worker error"); the message holds the worker's traceback."""
 
 
+MODULE_CALL = torch.nn.Module.__call__
+
+
 def forbid_cuda() -> None:
+    """CUDA's initialisation raises in this process, and so does a model's forward (on a CPU build nothing would
+    initialise CUDA, but a forward here is what would run it on ZeroGPU); processes forked from it may do both."""
+    web_pid = os.getpid()
+
     def refuse(*args, **kwargs):
         raise CudaInWebProcess("CUDA must not be initialised in the web process on ZeroGPU")
+
+    def forward_elsewhere(module, *args, **kwargs):
+        if os.getpid() == web_pid:
+            raise CudaInWebProcess(f"a {type(module).__name__} forward ran in the web process")
+        return MODULE_CALL(module, *args, **kwargs)
 
     for module, name in CUDA_HOOKS:
         setattr(module, name, refuse)
     torch.cuda.is_available = lambda: True  # as spaces says in the web process
+    torch.nn.Module.__call__ = forward_elsewhere
 
 
 def allow_cuda() -> None:
     for (module, name), original in CUDA_HOOKS.items():
         setattr(module, name, original)
+    torch.nn.Module.__call__ = MODULE_CALL
 
 
 @contextmanager
