@@ -272,3 +272,21 @@ def test_app_py_on_zerogpu_answers_chat_and_sweep_and_a_cancelled_reply_frees_th
         "reply_on_gpu",
         "sweep_on_gpu",
     ]
+
+
+def test_a_gpu_call_asks_for_the_time_its_request_needs_within_the_budget():
+    def reply(**changes):
+        return app_chat.reply_seconds("hi", [], Settings(**{"max_new_tokens": 100, **changes}), Budget(), None)
+
+    assert reply(max_new_tokens=200) - zerogpu.GPU_SETUP_S == 2 * (reply() - zerogpu.GPU_SETUP_S) > 0
+    assert reply(race=True) == reply(max_new_tokens=200)  # the Race decodes the tokens twice
+    assert reply(animate=True, auto=False, steps=4) > reply(animate=True, auto=False, steps=1) > reply()
+    capped = app_chat.reply_seconds("hi", [], Settings(max_new_tokens=512, animate=True), Budget(wall_s=30.0), None)
+    assert capped == zerogpu.GPU_SETUP_S + 30.0  # the request's budget ends it there anyway
+
+    def sweep(**changes):
+        request = SweepRequest(**{"preset": TINY, "drafts": (1,), "steps": (1,), "max_new_tokens": 8, **changes})
+        return app_sweep.sweep_seconds(request, None, Budget(), None)
+
+    assert sweep(drafts=(1, 2, 4)) > sweep(drafts=(1, 2)) > sweep()  # settings and repeats (within 48 runs)
+    assert sweep(max_new_tokens=64) > sweep() and sweep(prompts=4) > sweep(prompts=2)
