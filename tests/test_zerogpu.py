@@ -207,6 +207,8 @@ def test_the_standin_refuses_what_zerogpu_cannot_pickle():
             zero.GPU(lambda check: check())(lambda: True)  # an argument: the call fails before the worker runs
         with pytest.raises(WorkerError, match="does not pickle"):
             list(zero.GPU(unpicklable_values)())
+        with pytest.raises(WorkerError, match="holds a tensor of shape"):
+            zero.GPU(lambda: {"logits": torch.zeros(2, 3)})()
         with web_process():  # what would initialise CUDA, or run a model, raises in the web process
             with pytest.raises(CudaInWebProcess):
                 torch.cuda.synchronize()
