@@ -389,6 +389,16 @@ def test_the_cut_with_the_largest_hand_computed_gain_is_verified():
     assert (root.setting, root.nodes, root.gain) == (PLAIN_STEP, 0, 0.0)
 
 
+def test_a_cut_keeps_l_nodes_at_most_when_only_one_draft_may_be_kept():
+    """Two first tokens 0.9 and 0.6, a child 0.5 of the first: any K: L = 2, K = 2 keeps all three, 2.0 - 0.3 = 1.7
+    (L = 1, K = 2: 1.5 - 0.2 = 1.3); K = 1 (sampling): L = 2 keeps the first two nodes, 1.5 - 0.2 = 1.3."""
+    nodes = [(1, 0.9), (1, 0.6), (2, 0.5)]
+    wide = best_cut(nodes, 2, 1.0, UNIT_COSTS, 1.0)
+    assert (wide.setting, wide.nodes, wide.gain) == (RoundSetting(2, 1, 2), 3, pytest.approx(1.7))
+    narrow = best_cut(nodes, 2, 1.0, UNIT_COSTS, 1.0, controller.CUT_DRAFTS_SAMPLED)
+    assert (narrow.setting, narrow.nodes, narrow.gain) == (RoundSetting(1, 1, 2), 2, pytest.approx(1.3))
+
+
 def test_node_chances_and_the_cut_drafts_keep_the_best_first_nodes():
     """Two paths sharing their first node: node 3's chance is 0.9 x 0.5; cutting to 3 nodes two deep keeps nodes 0, 1
     and 3 (node 2 is three deep), renumbered best first."""

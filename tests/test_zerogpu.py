@@ -207,8 +207,13 @@ def test_the_standin_refuses_what_zerogpu_cannot_pickle():
             zero.GPU(lambda check: check())(lambda: True)  # an argument: the call fails before the worker runs
         with pytest.raises(WorkerError, match="does not pickle"):
             list(zero.GPU(unpicklable_values)())
-        with web_process(), pytest.raises(CudaInWebProcess):
-            torch.cuda.synchronize()  # what would initialise CUDA raises in the web process
+        with pytest.raises(WorkerError, match="holds a tensor of shape"):
+            zero.GPU(lambda: {"logits": torch.zeros(2, 3)})()
+        with web_process():  # what would initialise CUDA, or run a model, raises in the web process
+            with pytest.raises(CudaInWebProcess):
+                torch.cuda.synchronize()
+            with pytest.raises(CudaInWebProcess, match="Linear forward"):
+                torch.nn.Linear(2, 2)(torch.zeros(1, 2))
     finally:
         zero.close()
 
@@ -217,7 +222,11 @@ def unpicklable_values():
     yield lambda: None
 
 
-def test_zerogpu_start_loads_the_first_preset_without_running_it_and_survives_a_failed_load(zoo, monkeypatch):
+def hub_down(*args, **kwargs):
+    raise OSError("Hub down")
+
+
+def test_zerogpu_start_loads_the_first_preset_without_running_it_and_survives_a_failed_load(zoo, monkeypatch, capsys):
     launched = []
     monkeypatch.setattr("gradio.Blocks.launch", lambda demo, **options: launched.append(options))
     monkeypatch.setattr(zerogpu, "spaces", ZeroGPU())
@@ -225,18 +234,15 @@ def test_zerogpu_start_loads_the_first_preset_without_running_it_and_survives_a_
     for name, value in {"XPRESS_TARGET": zoo["llama"], "XPRESS_DRAFTER": zoo["drafter_llama"]}.items():
         monkeypatch.setenv(name, str(value))
     monkeypatch.setenv("XPRESS_DEVICE", "cpu")
-
-    def no_forward(*args, **kwargs):
-        raise CudaInWebProcess("a forward ran in the web process at start")
-
-    monkeypatch.setattr(app_models, "calibrated", no_forward)
-    with web_process():
+    with web_process():  # a forward at start would raise (and be reported)
         main.main([])
+        assert "xPress:" not in capsys.readouterr().err
         cache = app_models.served()
         first = next(iter(cache.presets))
         assert cache.is_loaded(first) and not cache.load(first).ready
-        monkeypatch.setattr(app_models, "load_target", lambda *a, **k: (_ for _ in ()).throw(OSError("Hub down")))
+        monkeypatch.setattr(app_models, "load_target", hub_down)
         main.main([])  # the page comes up all the same
+        assert "Hub down" in capsys.readouterr().err
     assert len(launched) == 2
 
 
@@ -268,3 +274,21 @@ def test_app_py_on_zerogpu_answers_chat_and_sweep_and_a_cancelled_reply_frees_th
         "reply_on_gpu",
         "sweep_on_gpu",
     ]
+
+
+def test_a_gpu_call_asks_for_the_time_its_request_needs_within_the_budget():
+    def reply(**changes):
+        return app_chat.reply_seconds("hi", [], Settings(**{"max_new_tokens": 100, **changes}), Budget(), None)
+
+    assert reply(max_new_tokens=200) - zerogpu.GPU_SETUP_S == 2 * (reply() - zerogpu.GPU_SETUP_S) > 0
+    assert reply(race=True) == reply(max_new_tokens=200)  # the Race decodes the tokens twice
+    assert reply(animate=True, auto=False, steps=4) > reply(animate=True, auto=False, steps=1) > reply()
+    capped = app_chat.reply_seconds("hi", [], Settings(max_new_tokens=512, animate=True), Budget(wall_s=30.0), None)
+    assert capped == zerogpu.GPU_SETUP_S + 30.0  # the request's budget ends it there anyway
+
+    def sweep(**changes):
+        request = SweepRequest(**{"preset": TINY, "drafts": (1,), "steps": (1,), "max_new_tokens": 8, **changes})
+        return app_sweep.sweep_seconds(request, None, Budget(), None)
+
+    assert sweep(drafts=(1, 2, 4)) > sweep(drafts=(1, 2)) > sweep()  # settings and repeats (within 48 runs)
+    assert sweep(max_new_tokens=64) > sweep() and sweep(prompts=4) > sweep(prompts=2)

@@ -3,17 +3,19 @@
 - a call runs in a worker process forked from the web process (``fork`` context), kept and reused for the next call
   (ZeroGPU reuses an idle worker), so the worker holds the web process's state as it was when it was forked;
 - ``(args, kwargs)`` go to it by pickle over a fork-context ``SimpleQueue``: what does not pickle fails the call;
-- the result, or each value a generator yields, comes back by pickle the same way; one that does not pickle fails
-  the call; a closed stream sets the worker's stop event, which it reads after each value;
+- the result, or each value a generator yields, comes back by pickle the same way; one that does not pickle (or, here,
+  holds a tensor) fails the call; a closed stream sets the worker's stop event, which it reads after each value;
 - the duration is asked for before each call: a number, or a callable given the call's own arguments;
 - the web process may not initialise CUDA (ZeroGPU makes ``torch._C._cuda_init`` raise there and says CUDA is
-  available); the worker may.
+  available) nor, here, run a model's forward; the worker may.
 """
 
 from __future__ import annotations
 
 import inspect
+import io
 import multiprocessing
+import os
 import pickle
 import signal
 import sys
@@ -44,18 +46,32 @@ class WorkerError(RuntimeError):
     """A GPU call failed in its worker (ZeroGPU's "ZeroGPU worker error"); the message holds the worker's traceback."""
 
 
+MODULE_CALL = torch.nn.Module.__call__
+
+
 def forbid_cuda() -> None:
+    """CUDA's initialisation raises in this process, and so does a model's forward (on a CPU build nothing would
+    initialise CUDA, but a forward here is what would run it on ZeroGPU); processes forked from it may do both."""
+    web_pid = os.getpid()
+
     def refuse(*args, **kwargs):
         raise CudaInWebProcess("CUDA must not be initialised in the web process on ZeroGPU")
+
+    def forward_elsewhere(module, *args, **kwargs):
+        if os.getpid() == web_pid:
+            raise CudaInWebProcess(f"a {type(module).__name__} forward ran in the web process")
+        return MODULE_CALL(module, *args, **kwargs)
 
     for module, name in CUDA_HOOKS:
         setattr(module, name, refuse)
     torch.cuda.is_available = lambda: True  # as spaces says in the web process
+    torch.nn.Module.__call__ = forward_elsewhere
 
 
 def allow_cuda() -> None:
     for (module, name), original in CUDA_HOOKS.items():
         setattr(module, name, original)
+    torch.nn.Module.__call__ = MODULE_CALL
 
 
 @contextmanager
@@ -100,8 +116,20 @@ def serve_calls(task, generator: bool, calls, results, stop) -> None:
         results.put(("end", None))
 
 
+class NoTensors(pickle.Pickler):
+    """Pickles nowhere, refusing tensors: a GPU tensor sent back would be rebuilt on the GPU in the web process, so
+    what the app's GPU functions return holds none (stricter than ZeroGPU, which takes CPU tensors: on this CPU a
+    tensor cannot show which device it would be on there)."""
+
+    def reducer_override(self, obj):
+        if isinstance(obj, torch.Tensor):
+            raise pickle.PicklingError(f"it holds a tensor of shape {tuple(obj.shape)}")
+        return NotImplemented
+
+
 def send(results, kind: str, value) -> bool:
     try:
+        NoTensors(io.BytesIO()).dump(value)
         results.put((kind, value))
     except PICKLE_ERRORS as error:
         results.put(("error", f"the worker's value does not pickle: {error!r}"))

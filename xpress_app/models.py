@@ -124,6 +124,8 @@ class Loaded:
 
 @dataclass(frozen=True)
 class DrafterMethod:
+    """A method of the preset's drafter, by name: the process that receives it binds its own drafter's."""
+
     name: str
 
 

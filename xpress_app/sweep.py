@@ -348,7 +348,7 @@ def sweep_on_gpu(
     if isinstance(item, BaseException) and not isinstance(item, XpressError):
         raise item
     if fresh and (measured := served().calibration(request.preset)) is not None:
-        yield measured  # before the view, which ends the caller's loop (``reply_on_gpu`` says why)
+        yield measured  # ``reply_on_gpu`` says why
     yield item
 
 

@@ -155,14 +155,14 @@ def wire_sweep(
                     raise item
                 if isinstance(item, Calibration):
                     cache.adopt(item)
-                    continue
-                if isinstance(item, SweepView):
-                    return view_update(tab, item)
-                done, total, label = item
-                progress((done, total), desc=f"runs · last: {label}", unit="runs")
+                elif isinstance(item, SweepView):
+                    view = item
+                else:
+                    done, total, label = item
+                    progress((done, total), desc=f"runs · last: {label}", unit="runs")
         except XpressError as error:
             raise refusal("/sweep", error) from None
-        raise RuntimeError("the sweep ended without a view")
+        return view_update(tab, view)
 
     started = tab.run.click(Controls.arm, tab.controls, None, **private)
     inputs = {

@@ -356,6 +356,11 @@ PROBE_FIRST, PROBE_MAX = 2, 16
 # first tree's search costs more than its branches return (tune half, 64 tokens, over plain, first K 8 / 2: greedy
 # short chats 1.624 / 1.736x, chats 1.427 / 1.442x, stories 1.467 / 1.475x; at 0.7 the same within 0.01).
 FIRST_DRAFTS = 2
+# K a cut may keep, greedy and sampled. When sampling, a cut keeps L nodes at most (K = 1): the coupled drafts' other
+# branches are accepted far less often than their chances say, and such cuts got the most on the tune half (64 tokens,
+# over plain, K up to 8 / 2 / 1: chats 1.181 / 1.211 / 1.232x, short chats 1.281 / 1.323 / 1.378x, stories 0.962 /
+# 0.957 / 0.965x; realised/expected 0.78 -> 0.83 on chats); greedy they lost (chats 1.442 -> 1.375x).
+CUT_DRAFTS, CUT_DRAFTS_SAMPLED = AUTO_DRAFTS, (1,)
 
 
 @dataclass(frozen=True)
@@ -380,15 +385,22 @@ def node_chances(drafts) -> list[tuple[int, float]]:
     return [nodes[n] for n in sorted(nodes)]
 
 
-def best_cut(nodes: list[tuple[int, float]], longest: int, share: float, costs: CostModel, rate: float) -> TreeCut:
+def best_cut(
+    nodes: list[tuple[int, float]],
+    longest: int,
+    share: float,
+    costs: CostModel,
+    rate: float,
+    drafts: tuple[int, ...] = CUT_DRAFTS,
+) -> TreeCut:
     """The cut with the largest gain over a plain step: per L, the first K x L nodes of depth <= L (a tree: a node's
-    ancestors come before it and are shallower) for K in ``AUTO_DRAFTS``; gain = share x their chances' sum - ``rate``
+    ancestors come before it and are shallower) for K in ``drafts``; gain = share x their chances' sum - ``rate``
     x (the round's rest, its verify, walk and commit, in plain steps - 1). The draft is paid already: it does not
     enter."""
     plain_s, best = costs.round_s(PLAIN_STEP), TreeCut(PLAIN_STEP, 0, 0.0, 0.0)
     for block in range(1, longest + 1):
         sums = list(accumulate(p for d, p in nodes if d <= block))
-        for k in AUTO_DRAFTS:
+        for k in drafts:
             count = min(k * block, len(sums))
             if count == 0:
                 break
@@ -444,11 +456,12 @@ class ChanceControl:
         self.costs, self.max_block = costs, auto_longest_block(max_block)
         self.share_prior = SHARE_PRIOR_SAMPLED if sampled else SHARE_PRIOR
         self.rate = RATE_SAMPLED if sampled else RATE
+        self.cut_drafts = CUT_DRAFTS_SAMPLED if sampled else CUT_DRAFTS
         self.realised, self.expected = 0.0, 0.0  # decayed draft tokens accepted / expected by the verified cuts
         self.gains, self.weight = 0.0, 0.0  # decayed sum and count of drafting rounds' best gains
         self.plain_run, self.probe_after, self.probing = 0, PROBE_FIRST, False
         self.last: TreeCut | None = None  # this round's cut (None: it did not draft)
-        self.drafts = FIRST_DRAFTS  # K of the next draft (``next_drafts``)
+        self.drafts = min(FIRST_DRAFTS, max(self.cut_drafts))  # K of the next draft (``next_drafts``)
         self.drafted = PLAIN_STEP  # the last draft's (K, 1, L)
 
     def share(self) -> float:
@@ -476,8 +489,9 @@ class ChanceControl:
         if setting.plain:
             return drafts, setting
         nodes, self.drafted = node_chances(drafts), setting
-        self.last = best_cut(nodes, setting.block, self.share(), self.costs, self.rate)
-        self.plain_run, self.drafts = 0, next_drafts(setting.drafts, self.last.setting)
+        self.last = best_cut(nodes, setting.block, self.share(), self.costs, self.rate, self.cut_drafts)
+        self.plain_run = 0
+        self.drafts = min(max(self.cut_drafts), next_drafts(setting.drafts, self.last.setting))
         return apply_cut(drafts, nodes, self.last), self.last.setting
 
     def observe(self, setting: RoundSetting, accepted: int, with_fewer: tuple[int, ...] = ()) -> None:
