@@ -28,6 +28,7 @@ from xpress_app.config import AppConfig
 from xpress_app.session import Controls
 from xpress_app.settings import Settings
 from xpress_app.sweep import CHAT_BOX, SweepRequest
+from xpress_app.texts import EMPTY_MESSAGE
 from xpress_app.ui import build_app
 from xpress_core.config import DecodeConfig
 from xpress_core.engine import decode
@@ -61,7 +62,7 @@ def on_zerogpu(standin: ZeroGPU):
     """This process as ZeroGPU's web process (no CUDA), the app's GPU functions, as the app decorates them, run by
     the stand-in."""
     with pytest.MonkeyPatch.context() as patch, web_process():
-        patch.setattr(chat_tab, "chat_turn", standin.GPU(app_chat.chat_turn, duration=app_chat.reply_seconds))
+        patch.setattr(app_chat, "chat_turn", standin.GPU(app_chat.chat_turn, duration=app_chat.reply_seconds))
         patch.setattr(sweep_tab, "sweep_turn", standin.GPU(app_sweep.sweep_turn, duration=app_sweep.sweep_seconds))
         yield
 
@@ -150,6 +151,11 @@ def test_stop_and_clear_end_a_reply_running_in_the_worker(config, zero):
     controls = Controls()
     long_reply = chat_args("Once upon a time", max_new_tokens=200, animate=True)  # paced: a frame per denoise step
     with on_zerogpu(zero):
+        # An empty message, and a reply stopped while it waited, are answered without a GPU call.
+        assert reply_of(demo, controls, chat_args("   "))[-1][2] == EMPTY_MESSAGE
+        controls.request_stop()
+        assert list(handler(demo, "chat").fn(controls=controls, request=None, **chat_args("Hello"))) == []
+        assert zero.durations == []
         stopped = reply_of(demo, controls, long_reply, between=lambda n: n == 3 and controls.request_stop())
         assert "■ Stopped after" in stopped[-1][2]
         assert final_reply(stopped).result is None
