@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import threading
 import time
 from contextlib import contextmanager
@@ -183,15 +184,18 @@ def clear_handler(demo):
 
 def test_sweep_through_zerogpu_measures_what_the_in_process_sweep_measures(config, zero):
     args = {"drafts": [1, 2], "steps": [1, 2], "block": 4, "source": CHAT_BOX, "count": 1, "max_new_tokens": 8}
-    progress = []
+    progress, controls, stop_at = [], Controls(), [None]
 
     def sweep(demo):
         fn = handler(demo, "sweep").fn
-        update = fn(TINY, message="Book a table for two.", controls=Controls(), request=None, progress=record, **args)
+        Controls.arm(controls)
+        update = fn(TINY, message="Book a table for two.", controls=controls, request=None, progress=record, **args)
         return {getattr(c, "elem_id", None): v for c, v in update.items()}
 
     def record(value, desc=None, unit=None):
         progress.append(value)
+        if value and value[0] == stop_at[0]:
+            controls.request_stop()  # the Stop button, pressed while the sweep runs
 
     in_process = sweep(build_app(config))
     progress.clear()
@@ -204,6 +208,12 @@ def test_sweep_through_zerogpu_measures_what_the_in_process_sweep_measures(confi
     assert progress[-1][0] == progress[-1][1] > 0  # the runs' progress crossed back as they went
     request = SweepRequest(TINY, (1, 2), (1, 2), 4, CHAT_BOX, 1, 8)
     assert zero.durations == [app_sweep.sweep_seconds(request, "Book a table for two.", Budget(), None)]
+    stop_at[0] = 2
+    with on_zerogpu(zero):
+        stopped = sweep(demo)
+    # The worker reads the stop after its next run at the latest (it may check before the request lands).
+    done, total = map(int, re.match(r"■ Sweep stopped after (\d+) of (\d+) runs", stopped["sweep-status"]).groups())
+    assert 2 <= done <= 3 < total
 
 
 def test_the_standin_refuses_what_zerogpu_cannot_pickle():
