@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import threading
 import time
 from contextlib import contextmanager
@@ -28,6 +29,7 @@ from xpress_app.config import AppConfig
 from xpress_app.session import Controls
 from xpress_app.settings import Settings
 from xpress_app.sweep import CHAT_BOX, SweepRequest
+from xpress_app.texts import EMPTY_MESSAGE
 from xpress_app.ui import build_app
 from xpress_core.config import DecodeConfig
 from xpress_core.engine import decode
@@ -61,7 +63,7 @@ def on_zerogpu(standin: ZeroGPU):
     """This process as ZeroGPU's web process (no CUDA), the app's GPU functions, as the app decorates them, run by
     the stand-in."""
     with pytest.MonkeyPatch.context() as patch, web_process():
-        patch.setattr(chat_tab, "chat_turn", standin.GPU(app_chat.chat_turn, duration=app_chat.reply_seconds))
+        patch.setattr(app_chat, "chat_turn", standin.GPU(app_chat.chat_turn, duration=app_chat.reply_seconds))
         patch.setattr(sweep_tab, "sweep_turn", standin.GPU(app_sweep.sweep_turn, duration=app_sweep.sweep_seconds))
         yield
 
@@ -150,6 +152,11 @@ def test_stop_and_clear_end_a_reply_running_in_the_worker(config, zero):
     controls = Controls()
     long_reply = chat_args("Once upon a time", max_new_tokens=200, animate=True)  # paced: a frame per denoise step
     with on_zerogpu(zero):
+        # An empty message, and a reply stopped while it waited, are answered without a GPU call.
+        assert reply_of(demo, controls, chat_args("   "))[-1][2] == EMPTY_MESSAGE
+        controls.request_stop()
+        assert list(handler(demo, "chat").fn(controls=controls, request=None, **chat_args("Hello"))) == []
+        assert zero.durations == []
         stopped = reply_of(demo, controls, long_reply, between=lambda n: n == 3 and controls.request_stop())
         assert "■ Stopped after" in stopped[-1][2]
         assert final_reply(stopped).result is None
@@ -177,15 +184,18 @@ def clear_handler(demo):
 
 def test_sweep_through_zerogpu_measures_what_the_in_process_sweep_measures(config, zero):
     args = {"drafts": [1, 2], "steps": [1, 2], "block": 4, "source": CHAT_BOX, "count": 1, "max_new_tokens": 8}
-    progress = []
+    progress, controls, stop_at = [], Controls(), [None]
 
     def sweep(demo):
         fn = handler(demo, "sweep").fn
-        update = fn(TINY, message="Book a table for two.", controls=Controls(), request=None, progress=record, **args)
+        Controls.arm(controls)
+        update = fn(TINY, message="Book a table for two.", controls=controls, request=None, progress=record, **args)
         return {getattr(c, "elem_id", None): v for c, v in update.items()}
 
     def record(value, desc=None, unit=None):
         progress.append(value)
+        if value and value[0] == stop_at[0]:
+            controls.request_stop()  # the Stop button, pressed while the sweep runs
 
     in_process = sweep(build_app(config))
     progress.clear()
@@ -198,6 +208,12 @@ def test_sweep_through_zerogpu_measures_what_the_in_process_sweep_measures(confi
     assert progress[-1][0] == progress[-1][1] > 0  # the runs' progress crossed back as they went
     request = SweepRequest(TINY, (1, 2), (1, 2), 4, CHAT_BOX, 1, 8)
     assert zero.durations == [app_sweep.sweep_seconds(request, "Book a table for two.", Budget(), None)]
+    stop_at[0] = 2
+    with on_zerogpu(zero):
+        stopped = sweep(demo)
+    # The worker reads the stop after its next run at the latest (it may check before the request lands).
+    done, total = map(int, re.match(r"■ Sweep stopped after (\d+) of (\d+) runs", stopped["sweep-status"]).groups())
+    assert 2 <= done <= 3 < total
 
 
 def test_the_standin_refuses_what_zerogpu_cannot_pickle():

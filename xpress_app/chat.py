@@ -395,16 +395,20 @@ def scrub_figure(reply: Reply | None, round_index, step):
 # --- a reply as a GPU call ----------------------------------------------------------------------------------------
 
 
-def load_for_reply(cache: ModelCache, message, settings: Settings, ticket: StopTicket) -> Iterator[View]:
-    """The web process's part of a reply, before a GPU is attached: the settings checked and the preset's models
-    loaded (downloads included; no forward runs), so that a GPU call decodes and a ZeroGPU worker forked from now on
-    inherits them. Nothing loads for a reply that will not decode (an empty message, a stop already requested)."""
-    settings.decode_config()
+def reply_views(
+    cache: ModelCache, message, history, settings: Settings, budget: Budget, ticket: StopTicket
+) -> Iterator[View | XpressError | Calibration]:
+    """A reply as the web process serves it: an empty message, or a reply stopped while it waited, is answered here;
+    else the settings are checked and the preset's models loaded (downloads included; no forward runs), so that a
+    ZeroGPU worker forked from now on inherits them, and the reply decodes in ``chat_turn``, on a GPU there."""
     if not user_message(message) or ticket.requested():
+        yield from run_chat(cache, message, history, settings, ticket.requested, budget)  # nothing to decode
         return
+    settings.decode_config()
     if not cache.is_loaded(settings.preset):
         yield View(message="", status=f"Loading “{settings.preset}”…")
     cache.load(settings.preset)
+    yield from chat_turn(message, history, settings, budget, ticket)
 
 
 def reply_on_gpu(

@@ -16,7 +16,7 @@ from xpress_core.config import DIVERSITY, REFINE_MODES, VERIFY_MODES
 from xpress_core.errors import XpressError
 
 from .budget import Budget
-from .chat import Reply, View, chat_turn, load_for_reply, log_file, scrub_figure
+from .chat import Reply, View, log_file, reply_views, scrub_figure
 from .figures import empty_panels
 from .log import refusal
 from .models import Calibration, ModelCache
@@ -259,15 +259,12 @@ def finished(tab: ChatTab, reply: Reply, log_dir: Path) -> dict:
 def reply_updates(
     tab: ChatTab, cache: ModelCache, log_dir: Path, budget: Budget, message, history, controls: Controls, settings: dict
 ):
-    """The chat endpoint's stream: the reply's views as component updates. The models load here; the reply decodes
-    in ``chat_turn``, on ZeroGPU in a GPU worker, reached by plain data and the session's stop ticket."""
+    """The chat endpoint's stream: the reply's views (``chat.reply_views``) as component updates."""
     chosen = Settings(**settings)
     controls.running += 1
     try:
         with cache.in_flight.serving():
-            for view in load_for_reply(cache, message, chosen, controls.ticket):
-                yield view_update(tab, log_dir, view)
-            for view in chat_turn(message, history, chosen, budget, controls.ticket):
+            for view in reply_views(cache, message, history, chosen, budget, controls.ticket):
                 if isinstance(view, XpressError):
                     raise view
                 if isinstance(view, Calibration):
