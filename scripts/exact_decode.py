@@ -39,6 +39,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--decodes", type=int, default=len(DECODES), help="only the first N (the device's smoke: 1)")
     args = parser.parse_args(argv)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -46,7 +47,7 @@ def main(argv=None) -> int:
     tokenizer = AutoTokenizer.from_pretrained(ROOT / "assets" / "target")
     target = AutoModelForCausalLM.from_pretrained(ROOT / "assets" / "target", dtype=torch.float32).to(args.device)
     failures = 0
-    for prompt, drafter, options in DECODES:
+    for prompt, drafter, options in DECODES[: args.decodes]:
         ids = torch.tensor([tokenizer(prompt)["input_ids"]], device=args.device)
         with torch.no_grad():
             expected = target.generate(ids, max_new_tokens=args.new_tokens, do_sample=False)[0, ids.shape[1] :].tolist()
