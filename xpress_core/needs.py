@@ -13,7 +13,7 @@ from packaging.version import Version
 from .errors import XpressError
 
 # The oldest transformers the code runs on: model forwards take ``cache=`` (5.0-5.23 named it ``past_key_values``).
-# requirements.txt's floor; tests/test_validation.py checks that the two agree, and CI runs the engine tests there.
+# requirements.txt's floor; tests/test_needs.py checks that the two agree, and CI runs the engine tests there.
 TRANSFORMERS_FLOOR = "5.24.0"
 
 # The packages a Hub model's own code imports that requirements.txt does not install: import name -> pip command
