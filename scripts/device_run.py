@@ -9,7 +9,8 @@ then the refiner co-trained on CUDA from a distillation written there, all under
 
 Everything it needs travels with the working tree except the corpus (``runs/`` is git-ignored): ``--prepare`` writes
 a slice of ``runs/corpus/train.bin`` (built from ../shared/data first when missing) to ``runs/device_data/corpus``,
-which the device call carries: ``run(command="bash scripts/device_run.sh", carry=["runs/device_data"],
+and the DFlash reference's wheel to ``runs/device_data/wheels`` (test_cuda's DFlash 2 case; installed there without
+an index), which the device call carries: ``run(command="bash scripts/device_run.sh", carry=["runs/device_data"],
 timeout_s=540)``. Without it the training stage is skipped, with the reason, and the other stages still run (the dry
 run trains on random ids instead: it checks the plumbing, not the learning).
 
@@ -38,6 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEVICE_DATA = Path("runs") / "device_data" / "corpus"
+WHEELS = Path("runs") / "device_data" / "wheels"
 CORPUS_SLICE_TOKENS = 2_000_000  # 4 MB of uint16 ids: the shuffled corpus's first documents, a fair sample
 STAGES = ("decode", "tests", "bench", "train")  # in their order: the smoke stage's two, then the long ones
 DEPENDENCIES = ("torch", "transformers", "safetensors", "tokenizers", "numpy", "tqdm", "pytest", "plotly", "gradio")
@@ -162,7 +164,7 @@ class Run:
 
 def environment(run: Run) -> dict:
     """nvidia-smi, torch and CUDA versions, the GPU torch sees, and which Python packages are missing."""
-    facts: dict = {"python": sys.version.split()[0], "missing": []}
+    facts: dict = {"python": sys.version.split()[0], "installed": install_carried_wheels(), "missing": []}
     for name in DEPENDENCIES:
         if importlib.util.find_spec(name) is None:
             facts["missing"].append(name)
@@ -277,6 +279,22 @@ def prepare(args: argparse.Namespace) -> None:
     target.mkdir(parents=True, exist_ok=True)
     tokens.tofile(target / "train.bin")
     print(json.dumps({"corpus_slice": str(target / "train.bin"), "tokens": int(tokens.size)}))
+    # The DFlash reference package (tests/test_cuda.py's DFlash 2 case) as a wheel: the device reaches no index.
+    requirement = next(
+        line for line in (ROOT / "requirements-test.txt").read_text().splitlines() if line[:6] == "dflash"
+    )
+    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "-d", str(WHEELS), requirement]
+    subprocess.run(cmd, cwd=ROOT, check=True)
+
+
+def install_carried_wheels() -> list[str]:
+    """On the device: the wheels ``--prepare`` carried, installed without their dependencies where missing."""
+    wheels = sorted((ROOT / WHEELS).glob("*.whl")) if (ROOT / WHEELS).is_dir() else []
+    names = [w.name for w in wheels if importlib.util.find_spec(w.name.split("-")[0]) is None]
+    if names:
+        cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index"]
+        subprocess.run([*cmd, *(str(ROOT / WHEELS / n) for n in names)], check=False, timeout=120)
+    return names
 
 
 def main(argv=None) -> int:
