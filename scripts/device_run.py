@@ -1,21 +1,25 @@
-"""One prepared command for a lent GPU (issue 36): the machine's facts, the refiner co-trained on CUDA from a
-distillation written there, the CUDA tests, and the quick bench of the embedded pair, all under one time budget.
+"""One prepared command for a lent GPU (issues 36, 49): a smoke stage of under a minute first (the machine's facts and
+versions, one exact decode on CUDA against ``generate``, the CUDA tests), then the quick bench of the embedded pair,
+then the refiner co-trained on CUDA from a distillation written there, all under one time budget.
 
     bash scripts/device_run.sh                      # on the device: cuda, about 8 minutes, results under $OUT
+    bash scripts/device_run.sh --dry-run            # here and in CI: the same stages on the CPU, tiny (about 70 s of CPU)
     bash scripts/device_run.sh --toy --device cpu   # here: every stage shrunk, a few minutes on one CPU thread
     python scripts/device_run.py --prepare          # here, once: the corpus slice the device run trains from
 
 Everything it needs travels with the working tree except the corpus (``runs/`` is git-ignored): ``--prepare`` writes
 a slice of ``runs/corpus/train.bin`` (built from ../shared/data first when missing) to ``runs/device_data/corpus``,
-which the device call carries: ``run(command="bash scripts/device_run.sh", carry=["runs/device_data"],
-timeout_s=540)``. Without it the training stage is skipped, with the reason, and the other stages still run.
+and the DFlash reference's wheel to ``runs/device_data/wheels`` (test_cuda's DFlash 2 case; installed there without
+an index), which the device call carries: ``run(command="bash scripts/device_run.sh", carry=["runs/device_data"],
+timeout_s=540)``. Without it the training stage is skipped, with the reason, and the other stages still run (the dry
+run trains on random ids instead: it checks the plumbing, not the learning).
 
 Each stage is a subprocess bounded by ``timeout`` (its process group is ended at its limit); what it printed goes to
-``$OUT/device_run.log`` and ``$OUT/results.json`` is rewritten after every stage, so a run cut short still reports
-what finished. $OUT (default ``runs/device_out``) receives at most 8 files: the log, results.json, the learning curve
-(``train_log.jsonl``), the trained drafter with its summary (``refiner_out.tar.gz``), and the bench's JSON, CSV and
-table. The work folder (default ``runs/device_work``) keeps the distillation and the training checkpoint: a second
-call on the same warm machine resumes both.
+``$OUT/device_run.log`` and ``$OUT/results.json`` is rewritten as each stage ends, so a run cut short still reports
+what finished, and a failed smoke stage says so in the first minute. $OUT (default ``runs/device_out``) receives at
+most 8 files: the log, results.json, the learning curve (``train_log.jsonl``), the trained drafter with its summary
+(``refiner_out.tar.gz``), and the bench's JSON, CSV and table. The work folder (default ``runs/device_work``) keeps
+the distillation and the training checkpoint: a second call on the same warm machine resumes both.
 """
 
 from __future__ import annotations
@@ -35,7 +39,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEVICE_DATA = Path("runs") / "device_data" / "corpus"
+WHEELS = Path("runs") / "device_data" / "wheels"
 CORPUS_SLICE_TOKENS = 2_000_000  # 4 MB of uint16 ids: the shuffled corpus's first documents, a fair sample
+STAGES = ("decode", "tests", "bench", "train")  # in their order: the smoke stage's two, then the long ones
 DEPENDENCIES = ("torch", "transformers", "safetensors", "tokenizers", "numpy", "tqdm", "pytest", "plotly", "gradio")
 
 
@@ -51,9 +57,11 @@ class Sizes:
     train_s: int  # the training stage's share of the budget (distillation, training, evaluation, saving)
     tests_s: int
     bench: tuple[str, ...]
+    decode_s: int = 40  # the smoke stage's exact decode
+    bench_s: int = 600  # at most; the bench also stops where the training stage's share begins
 
 
-FULL = Sizes(2048, 96, 4000, 32, 250, 230, 75, ("--quick",))
+FULL = Sizes(2048, 96, 4000, 32, 250, 230, 60, ("--quick",), bench_s=150)
 TOY = Sizes(
     96,
     24,
@@ -64,20 +72,44 @@ TOY = Sizes(
     240,
     ("--quick", "--num-prompts", "2", "--max-new-tokens", "12", "--grid", "K=1 T=1,2 L=8", "--threads", "1"),
 )
+# The CI's check of the plumbing: every stage, on the CPU, as small as it runs (the held-out rows need 64 sequences).
+DRY = Sizes(
+    72,
+    8,
+    2,
+    4,
+    1,
+    60,
+    45,
+    ("--quick", "--num-prompts", "1", "--max-new-tokens", "8", "--grid", "K=1 T=1 L=4", "--threads", "1"),
+    decode_s=60,
+    bench_s=60,
+)
+# About 70 s of CPU on one thread (each stage starts Python, torch and the models afresh); the limits leave room for
+# a machine shared with other work.
+DRY_BUDGET_S = 180.0
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda", help="cuda (the device run) or cpu (a toy check here)")
     p.add_argument("--toy", action="store_true", help="every stage shrunk: a few steps, a few sequences, 2 prompts")
+    p.add_argument("--dry-run", action="store_true", help=f"every stage on the CPU, tiny, in {DRY_BUDGET_S:.0f} s (CI)")
     p.add_argument("--budget", type=float, default=480.0, help="seconds for all stages together (default 8 minutes)")
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or Path("runs") / "device_out"))
     p.add_argument("--work", type=Path, default=Path("runs") / "device_work", help="distillation and checkpoint")
     p.add_argument("--data", type=Path, help=f"corpus folder (train.bin) to distill from (default {DEVICE_DATA})")
     p.add_argument("--train-args", default="", help="more options for train refiner, e.g. '--rank 256 --passes 5'")
-    p.add_argument("--skip", nargs="*", default=[], choices=("train", "tests", "bench"), help="stages left out")
+    p.add_argument("--skip", nargs="*", default=[], choices=STAGES, help="stages left out")
     p.add_argument("--prepare", action="store_true", help="write the corpus slice the device run carries, and stop")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.dry_run:
+        args.device, args.budget = "cpu", min(args.budget, DRY_BUDGET_S)
+    return args
+
+
+def sizes_of(args: argparse.Namespace) -> Sizes:
+    return DRY if args.dry_run else TOY if args.toy else FULL
 
 
 class Run:
@@ -132,7 +164,7 @@ class Run:
 
 def environment(run: Run) -> dict:
     """nvidia-smi, torch and CUDA versions, the GPU torch sees, and which Python packages are missing."""
-    facts: dict = {"python": sys.version.split()[0], "missing": []}
+    facts: dict = {"python": sys.version.split()[0], "installed": install_carried_wheels(), "missing": []}
     for name in DEPENDENCIES:
         if importlib.util.find_spec(name) is None:
             facts["missing"].append(name)
@@ -157,14 +189,14 @@ def training(run: Run, sizes: Sizes) -> dict:
     """``train refiner --co-train`` on the device: distillation written there first (resumable), then training
     bounded by ``--max-minutes``; the learning curve and the trained drafter go to $OUT."""
     args = run.args
-    data = args.data or DEVICE_DATA
+    data = args.data or (dry_corpus(args.work) if args.dry_run else DEVICE_DATA)
     if not (data / "train.bin").exists():
         return {
             "status": "skipped",
             "reason": f"no {data}/train.bin: run scripts/device_run.py --prepare here and "
             "carry runs/device_data (runs/ is git-ignored and does not travel)",
         }
-    stage_s = min(sizes.train_s, run.left() - 20)
+    stage_s = min(sizes.train_s, run.left() - 5)
     workdir, out = args.work / "refiner", args.work / "refiner" / "out"
     # The loop's own clock: what is left once the target loads and writes the distillation, and before the last
     # evaluation and the save (both short next to the loop; the distillation's share is a guess, kept generous).
@@ -195,17 +227,36 @@ def training(run: Run, sizes: Sizes) -> dict:
     return result
 
 
+def dry_corpus(work: Path) -> Path:
+    """The dry run's corpus: random ids of the embedded target's vocabulary (enough for its few sequences)."""
+    import numpy as np
+
+    folder = work / "dry_corpus"
+    if not (folder / "train.bin").exists():
+        vocab = json.loads((ROOT / "assets" / "target" / "config.json").read_text())["vocab_size"]
+        folder.mkdir(parents=True, exist_ok=True)
+        np.random.default_rng(0).integers(10, vocab, size=200_000, dtype=np.uint16).tofile(folder / "train.bin")
+    return folder
+
+
+def exact_decode(run: Run, sizes: Sizes) -> dict:
+    """Smoke: one decode of the embedded pair through the CLI on the device, against ``generate`` there."""
+    cmd = [sys.executable, "scripts/exact_decode.py", "--device", run.args.device, "--decodes", "1"]
+    return run.command("decode", cmd, sizes.decode_s)
+
+
 def cuda_tests(run: Run, sizes: Sizes) -> dict:
-    """The tests that run on a GPU (tests/test_cuda.py): they skip, saying why, where CUDA is absent."""
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/test_cuda.py"]
-    return run.command("tests", cmd, sizes.tests_s)
+    """Smoke: the CUDA cases of tests/test_cuda.py (their CPU cases ran in the suite; without CUDA all skip)."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-x", "-p", "no:cacheprovider", "tests/test_cuda.py"]
+    return run.command("tests", [*cmd, "-k", "not cpu"], sizes.tests_s)
 
 
 def bench(run: Run, sizes: Sizes) -> dict:
     """``bench --quick`` of the embedded pair on the device; its JSON, CSV and table go to $OUT."""
     json_path = run.args.work / "bench" / "bench.json"
     cmd = [sys.executable, "-m", "xpress_core", "bench", *sizes.bench, "--device", run.args.device]
-    result = run.command("bench", [*cmd, "--json", str(json_path), "--no-progress"], run.left() - 5)
+    limit = min(sizes.bench_s, run.left() - min(sizes.train_s, run.left() / 2))  # the training stage's share kept
+    result = run.command("bench", [*cmd, "--json", str(json_path), "--no-progress"], limit)
     for path in (json_path, json_path.with_suffix(".csv"), json_path.with_name("bench_table.md")):
         if path.exists():
             shutil.copy(path, run.args.out / path.name)
@@ -228,6 +279,22 @@ def prepare(args: argparse.Namespace) -> None:
     target.mkdir(parents=True, exist_ok=True)
     tokens.tofile(target / "train.bin")
     print(json.dumps({"corpus_slice": str(target / "train.bin"), "tokens": int(tokens.size)}))
+    # The DFlash reference package (tests/test_cuda.py's DFlash 2 case) as a wheel: the device reaches no index.
+    requirement = next(
+        line for line in (ROOT / "requirements-test.txt").read_text().splitlines() if line[:6] == "dflash"
+    )
+    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "-d", str(WHEELS), requirement]
+    subprocess.run(cmd, cwd=ROOT, check=True)
+
+
+def install_carried_wheels() -> list[str]:
+    """On the device: the wheels ``--prepare`` carried, installed without their dependencies where missing."""
+    wheels = sorted((ROOT / WHEELS).glob("*.whl")) if (ROOT / WHEELS).is_dir() else []
+    names = [w.name for w in wheels if importlib.util.find_spec(w.name.split("-")[0]) is None]
+    if names:
+        cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index"]
+        subprocess.run([*cmd, *(str(ROOT / WHEELS / n) for n in names)], check=False, timeout=120)
+    return names
 
 
 def main(argv=None) -> int:
@@ -239,9 +306,9 @@ def main(argv=None) -> int:
         for stale in args.out.iterdir():
             stale.unlink() if stale.is_file() else shutil.rmtree(stale)
     run = Run(args)
-    sizes = TOY if args.toy else FULL
+    sizes = sizes_of(args)
     run.record("environment", environment(run))
-    stages = {"train": training, "tests": cuda_tests, "bench": bench}
+    stages = {"decode": exact_decode, "tests": cuda_tests, "bench": bench, "train": training}
     for name, stage in stages.items():
         run.record(name, {"status": "skipped", "reason": "--skip"} if name in args.skip else stage(run, sizes))
     failed = [n for n, r in run.results["stages"].items() if r.get("status") == "failed"]

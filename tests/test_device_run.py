@@ -1,7 +1,7 @@
 """The training steps' ``--device`` and ``--max-minutes``, and the prepared device run (scripts/device_run.py) as far
 as a CPU can check them: a missing CUDA is refused before anything loads, the time limit stops the loop at a
-checkpoint that a rerun resumes, and the script's stages and files hold together (its toy mode end to end is a manual
-check, README: it takes a few minutes, too long for the suite)."""
+checkpoint that a rerun resumes, and the script's stages and files hold together: the smoke stage first, each stage's
+results written as it ends (its dry run end to end runs in CI, .ci/run: about 70 s of CPU, too long for the suite)."""
 
 from __future__ import annotations
 
@@ -65,14 +65,41 @@ def test_the_loop_runs_where_the_config_says_and_stops_at_its_time_limit_with_a_
     assert not out_of_time(TrainConfig(steps=1), 0.0)  # no limit, no stop
 
 
-def test_the_device_run_sizes_fit_its_budget_and_the_toy_run_is_small():
+def test_the_device_run_sizes_fit_its_budget_and_the_toy_and_dry_runs_are_small():
     module = device_run()
     args = module.parse_args([])
-    assert args.device == "cuda" and args.budget <= 8 * 60
-    full, toy = module.FULL, module.TOY
-    assert full.train_s + full.tests_s < args.budget  # the bench gets what is left
-    assert toy.sequences > 64 + toy.batch_size  # the held-out rows (train/loop.py HELD_OUT) and one batch besides
-    assert toy.steps <= 10 and "2" in toy.bench
+    assert args.device == "cuda" and args.budget <= 8 * 60 and module.sizes_of(args) is module.FULL
+    full, toy, dry = module.FULL, module.TOY, module.DRY
+    assert full.decode_s + full.tests_s <= 100  # the smoke stage reports within its first minute or two
+    assert full.decode_s + full.tests_s + full.bench_s + full.train_s <= args.budget
+    for small in (toy, dry):  # the held-out rows (train/loop.py HELD_OUT) and one batch besides
+        assert small.sequences > 64 + small.batch_size and small.steps <= 10
+    dry_args = module.parse_args(["--dry-run"])
+    assert dry_args.device == "cpu" and dry_args.budget == module.DRY_BUDGET_S and module.sizes_of(dry_args) is dry
+
+
+def test_the_smoke_stage_runs_first_and_every_stage_is_written_as_it_ends(tmp_path, monkeypatch):
+    """The stages in their order (the exact decode and the CUDA tests, then bench, then training), results.json
+    holding each finished stage before the next starts; a failed one is reported and the run's exit code says so."""
+    module = device_run()
+    seen = []
+
+    def command(run, stage, cmd, limit):
+        done = json.loads((tmp_path / "out" / "results.json").read_text())["stages"]
+        seen.append((stage, list(done)))
+        return {"status": "failed" if stage == "decode" else "ok", "rc": 0, "wall_s": 0.0}
+
+    monkeypatch.setattr(module.Run, "command", command)
+    out, work = tmp_path / "out", tmp_path / "work"
+    assert module.main(["--dry-run", "--out", str(out), "--work", str(work)]) == 1
+    assert seen == [
+        ("decode", ["environment"]),
+        ("tests", ["environment", "decode"]),
+        ("bench", ["environment", "decode", "tests"]),
+        ("train", ["environment", "decode", "tests", "bench"]),
+    ]
+    assert (work / "dry_corpus" / "train.bin").stat().st_size > 0  # the dry run trains on random ids
+    assert json.loads((out / "results.json").read_text())["stages"]["decode"]["status"] == "failed"
 
 
 def test_the_device_run_skips_training_without_the_carried_corpus_and_says_how_to_get_it(tmp_path):

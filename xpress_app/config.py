@@ -125,6 +125,41 @@ def menu_presets(menu: str) -> tuple[ModelPreset, ...]:
 def parse_args(argv: list[str] | None = None) -> AppConfig:
     env = os.environ
     parser = argparse.ArgumentParser(description="xPress: the speculative decoding app (Gradio).")
+    add_model_args(parser, env)
+    add_capacity_args(parser, env)
+    add_budget_args(parser, env)
+    add_server_args(parser, env)
+    args = parser.parse_args(argv)
+    if args.concurrency < 1 or args.max_loaded < 1:
+        parser.error("--concurrency and --max-loaded must be at least 1")
+    if not (args.request_seconds > 0 and args.request_memory_mb > 0):
+        parser.error("--request-seconds and --request-memory-mb must be positive")
+    if not 0 < args.port < 65536:
+        parser.error(f"--port must be from 1 to 65535, got {args.port}")
+    try:
+        presets = default_presets(args.target, args.drafter, args.presets)
+        hardware = Hardware.detect(args.device, args.dtype, args.memory_gb)
+    except XpressError as error:
+        parser.error(str(error))
+    access = Access.from_env(args.allow_unknown_models, args.trust_remote_code)
+    budget = Budget(args.request_seconds, args.request_memory_mb)
+    return AppConfig(
+        presets,
+        args.device,
+        args.dtype,
+        args.concurrency,
+        args.device_map,
+        access,
+        hardware,
+        args.max_loaded,
+        budget,
+        args.host,
+        args.port,
+    )
+
+
+def add_model_args(parser: argparse.ArgumentParser, env) -> None:
+    """Which models, where and how: a custom preset, the device, dtype and device map, and the two opt-ins."""
     parser.add_argument(
         "--target",
         default=env.get(ENV["target"]),
@@ -158,6 +193,10 @@ def parse_args(argv: list[str] | None = None) -> AppConfig:
         action="store_true",
         help=f"allow model code from a model's repository, for presets that need it (env {ENV['trust_remote_code']}=1)",
     )
+
+
+def add_capacity_args(parser: argparse.ArgumentParser, env) -> None:
+    """How much the server takes on: concurrent requests, the model menu, memory and the pairs kept loaded."""
     parser.add_argument(
         "--concurrency",
         type=int,
@@ -181,35 +220,6 @@ def parse_args(argv: list[str] | None = None) -> AppConfig:
         type=int,
         default=env.get(ENV["max_loaded"], str(DEFAULT_MAX_LOADED)),
         help=f"model pairs kept loaded; the least recently used is unloaded (env {ENV['max_loaded']})",
-    )
-    add_budget_args(parser, env)
-    add_server_args(parser, env)
-    args = parser.parse_args(argv)
-    if args.concurrency < 1 or args.max_loaded < 1:
-        parser.error("--concurrency and --max-loaded must be at least 1")
-    if not (args.request_seconds > 0 and args.request_memory_mb > 0):
-        parser.error("--request-seconds and --request-memory-mb must be positive")
-    if not 0 < args.port < 65536:
-        parser.error(f"--port must be from 1 to 65535, got {args.port}")
-    try:
-        presets = default_presets(args.target, args.drafter, args.presets)
-        hardware = Hardware.detect(args.device, args.dtype, args.memory_gb)
-    except XpressError as error:
-        parser.error(str(error))
-    access = Access.from_env(args.allow_unknown_models, args.trust_remote_code)
-    budget = Budget(args.request_seconds, args.request_memory_mb)
-    return AppConfig(
-        presets,
-        args.device,
-        args.dtype,
-        args.concurrency,
-        args.device_map,
-        access,
-        hardware,
-        args.max_loaded,
-        budget,
-        args.host,
-        args.port,
     )
 
 

@@ -229,10 +229,12 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def run_presets(args: argparse.Namespace) -> int:
+    from .needs import MODEL_EXTRAS
     from .presets import hub_presets
 
     for preset in hub_presets():
-        print(json.dumps(asdict(preset)))
+        extras = [pip for name in (preset.target, preset.drafter) for pip in MODEL_EXTRAS.get(name, {}).values()]
+        print(json.dumps(asdict(preset) | {"extras": extras}))
     return 0
 
 

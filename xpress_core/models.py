@@ -34,6 +34,7 @@ from .drafters.diffusion_lm import FAMILIES, DiffusionLMDrafter, family_conventi
 from .drafters.diffusion_model import XpressDrafter, XpressDrafterConfig, default_tapped_layers
 from .errors import XpressError
 from .hub import ModelSpec, frozen_config, is_local, read_config_json
+from .needs import check_loadable
 from .packing import pack_linears, warm_packed
 from .presets import Access, check_known, remote_code_allowed
 from .records import json_record
@@ -183,6 +184,7 @@ def resolve_model(role: str, spec: str | Path | ModelSpec, access: Access, kind:
         return spec
     name = str(spec)
     check_known(role, name, access)
+    check_loadable(role, name)
     return ModelSpec(role, name, is_local(name), kind, frozen_config(read_config_json(name)))
 
 
@@ -465,6 +467,8 @@ def load_models(
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     access = access or Access.from_env()
+    for role, spec in (("target", target), ("drafter", drafter)):  # both, before either's config.json is read
+        check_loadable(role, str(spec))
     target_spec = resolve_model("target", target, access)
     drafter_spec = resolve_drafter(drafter, drafter_options, access)
     target_model, tokenizer = load_target(target_spec, dev, dt, device_map, access)

@@ -3,15 +3,18 @@
 Why: on a CPU every bf16 ``F.linear`` first reorders its weight into that layout, and for the small matrices of a
 few-token forward the reorder is a large part of the product (measured on this project's CPU, one thread: 9 x 256 x
 640 in 49 us packed against 67 us, 9 x 256 x 4096 in 249 against 327 us). Packed once, the weight is read as it is.
-The product is the same oneDNN kernel on the same layout: every layer is checked, when it is packed, to give
-``F.linear``'s outputs bit for bit at a few token counts, and one that does not stays as it was. So the models'
-outputs, and plain and speculative decoding's tokens, are what they were; only the time changes.
+Every layer is checked, when it is packed, to give ``F.linear``'s outputs bit for bit at a few token counts, and one
+that does not stays as it was. At other counts the outputs are the same products summed in fp32 and rounded to bf16,
+but not always in the same order: oneDNN picks its kernel by row count, and on CPUs with AMX or AVX-512 BF16 (pair
+dot products) two kernels can round a sum differently, so an output may differ from ``F.linear``'s by a bf16 ulp
+(tests/test_packing.py bounds it). Where the kernels agree (the checked counts; every count on the CPUs without bf16
+instructions that pack), the models' outputs and tokens are what they were; only the time changes.
 
 A new row count costs once: oneDNN builds its kernel for every new shape of a product (bf16, one thread: a prompt
 forward over a new length took 1.2x one over a length seen before), and a chat's prompt grows every turn. So a packed
 product runs over a few row counts only (``bucket_rows``: zero rows added), which ``warm_packed`` builds at load. A
-row's outputs do not depend on the rows beside it (checked when a layer is packed, and at every count up to 1,039 for
-the embedded pair at 1 and 2 threads), so the tokens stay what they were.
+row's outputs do not depend on the values of the rows beside it (a product's rows are computed apart), so the zero
+padding changes none.
 
 Only frozen inference models are packed (``models.freeze``), only on a CPU and only in bf16: in fp32 the same CPUs
 multiply faster through MKL on the plain layout (5 x 256 x 640: 22 us plain, 37 us packed), and a packed layer has

@@ -54,7 +54,7 @@ def hub_presets() -> tuple[ModelPreset, ...]:
             "openai-community/gpt2",
             "kuleshov-group/mdlm-owt",
             "diffusion-lm",
-            "CUDA GPU (mdlm-owt's code uses flash-attention); about 0.6 GB.",
+            "CUDA GPU; mdlm-owt's code imports flash-attn and einops (pip install flash-attn einops); about 0.6 GB.",
             remote_code=True,
             key="gpt2-mdlm",
             needs_cuda=True,

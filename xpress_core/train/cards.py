@@ -139,10 +139,8 @@ def refiner_text(summary: dict, cfg: dict) -> str:
     )
 
 
-def drafter_card(asset: Path, command: str, kind: str) -> str:
-    whole = read_json(asset / "training_summary.json")
-    scores = read_json(asset / "eval.json")
-    cfg = read_json(asset / "config.json")
+def drafter_head(kind: str, whole: dict, cfg: dict) -> str:
+    """The card's title and description of the drafter of ``kind``: its architecture and how it was trained."""
     # A drafter given a refiner head: its own training is the stage the head's run continued.
     stages = refiner_stages(whole)
     s = stages[-1].get("continued_from", {}) if stages else whole
@@ -156,15 +154,6 @@ def drafter_card(asset: Path, command: str, kind: str) -> str:
         f" Greedy draft trees read its distribution sharpened by `tree_sharpness` = {cfg.get('tree_sharpness', 1.0):g}"
         " (`train sharpness`: the factor whose trees get the most draft tokens accepted on held-out prompts)."
     )
-    rows = "\n".join(
-        f"| {r['drafts']} | {r['steps']} | {r['block']} | {r.get('temperature', 0):g} | {r['tau']:.2f} | {draft_ms(r)} | "
-        f"{r['tokens_per_s']:.0f} | "
-        f"{r['plain_tokens_per_s']:.0f} | {r['speedup']:.2f}x |"
-        for r in sorted(
-            scores.get("scores", []), key=lambda r: (r.get("temperature", 0), r["block"], r["drafts"], r["steps"])
-        )
-    )
-    note = f" Note: {scores['note']}." if scores.get("note") else ""
     if kind == "gaussian":
         head = f"""# xPress embedded gaussian diffusion drafter
 
@@ -209,6 +198,27 @@ agree), by self-distillation on {s.get("distilled_sequences")} target-written co
 The classic baseline: a {cfg.get("num_hidden_layers")}-layer `LlamaForCausalLM` with the target's tokenizer (hidden
 {cfg.get("hidden_size")}), distilled on the same target-written sequences as the diffusion drafter, starting from
 the target's token embedding. transformers' assisted generation takes it as `assistant_model`."""
+    return head
+
+
+def score_rows(scores: dict) -> str:
+    """The measured scores' table rows, by temperature, block, drafts and steps."""
+    return "\n".join(
+        f"| {r['drafts']} | {r['steps']} | {r['block']} | {r.get('temperature', 0):g} | {r['tau']:.2f} | {draft_ms(r)} | "
+        f"{r['tokens_per_s']:.0f} | "
+        f"{r['plain_tokens_per_s']:.0f} | {r['speedup']:.2f}x |"
+        for r in sorted(
+            scores.get("scores", []), key=lambda r: (r.get("temperature", 0), r["block"], r["drafts"], r["steps"])
+        )
+    )
+
+
+def drafter_card(asset: Path, command: str, kind: str) -> str:
+    whole = read_json(asset / "training_summary.json")
+    scores = read_json(asset / "eval.json")
+    head = drafter_head(kind, whole, read_json(asset / "config.json"))
+    rows = score_rows(scores)
+    note = f" Note: {scores['note']}." if scores.get("note") else ""
     if read_json(asset.parent / "target" / "training_summary.json").get("exported_checkpoint"):
         head += (
             "\n\n**Interim**: trained for the interim export of the target (see its card); it is retrained "
