@@ -26,7 +26,7 @@ from xpress_core.controller import (
     denoise_work,
 )
 from xpress_core.drafters.base import NoDrafter
-from xpress_core.drafters.diffusion import MaskedDiffusionDrafter
+from xpress_core.drafters.masked import MaskedDiffusionDrafter
 from xpress_core.engine import (
     Models,
     calibrate,

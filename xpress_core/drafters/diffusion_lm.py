@@ -28,7 +28,7 @@ import torch
 
 from ..errors import XpressError
 from .base import banned_token_bias
-from .diffusion import MaskedDiffusionDrafter
+from .masked import MaskedDiffusionDrafter
 
 
 @dataclass(frozen=True)
