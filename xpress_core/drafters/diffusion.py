@@ -23,6 +23,7 @@ from .base import (
     allowed_logits,
     banned_token_bias,
     choice_scores,
+    read_top,
     refine_groups,
 )
 from .diffusion_model import ContextKV, KVSlots, XpressDrafter, add_noise, signal_share
@@ -217,8 +218,8 @@ class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
         noise = row_gumbel(cfg, logits.shape[1:], randomness, self.device)
         tokens, confidence, forced = self.choose_tokens(logits, cfg, 1, randomness, watch, noise)
         forced = torch.zeros_like(tokens, dtype=torch.bool) if forced is None else forced
-        before = as_rows(tokens)  # pass 0's draft, kept for ``Refinement`` whether watched or not
-        steps = [DenoiseStep(before, as_rows(confidence), kind="pass")] if watch else []
+        before = tokens  # pass 0's draft, kept for ``Refinement`` whether watched or not
+        steps = [DenoiseStep(as_rows(before), as_rows(confidence), kind="pass")] if watch else []
         roots = torch.full((cfg.drafts,), root, device=self.device)
         start = 1  # the first position has no correction: pass 0's token stays
         for _ in range(cfg.steps - 1):
@@ -230,19 +231,21 @@ class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
             )
             candidates = tokens.clone()
             candidates[:, start:] = torch.where(forced[:, start:], tokens[:, start:], chosen)
-            changed = (candidates != tokens).any(0).nonzero()
+            changed = (candidates != tokens).any(0)  # (L,)
             tokens = candidates
             if watch:
                 confidence = confidence.clone()
                 confidence[:, start:] = chosen_confidence
                 steps.append(DenoiseStep(as_rows(tokens), as_rows(confidence), kind="pass"))
-            if not len(changed):
+            # The first changed position, L if none: the pass's one read (argmax gives the first maximum).
+            first_changed = int(torch.cat([changed, changed.new_ones(1)]).int().argmax())
+            if first_changed == cfg.block:
                 break  # a fixed point: the next passes would change nothing
             # Positions up to the first changed token read the same tokens next pass: their logits stay.
-            start = int(changed[0]) + 1
+            start = first_changed + 1
             if start == cfg.block:
                 break
-        after = as_rows(tokens)
+        before, after = (tuple(map(tuple, rows)) for rows in torch.stack([before, tokens]).tolist())  # one read
         return Drafts(tokens=after, steps=tuple(steps), refinement=Refinement(before, after))
 
     def choose_among(self, logits, candidates, cfg: DecodeConfig, randomness, watch: bool, row_noise, start: int):
@@ -282,9 +285,7 @@ class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
             coupled = DraftRandomness(randomness.generator, None if upcoming is None else upcoming[positions])
             return self.tree_chances(logits.to(self.device) + banned[positions], cfg, coupled)
 
-        trees = self.passes.refined_trees(
-            inputs, root, (first[0].tolist(), first[1].tolist()), chances, budget, cfg.steps - 1
-        )
+        trees = self.passes.refined_trees(inputs, root, read_top(*first), chances, budget, cfg.steps - 1)
         # Each tree a step of the panel ("tree": its rows are paths, not the rows of the tree before)
         steps = tuple(DenoiseStep(t.tokens, t.chances, kind="tree") for t in trees) if watch else ()
         tree = trees[-1]
@@ -352,7 +353,7 @@ class GaussianDiffusionDrafter(TargetConditionedDrafter):
         rng = randomness.generator
         x = torch.randn(shape, generator=rng, device=rng.device).to(device, self.model.dtype)  # x_1
         levels = noise_levels(cfg.steps)
-        root_embed = self.model.token_embeddings(torch.tensor([[root]], device=device))  # (1, 1, H), clean
+        root_embed = self.model.token_embeddings(torch.full((1, 1), root, device=device))  # (1, 1, H), clean
         # The K rows differ from the first step, which serial refinement runs one row at a time: the pending tokens
         # go in first, by themselves, so that both layouts compute them alike and make the same drafts.
         self.project_pending(state)

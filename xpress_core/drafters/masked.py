@@ -31,6 +31,7 @@ from .base import (
     Drafts,
     allowed_logits,
     choice_scores,
+    read_top,
     refine_groups,
     top_choices,
 )
@@ -85,7 +86,8 @@ class MaskedDiffusionDrafter(Drafter):
                 candidates, candidate_conf = self.chosen_in_order(
                     state, root, logits, candidates, committed, forced, rows, randomness, watch
                 )
-            newly = self.commit_schedule(candidate_conf, committed, forced, math.ceil(length * step / cfg.steps), rows)
+            done, total = (math.ceil(length * s / cfg.steps) for s in (step - 1, step))  # committed before, after
+            newly = self.commit_schedule(candidate_conf, committed, forced, done, total, rows)
             tokens = torch.where(newly, candidates, tokens)
             if watch:
                 confidence = torch.where(committed, confidence, candidate_conf)
@@ -114,8 +116,7 @@ class MaskedDiffusionDrafter(Drafter):
             one_hot = F.one_hot(tokens.clamp(min=0), chances.shape[-1]).to(chances.dtype)
             chances = torch.where(committed[:, None], one_hot, chances)
         budget = cfg.drafts * cfg.block
-        top = chances.topk(min(budget, chances.shape[-1]), dim=-1)
-        tree = best_first_paths(top.values.tolist(), top.indices.tolist(), budget)
+        tree = best_first_paths(*read_top(*chances.topk(min(budget, chances.shape[-1]), dim=-1)), budget)
         if watch:
             steps = [*steps, DenoiseStep(tree.tokens, tree.chances)]
         return Drafts(tree.tokens, tuple(steps), tree.order)
@@ -171,10 +172,15 @@ class MaskedDiffusionDrafter(Drafter):
         conf = probs.gather(-1, candidates[: probs.shape[0], :, None])[..., 0].expand(k, -1).clone()
         forced = torch.zeros_like(candidates, dtype=torch.bool)
         if branching:
-            # Step 1 sees identical rows ([root, MASK...]), so row 0 ranks the branch tokens for all drafts.
-            pos = 0 if cfg.diversity == "branch-first" else int(conf[0].argmin())
-            top = top_choices(scores[0, pos], probs[0, pos], cfg.drafts)
-            candidates[:, pos], conf[:, pos], forced[:, pos] = top, probs[0, pos, top], True
+            # Step 1 sees identical rows ([root, MASK...]), so row 0 ranks the branch tokens for all drafts. The
+            # position stays on the device (a (1,) index): the host never waits for it.
+            first = torch.zeros(1, dtype=torch.long, device=conf.device)
+            pos = first if cfg.diversity == "branch-first" else conf[0].argmin().view(1)
+            at = probs[0].index_select(0, pos)[0]  # (V,)
+            top = top_choices(scores[0].index_select(0, pos)[0], at, cfg.drafts)
+            candidates.index_copy_(1, pos, top[:, None])
+            conf.index_copy_(1, pos, at.gather(0, top)[:, None])
+            forced.index_fill_(1, pos, True)
         return candidates, conf, forced
 
     def chooses_in_order(self, cfg: DecodeConfig) -> bool:
@@ -197,19 +203,17 @@ class MaskedDiffusionDrafter(Drafter):
         return chosen, probs.gather(-1, chosen[..., None])[..., 0]
 
     @staticmethod
-    def commit_schedule(conf, committed, forced, total: int, cfg: DecodeConfig) -> torch.Tensor:
-        """(K, L) bool: positions to commit this step so that ``total`` are committed in each row."""
+    def commit_schedule(conf, committed, forced, done: int, total: int, cfg: DecodeConfig) -> torch.Tensor:
+        """(K, L) bool: positions to commit this step so that ``total`` are committed in each row (``done`` are)."""
         length = committed.shape[1]
         if total == length:  # the last step (the only one at T = 1) commits whatever is left, in any order
             return ~committed
         if cfg.schedule == "confidence":
-            priority = conf.clone()
+            priority = conf
         else:  # left to right: earlier positions first
-            priority = -torch.arange(length, device=conf.device, dtype=conf.dtype).expand_as(conf).clone()
-        priority[forced] = float("inf")
-        priority[committed] = float("-inf")
-        count = total - int(committed[0].sum())
-        chosen = priority.topk(count, dim=1).indices
+            priority = -torch.arange(length, device=conf.device, dtype=conf.dtype).expand_as(conf)
+        priority = priority.masked_fill(forced, float("inf")).masked_fill(committed, float("-inf"))
+        chosen = priority.topk(total - done, dim=1).indices
         newly = torch.zeros_like(committed)
         newly.scatter_(1, chosen, True)
         return newly & ~committed
