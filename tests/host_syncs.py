@@ -7,8 +7,9 @@ data or by factories without a device (and whatever is computed from host tensor
 would block the host on it:
 
 - a device tensor read by the host: ``item``, ``tolist``, ``cpu``, ``numpy``, ``__bool__`` / ``__int__`` /
-  ``__float__`` / ``__index__`` (``if t:``, ``int(t)``, ``range(t)``), ``nonzero``, ``unique``, ``masked_select``,
-  ``equal``, ``allclose``, a boolean-mask index or a 0-dim tensor index (output sizes the host must learn);
+  ``__float__`` / ``__index__`` (``if t:``, ``int(t)``, ``range(t)``), ``in``, printing, ``nonzero``, ``unique``,
+  ``masked_select``, ``equal``, ``allclose``, a boolean-mask index or a 0-dim tensor index (output sizes the host
+  must learn);
 - a blocking host-to-device copy: ``torch.tensor(data, device=...)``, ``as_tensor`` of Python data with a device,
   ``.to(device)`` / ``.cuda()`` / ``copy_`` of a host tensor without ``non_blocking=True``, a Python list or host
   tensor indexing a device tensor;
@@ -16,7 +17,8 @@ would block the host on it:
 
 A host-to-device copy with ``non_blocking=True`` is counted apart (``transfers``): it does not wait for the device.
 An op mixing a host tensor of more than one element with a device tensor would fail on CUDA: it is recorded under
-``mixed``. ``torch.cuda.Event`` is replaced by a stand-in with CUDA's contract: ``elapsed_time`` fails unless a
+``mixed``. A torch function written in Python is seen as one call (what it calls inside is not): the ones that read
+are listed above. ``torch.cuda.Event`` is replaced by a stand-in with CUDA's contract: ``elapsed_time`` fails unless a
 synchronization since both events were recorded has completed them.
 """
 
@@ -42,6 +44,9 @@ READS = {
     torch.Tensor.__float__,
     torch.Tensor.__index__,
     torch.Tensor.__array__,
+    torch.Tensor.__contains__,
+    torch.Tensor.__repr__,
+    torch.Tensor.__format__,
     torch.Tensor.nonzero,
     torch.nonzero,
     torch.Tensor.unique,

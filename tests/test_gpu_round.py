@@ -14,6 +14,7 @@ from tests.host_syncs import HostSyncs, round_syncs
 from tests.tiny import make_a2d_drafter, make_dflash_drafter, make_masked_lm
 from xpress_core import engine
 from xpress_core.config import DecodeConfig
+from xpress_core.controller import CostModel
 from xpress_core.drafters.layer_masks import sees_everything
 from xpress_core.errors import XpressError
 from xpress_core.models import check_tree_attention, encode_prompt, load_models, load_target
@@ -119,6 +120,7 @@ CASES = [
     ("diffusion", DecodeConfig(drafts=3, steps=3, block=6, diversity="branch-uncertain", max_new_tokens=12)),
     ("diffusion", DecodeConfig(drafts=3, block=6, diversity="branch-first", verify="batch", max_new_tokens=12)),
     ("diffusion", DecodeConfig(drafts=2, steps=2, block=4, refine="serial", diversity="gumbel", max_new_tokens=12)),
+    ("diffusion", DecodeConfig(auto=True, max_new_tokens=12)),
     ("gaussian", DecodeConfig(drafts=2, steps=2, block=6, diversity="none", max_new_tokens=12)),
     ("refiner", DecodeConfig(drafts=4, steps=3, block=8, max_new_tokens=12)),
     ("refiner", DecodeConfig(drafts=3, steps=3, block=8, diversity="branch-first", max_new_tokens=12)),
@@ -141,12 +143,14 @@ def test_a_round_waits_for_the_device_at_most_three_times(drafters, monkeypatch,
         pytest.skip("the DFlash reference package is not installed")
     models = load_models(*drafters[kind], device="cpu", dtype="float32")
     ids = encode_prompt(models.tokenizer, PROMPT, chat=True)
-    want = engine.decode_to_end(models, ids, cfg).token_ids
+    # auto plans with costs that make drafting pay (a draft forward a tenth of a verify), measured by nobody
+    costs = CostModel(0.0001, 0.0, 0.001, 0.00001, 0.0001) if cfg.auto else None
+    want = list(engine.decode(models, ids, cfg, costs=costs))[-1].token_ids
     monkeypatch.setattr(engine, "StageClock", functools.partial(StageClock, events=True))
     events = []
     with HostSyncs() as syncs:
         syncs.host(ids)  # a tokenizer's ids are on the host
-        prefill, *rounds, _ = round_syncs(engine.decode(models, ids, cfg), syncs, events)
+        prefill, *rounds, _ = round_syncs(engine.decode(models, ids, cfg, costs=costs), syncs, events)
     assert events[-1].token_ids == want
     passes = cfg.steps - 1 if kind == "refiner" else 0
     assert prefill[0] <= 2, prefill
