@@ -26,7 +26,7 @@ from xpress_core.config import DecodeConfig
 from xpress_core.drafters.base import NoDrafter
 from xpress_core.engine import Models, decode
 from xpress_core.models import encode_prompt, load_models
-from xpress_core.trace import DecodeResult, RoundTrace
+from xpress_core.trace import DecodeResult, RoundTrace, StageClock
 
 PROMPTS = (
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
@@ -77,6 +77,7 @@ def main() -> None:
     torch.set_num_threads(1)
     if not args.wall:
         engine.Clock.raw = lambda self: time.thread_time()
+        StageClock.host_time = staticmethod(time.thread_time)
     if args.unpacked:
         model_loading.pack_linears = lambda model: 0  # what loading did before it packed
     models = load_models(device="cpu", dtype=args.dtype)

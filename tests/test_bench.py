@@ -402,7 +402,7 @@ def test_forward_probe_ignores_other_threads(zoo):
 
     loaded = load_models(zoo["llama"], "none", device="cpu", dtype="float32")
     ids = torch.tensor([[5, 6, 7]])
-    with ForwardProbe(loaded.target, synchronized_clock(loaded.device)) as probe:
+    with ForwardProbe(loaded.target, synchronized_clock(loaded.cuda_devices)) as probe:
         other = threading.Thread(target=lambda: loaded.target(input_ids=ids))
         other.start()
         other.join()

@@ -32,7 +32,7 @@ from xpress_core.controller import (
 )
 from xpress_core.costs import calibration_drafts, fit_draft_costs, fit_verify_costs, timed_in_turns
 from xpress_core.drafters.base import Drafts, NoDrafter
-from xpress_core.drafters.diffusion import MaskedDiffusionDrafter
+from xpress_core.drafters.masked import MaskedDiffusionDrafter
 from xpress_core.engine import Models, calibrate, calibrated, control, decode
 from xpress_core.models import encode_prompt, load_models
 from xpress_core.trace import RoundTrace, write_jsonl

@@ -23,7 +23,7 @@ from xpress_core.drafters.diffusion_model import XpressDrafter, XpressDrafterCon
 from xpress_core.engine import Models, decode, stop_token_ids
 from xpress_core.models import encode_prompt, load_models, load_target, native_bf16, resolve_dtype, target_banned_ids
 from xpress_core.sampling import TargetNoise, draw_token, gumbel
-from xpress_core.tree import best_first_paths, best_first_tree, build_tree, tree_attention_mask, tree_position_ids
+from xpress_core.tree import best_first_paths, best_first_tree, build_tree, tree_attention_mask, tree_tensors
 
 DETECTED_NATIVE_BF16 = native_bf16()  # read at import, before the tests' fp32 default replaces it (conftest.py)
 
@@ -288,10 +288,12 @@ def test_tree_logits_equal_sequential_logits(zoo):
         cache = kv.new_cache(target)
         target(input_ids=prompt, cache=cache, use_cache=True)
         past = prompt.shape[1]
+        tensors = tree_tensors(tree, past, "cpu")
+        assert tensors.ids.tolist() == [list(tree.tokens)]
         logits = target(
-            input_ids=torch.tensor([tree.tokens]),
-            position_ids=tree_position_ids(tree, past, "cpu"),
-            attention_mask=tree_attention_mask(tree, past, torch.float32, "cpu"),
+            input_ids=tensors.ids,
+            position_ids=tensors.positions,
+            attention_mask=tree_attention_mask(tensors, torch.float32),
             cache=cache,
             use_cache=True,
         ).logits[0]
@@ -495,11 +497,16 @@ def test_tree_mask_and_children_equal_a_direct_construction_on_random_tries(seed
         expected = {j for j, other in enumerate(paths) if path[: len(other)] == other}
         causal &= expected == set(range(node + 1))
         for past, dtype in ((0, torch.float32), (rng.randint(1, 9), torch.bfloat16)):
-            row = tree_attention_mask(tree, past, dtype, "cpu")[0, 0, node]
+            tensors = tree_tensors(tree, past, "cpu")
+            row = tree_attention_mask(tensors, dtype)[0, 0, node]
             want = torch.full((past + len(paths),), torch.finfo(dtype).min, dtype=dtype)
             want[:past] = 0
             want[[past + j for j in expected]] = 0
             assert torch.equal(row, want), (seed, node)
+            assert tensors.positions[0, node] == past + len(path)
+            # the ancestors a commit reads as the kept nodes: the root, then the node's path down to it
+            kept = tensors.ancestors[: len(path) + 1, node].flip(0).tolist()
+            assert kept == sorted(expected) and [paths[n] for n in kept] == [path[:i] for i in range(len(path) + 1)]
         kids = {tree.tokens[c]: c for c, parent in enumerate(tree.parents) if parent == node}
         assert dict(tree.children(node)) == kids
     assert tree.is_chain == causal

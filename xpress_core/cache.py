@@ -63,15 +63,16 @@ def cache_length(cache: DynamicCache) -> int:
     return cache.get_seq_length()
 
 
-def keep_tree_nodes(cache: DynamicCache, past: int, nodes: list[int]) -> None:
-    """Keep the committed prefix ``[0, past)`` and the tree nodes ``nodes`` (ascending offsets after ``past``).
+def keep_tree_nodes(cache: DynamicCache, past: int, count: int, nodes: torch.Tensor | None) -> None:
+    """Keep the committed prefix ``[0, past)`` and ``count`` tree nodes: ``nodes`` (count,) their ascending offsets
+    after ``past`` on the device, or None when they are the first ``count`` (a single draft's accepted prefix).
 
     Only the tail moves: the prefix stays where it is (copying the whole cache every round would cost O(context)).
-    When the kept nodes already sit first (a single draft's accepted prefix), cropping is all it takes.
+    When the kept nodes already sit first, cropping is all it takes.
     """
-    kept = past + len(nodes)
-    if nodes != list(range(len(nodes))):
-        index = torch.tensor(nodes, device=cache.layers[0].keys.device) + past
+    kept = past + count
+    if nodes is not None:
+        index = nodes + past
         for layer in cache.layers:
             # index_select copies, so writing into the same tensor's tail cannot read already-moved rows.
             layer.keys[..., past:kept, :] = layer.keys.index_select(-2, index.to(layer.keys.device))

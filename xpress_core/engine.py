@@ -31,10 +31,11 @@ from .controller import (
 from .costs import calibration_drafts, fitted_costs, timed_in_turns
 from .drafters.base import DraftRandomness, Drafts, NoDrafter
 from .errors import XpressError
-from .models import Models, context_limit, eos_ids, tapped_forward
+from .models import Models, context_limit, eos_ids
 from .sampling import TargetNoise, draw_token
-from .trace import DecodeResult, RoundTrace, peak_memory_mb
-from .tree import Acceptance, DraftTree, accept, build_tree, tree_attention_mask, tree_position_ids, windowed_mask
+from .trace import DecodeResult, RoundTrace, StageClock, peak_memory_mb
+from .tree import Acceptance, DraftTree, accept, build_tree
+from .verify import VERIFIERS, Verified, target_forward
 
 
 @dataclass
@@ -59,30 +60,25 @@ class DecodeState:
     other_s: float = 0.0
 
 
-@dataclass(frozen=True)
-class Verified:
-    node_logits: torch.Tensor  # (N+1, V): the target's logits after each tree node (root first)
-    node_features: torch.Tensor | None  # (N+1, F): tapped hidden states of each node, for the drafter
-    past: int  # target cache length before the forward
-
-
-def wait_for_gpus() -> None:
-    """Wait for the queued work of every CUDA device: a target spread over GPUs (device_map) runs on all of them."""
-    for index in range(torch.cuda.device_count()):
-        torch.cuda.synchronize(index)
+def wait_for_gpus(devices=None) -> None:
+    """Wait for the queued work of the CUDA devices given (``Models.cuda_devices``: a target spread over GPUs runs
+    on all of them), every visible one when none are given."""
+    for device in range(torch.cuda.device_count()) if devices is None else devices:
+        torch.cuda.synchronize(device)
 
 
 class Clock:
-    """Wall clock that waits for queued CUDA work first, so stage timings are real, and that stops while the
-    consumer holds a yielded event, so UI rendering never counts as decoding time."""
+    """Wall clock that waits for queued CUDA work first, so timings are real, and that stops while the consumer
+    holds a yielded event. What ``calibrate`` times its stages with; a round marks its stages on a ``StageClock``,
+    which waits once a round."""
 
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
+    def __init__(self, device: torch.device, devices=None):
+        self.cuda, self.devices = device.type == "cuda", devices
         self.excluded = 0.0
 
     def raw(self) -> float:
         if self.cuda:
-            wait_for_gpus()
+            wait_for_gpus(self.devices)
         return time.perf_counter()
 
     def now(self) -> float:
@@ -99,25 +95,14 @@ def stop_token_ids(models: Models) -> set[int]:
     return eos_ids(models.target, models.tokenizer)
 
 
-def target_forward(models: Models, ids, positions, mask, cache):
-    """One target forward -> (B, Q, V) logits and (B, Q, F) tapped features (or None)."""
-    return tapped_forward(
-        models.target,
-        models.drafter.tapped_layers,
-        input_ids=ids,
-        position_ids=positions,
-        attention_mask=mask,
-        cache=cache,
-        use_cache=True,
-    )
-
-
 def prefill(models: Models, prompt_ids: torch.Tensor, cfg: DecodeConfig) -> tuple[DecodeState, int]:
-    """Run the prompt through the target; its last logits give the first new token (no drafting before it)."""
+    """Run the prompt (1, n) through the target; its last logits give the first new token (no drafting before
+    it). The prompt may be on the host: it goes to the device in a copy that does not wait."""
     device = models.device
     cache = kv.new_cache(models.target)
+    ids = prompt_ids.to(device, non_blocking=True)
     positions = torch.arange(prompt_ids.shape[1], device=device)[None]
-    logits, features = target_forward(models, prompt_ids, positions, None, cache)
+    logits, features = target_forward(models, ids, positions, None, cache, last_only=True)
     kv.check_cache_supported(cache)
     noise = TargetNoise(torch.Generator(device=device).manual_seed(cfg.seed), logits.shape[-1])
     drafter_rng = torch.Generator(device=device).manual_seed(cfg.seed + 1)
@@ -163,68 +148,11 @@ def draft(models: Models, state: DecodeState, cfg: DecodeConfig, setting: RoundS
     return models.drafter.draft(state.draft_state, state.root, round_config(cfg, setting), randomness, watch)
 
 
-class TreeVerifier:
-    """All tree nodes in ONE forward: tree attention mask, positions ``past + depth`` (docs/DESIGN.md §2.3)."""
-
-    def verify(self, models: Models, state: DecodeState, tree: DraftTree) -> Verified:
-        past, device = kv.cache_length(state.cache), models.device
-        ids = torch.tensor([tree.tokens], device=device)
-        # A chain is what causal attention over the new tokens gives anyway: without a mask the attention takes its
-        # causal path (bf16, a 9-token verify: 5.9 ms against 6.0 ms with the tree mask; the same logits).
-        mask = None if tree.is_chain else tree_attention_mask(tree, past, models.target.dtype, device)
-        window = kv.sliding_window(models.target.config)
-        if mask is not None and window is not None:  # per layer kind, as HF's own mask mapping
-            mask = {"full_attention": mask, "sliding_attention": windowed_mask(mask, tree, past, window)}
-        logits, features = target_forward(models, ids, tree_position_ids(tree, past, device), mask, state.cache)
-        return Verified(logits[0], None if features is None else features[0], past)
-
-    def keep(self, cache, verified: Verified, kept_nodes: list[int]) -> None:
-        """Keep the root and the accepted nodes in the cache: the rejected siblings leave it."""
-        kv.keep_tree_nodes(cache, verified.past, kept_nodes)
-
-
-@dataclass(frozen=True)
-class BatchVerified(Verified):
-    rows: tuple[int, ...]  # the batch row holding each node
-
-
-class BatchVerifier:
-    """The simple alternative: K rows ``[root] + draft_k`` over K copies of the prefix cache (K x cache memory)."""
-
-    def verify(self, models: Models, state: DecodeState, tree: DraftTree) -> BatchVerified:
-        paths = tree.draft_paths or ((),)  # an empty tree is one row holding the root
-        past, device = kv.cache_length(state.cache), models.device
-        # Paths of a tree may differ in length: shorter rows are padded with their root, after their nodes, where
-        # causal attention keeps the padding out of every node's logits and the cache is cut after the kept path.
-        width = max(len(p) for p in paths)
-        rows = [[tree.tokens[0]] + [tree.tokens[n] for n in p] + [tree.tokens[0]] * (width - len(p)) for p in paths]
-        ids = torch.tensor(rows, device=device)
-        positions = torch.arange(past, past + ids.shape[1], device=device).expand(len(paths), -1)
-        kv.repeat_rows(state.cache, len(paths))
-        logits, features = target_forward(models, ids, positions, None, state.cache)
-        source = {0: (0, 0)}  # node -> (row, column) of its first occurrence
-        for row, path in enumerate(paths):
-            for col, node in enumerate(path, start=1):
-                source.setdefault(node, (row, col))
-        rows, cols = zip(*(source[n] for n in range(len(tree.tokens))))
-        node_features = None if features is None else features[list(rows), list(cols)]
-        return BatchVerified(logits[list(rows), list(cols)], node_features, past, rows)
-
-    def keep(self, cache, verified: BatchVerified, kept_nodes: list[int]) -> None:
-        """Keep the row holding the accepted path, cut after it."""
-        kv.select_row(cache, verified.rows[kept_nodes[-1]])
-        kv.truncate(cache, verified.past + len(kept_nodes))
-
-
-VERIFIERS = {"tree": TreeVerifier(), "batch": BatchVerifier()}  # stateless: shared by every request
-
-
 def commit(models: Models, state: DecodeState, tree: DraftTree, verified: Verified, acceptance: Acceptance, verifier):
     """The root and the accepted nodes enter the caches (their features go to the drafter); the target's own token
     becomes the new root."""
     kept_nodes = [0, *acceptance.path]
-    verifier.keep(state.cache, verified, kept_nodes)
-    features = None if verified.node_features is None else verified.node_features[kept_nodes]
+    features = verifier.keep(state.cache, verified, kept_nodes)
     models.drafter.commit(state.draft_state, [tree.tokens[n] for n in kept_nodes], features)
     state.root = acceptance.bonus
 
@@ -301,35 +229,34 @@ def decode(
     if not cfg.auto:
         models.drafter.check_block(cfg)
     check_prompt(models, prompt_ids)
-    clock, eos, verifier = Clock(models.device), stop_token_ids(models), VERIFIERS[cfg.verify]
+    clock, eos, verifier = StageClock(models.device), stop_token_ids(models), VERIFIERS[cfg.verify]
     settings = control(models, cfg, costs)
-    if models.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(models.device)
+    for device in models.cuda_devices:
+        torch.cuda.reset_peak_memory_stats(device)
     # Autograd is off for each stretch of work, not across the yields: the consumer keeps its own mode between events,
     # and whichever thread resumes the generator (the app resumes it on Gradio's worker threads) runs without it.
     with torch.no_grad():
-        start = clock.now()
-        state, first = prefill(models, prompt_ids.to(models.device), cfg)
+        start, begun = clock.now(), clock.mark()
+        state, first = prefill(models, prompt_ids, cfg)
         kept, reason = finish(models, state, [first], cfg, eos)
-        prefill_s = clock.now() - start
+        (prefill_s,) = clock.seconds(begun, clock.mark())
     with clock.paused():
         yield record(models, state, kept, Timings(0.0, prefill_s, 0.0, clock.now() - start))
-    while reason is None:
+    while reason is None:  # a round waits for the device three times: the drafts, the target's draws, the clock
         with torch.no_grad():
-            t0 = clock.now()
+            t0 = clock.mark()
             setting = settings.choose(output_limit(models, state, cfg) - len(state.output))
             drafts, setting = settings.cut(draft(models, state, cfg, setting, watch), setting)
-            t1 = clock.now()
+            t1 = clock.mark()
             tree = build_tree(state.root, cut_drafts(drafts.tokens, models, state))
             verified = verifier.verify(models, state, tree)
-            t2 = clock.now()
-            acceptance = accept(tree, verified.node_logits, cfg, state.noise)
+            t2 = clock.mark()
+            acceptance = accept(tree, verified.node_logits, cfg, state.noise, verified.depths)
             commit(models, state, tree, verified, acceptance, verifier)
             settings.observe(setting, len(acceptance.path), accepted_with_fewer(drafts, tree, acceptance, setting))
             emitted = [tree.tokens[n] for n in acceptance.path] + [acceptance.bonus]
             kept, reason = finish(models, state, emitted, cfg, eos)
-            t3 = clock.now()
-            timings = Timings(t1 - t0, t2 - t1, t3 - t2, t3 - start)
+            timings = Timings(*clock.seconds(t0, t1, t2, clock.mark()), clock.now() - start)
         with clock.paused():
             yield record(models, state, kept, timings, drafts, tree, acceptance, setting)
     yield result(models, state, cfg, prefill_s, reason, clock.now() - start)
@@ -383,7 +310,7 @@ def record(
         other_s=timings.other_s,
         new_tokens_total=len(state.output),
         elapsed_s=timings.elapsed_s,
-        peak_mem_mb=peak_memory_mb(models.device),
+        peak_mem_mb=peak_memory_mb(models.cuda_devices),
         cache_len=kv.cache_length(state.cache),
         draft_context_len=models.drafter.context_length(state.draft_state),
         setting=setting.as_tuple() if setting else (0, 0, 0),
@@ -405,7 +332,7 @@ def result(models: Models, state: DecodeState, cfg: DecodeConfig, prefill_s: flo
         verify_s=state.verify_s,
         other_s=state.other_s,
         prefill_s=prefill_s,
-        peak_mem_mb=peak_memory_mb(models.device),
+        peak_mem_mb=peak_memory_mb(models.cuda_devices),
         stop_reason=reason,
         target_forwards=state.forwards,
         settings=tuple(state.settings),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -20,7 +21,7 @@ from .cache import check_target_layers
 from .chat import encode_chat, encode_text
 from .controller import CostModel
 from .drafters.autoregressive import AutoregressiveDrafter
-from .drafters.base import Drafter, NoDrafter
+from .drafters.base import Drafter, NoDrafter, logits_kept
 from .drafters.dflash_format import (
     DFLASH_KEY_MAPPING,
     dflash_drafter_config,
@@ -38,6 +39,7 @@ from .needs import check_loadable
 from .packing import pack_linears, warm_packed
 from .presets import Access, check_known, remote_code_allowed
 from .records import json_record
+from .trace import cuda_devices
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 EMBEDDED_TARGET = ASSETS / "target"
@@ -104,6 +106,11 @@ class Models:
     @property
     def device(self) -> torch.device:
         return self.target.device
+
+    @cached_property
+    def cuda_devices(self) -> tuple[torch.device, ...]:
+        """The GPUs target and drafter are on: what peak memory sums and a wait waits for (none on a CPU)."""
+        return cuda_devices(self.target, getattr(self.drafter, "model", None))
 
 
 def context_limit(target) -> int | None:
@@ -218,7 +225,25 @@ def load_target(spec: str | Path | ModelSpec, device: torch.device, dtype: torch
     spec = resolve_model("target", spec, access)
     target = load_causal_lm("target", spec, device, dtype, device_map, access)
     check_target_layers(target.config)
+    check_tree_attention(target.config)
     return target, load_tokenizer(spec.name)
+
+
+# Attention implementations that apply a custom 4-D additive mask: the tree mask (docs/DESIGN.md §2.3). Others
+# (flash_attention_2/3, paged variants, kernels from the Hub) take a causal or padding mask at most and would verify
+# every node against its siblings without a word.
+TREE_MASK_ATTENTION = ("sdpa", "eager")
+
+
+def check_tree_attention(config) -> None:
+    """Refuse a target whose attention implementation would ignore the tree attention mask."""
+    for part in {id(c): c for c in (config, getattr(config, "get_text_config", lambda: config)())}.values():
+        implementation = getattr(part, "_attn_implementation", None)
+        if implementation is not None and implementation not in TREE_MASK_ATTENTION:
+            raise XpressError(
+                f"the target's attention implementation {implementation!r} ignores the tree attention mask that "
+                f"verification needs; load it with one of {', '.join(TREE_MASK_ATTENTION)} (attn_implementation)"
+            )
 
 
 def same_vocabulary(a, b) -> bool:
@@ -252,16 +277,18 @@ def check_tokenizer_extends(spec: ModelSpec, target_tokenizer):
     return tokenizer
 
 
-def tapped_forward(target, tapped, **inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+def tapped_forward(target, tapped, last_only: bool = False, **inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One target forward -> (B, Q, V) logits and (B, Q, F) the tapped layers' hidden states (None when none are
-    tapped): what the engine verifies with and what drafter training reads, by one definition.
+    tapped): what the engine verifies with and what drafter training reads, by one definition. ``last_only``: the
+    logits of the last position only, (B, 1, V), the LM head run there alone where the model can (a prefill).
 
     ``output_hidden_states`` takes the indices of the hidden states to keep, so only the tapped layers' outputs are
     collected (index i + 1 is decoder layer i's output; index 0 is the embeddings).
     """
-    out = target(**inputs, output_hidden_states=[i + 1 for i in tapped] if tapped else False)
+    kept = logits_kept(target, 1) if last_only else {}
+    out = target(**inputs, **kept, output_hidden_states=[i + 1 for i in tapped] if tapped else False)
     features = torch.cat([out.hidden_states[i + 1] for i in tapped], dim=-1) if tapped else None
-    return out.logits, features
+    return (out.logits[:, -1:] if last_only else out.logits), features
 
 
 def target_banned_ids(target, tokenizer) -> list[int]:

@@ -74,6 +74,10 @@ class TargetNoise:
             self.ahead.append(self.draw())
         return torch.stack(self.ahead[:count])
 
+    def use(self, count: int) -> None:
+        """The next ``count`` emitted tokens drew with the noise read ahead (``upcoming``): it is theirs, used up."""
+        del self.ahead[:count]
+
 
 def draw_token(logits: torch.Tensor, cfg: DecodeConfig, noise: TargetNoise) -> int:
     """One token from (V,) logits: argmax when greedy (no noise used), else the Gumbel-max draw with the next token's

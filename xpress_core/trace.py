@@ -9,8 +9,11 @@ from __future__ import annotations
 import json
 import resource
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Iterable, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import IO
 
@@ -139,12 +142,64 @@ class DecodeResult:
         )
 
 
-def peak_memory_mb(device: torch.device) -> float:
-    """CUDA: peak allocated by torch; CPU: the process's peak resident set size."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
+def cuda_devices(*modules) -> tuple[torch.device, ...]:
+    """The CUDA devices the parameters of ``modules`` live on (None and non-modules skipped): every GPU of a target
+    spread by ``device_map``."""
+    found = {
+        p.device for m in modules if isinstance(m, torch.nn.Module) for p in m.parameters() if p.device.type == "cuda"
+    }
+    return tuple(sorted(found, key=str))
+
+
+def peak_memory_mb(devices: Iterable[torch.device]) -> float:
+    """CUDA: the peak allocated by torch, summed over the devices given (a target spread over GPUs); none given (a
+    CPU): the process's peak resident set size."""
+    cuda = [d for d in devices if d.type == "cuda"]
+    if cuda:
+        return sum(torch.cuda.max_memory_allocated(d) for d in cuda) / 2**20
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # macOS reports bytes, Linux KiB
+
+
+class StageClock:
+    """The stage boundaries of a round (``mark``) and the seconds between them (``seconds``), on a clock that stops
+    while the consumer holds a yielded event (``paused``), so UI rendering never counts as decoding time.
+
+    On CUDA a mark is an event recorded on the device's stream and costs no wait: a round's marks are read after one
+    wait for the last of them, which every earlier one precedes (docs/DESIGN.md §2). Elsewhere a mark is the wall
+    clock. A stage lasts from when the device reached one mark to when it reached the next: the host's own work
+    between them when the device waits for it, the device's when the host is ahead."""
+
+    host_time = staticmethod(time.perf_counter)  # scripts.profile_round swaps in the CPU time
+
+    def __init__(self, device: torch.device, events: bool | None = None):
+        self.device = device
+        self.events = device.type == "cuda" if events is None else events
+        self.excluded = 0.0
+
+    def mark(self):
+        if not self.events:
+            return self.host_time()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def seconds(self, *marks) -> list[float]:
+        """The seconds between consecutive marks; on CUDA after the one wait of the round (for the last mark)."""
+        if not self.events:
+            return [b - a for a, b in pairwise(marks)]
+        marks[-1].synchronize()
+        return [a.elapsed_time(b) / 1000.0 for a, b in pairwise(marks)]
+
+    def now(self) -> float:
+        """Host seconds, the paused ones excluded (the device's work included once ``seconds`` waited for it)."""
+        return self.host_time() - self.excluded
+
+    @contextmanager
+    def paused(self):
+        t = self.host_time()
+        yield
+        self.excluded += self.host_time() - t
 
 
 def round_log_record(trace: RoundTrace) -> dict:

@@ -16,7 +16,7 @@ from types import MappingProxyType
 import torch
 
 from .config import DecodeConfig
-from .sampling import TargetNoise, draw_token
+from .sampling import TargetNoise, noisy_logits
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,16 @@ class DraftTree:
         for node in range(1, len(self.tokens)):
             kids[self.parents[node]][self.tokens[node]] = node
         return tuple(MappingProxyType(k) for k in kids)
+
+    @cached_property
+    def ancestors(self) -> tuple[tuple[int, ...], ...]:
+        """(depth + 1) rows of N+1: row d holds each node's ancestor d levels up (row 0 the node itself); the root is
+        its own parent, so a walk that reaches it stays there."""
+        parent = [max(p, 0) for p in self.parents]
+        rows = [tuple(range(len(self.tokens)))]
+        for _ in range(max(self.depths)):
+            rows.append(tuple(parent[n] for n in rows[-1]))
+        return tuple(rows)
 
 
 def build_tree(root: int, drafts: list[list[int]]) -> DraftTree:
@@ -146,40 +156,55 @@ def best_first_tree(choices: Choices, budget: int, depth: int) -> TreePaths:
     )
 
 
-def tree_attention_mask(tree: DraftTree, past: int, dtype: torch.dtype, device) -> torch.Tensor:
+def to_device(rows, device) -> torch.Tensor:
+    """Python ints (a list, or rows of equal length) as one long tensor on ``device``, in one copy that does not wait
+    for the device (from pinned memory on CUDA): the host goes on queueing work while it travels."""
+    host = torch.tensor(rows, dtype=torch.long, pin_memory=torch.device(device).type == "cuda")
+    return host.to(device, non_blocking=True)
+
+
+@dataclass(frozen=True)
+class TreeTensors:
+    """What a verify forward reads of a tree, on the device, sent in one copy (``tree_tensors``)."""
+
+    ids: torch.Tensor  # (1, N+1) the nodes' tokens
+    positions: torch.Tensor  # (1, N+1) past + depth
+    ancestors: torch.Tensor  # (depth+1, N+1) ``DraftTree.ancestors``: the mask, and the kept nodes of a commit
+    past: int  # target cache length before the forward
+
+    @property
+    def depths(self) -> torch.Tensor:
+        return self.positions[0] - self.past
+
+
+def tree_tensors(tree: DraftTree, past: int, device) -> TreeTensors:
+    """The tree's tokens, positions and ancestors packed into one host tensor and sent to the device in one copy."""
+    packed = to_device([tree.tokens, [past + d for d in tree.depths], *tree.ancestors], device)
+    return TreeTensors(packed[0:1], packed[1:2], packed[2:], past)
+
+
+def tree_attention_mask(tensors: TreeTensors, dtype: torch.dtype) -> torch.Tensor:
     """(1, 1, N+1, past+N+1) additive float mask: every node sees the whole cache, its ancestors and itself.
 
     A float mask (0 / finfo.min) rather than bool: bool masks are silently misread by some eager attention paths.
     """
-    n = len(tree.tokens)
-    # Walk every node up the tree at once: step d holds each node's ancestor d levels up. The root is made its own
-    # parent, so a walk that reaches it stays there and marks it again, which changes nothing.
-    parent = torch.tensor(tree.parents, device=device).clamp_(min=0)  # (N+1,)
-    up = [torch.arange(n, device=device)]
-    for _ in range(max(tree.depths)):
-        up.append(parent[up[-1]])
-    ancestors = torch.stack(up)  # (depth+1, N+1): column i lists node i, its parent, ..., the root
+    ancestors, past = tensors.ancestors, tensors.past  # column i lists node i, its parent, ..., the root
+    n, device = ancestors.shape[1], ancestors.device
     allowed = torch.zeros(n, n, dtype=torch.bool, device=device)
-    allowed[up[0].expand_as(ancestors), ancestors] = True
+    allowed[torch.arange(n, device=device).expand_as(ancestors), ancestors] = True
     mask = torch.full((n, past + n), torch.finfo(dtype).min, dtype=dtype, device=device)
     mask[:, :past] = 0
     mask[:, past:].masked_fill_(allowed, 0)
     return mask[None, None]
 
 
-def windowed_mask(mask: torch.Tensor, tree: DraftTree, past: int, window: int) -> torch.Tensor:
+def windowed_mask(mask: torch.Tensor, tensors: TreeTensors, window: int) -> torch.Tensor:
     """``tree_attention_mask`` for a sliding-window layer: also hidden, every key ``window`` or more positions before
     the node (positions: the cache's by slot, a node's ``past + depth``), as HF's sliding mask hides them."""
-    device = mask.device
-    depths = torch.tensor(tree.depths, device=device)
-    query = past + depths[:, None]  # (N+1, 1)
-    key = torch.cat([torch.arange(past, device=device), past + depths])[None]  # (1, past+N+1)
+    positions = tensors.positions[0]
+    query = positions[:, None]  # (N+1, 1)
+    key = torch.cat([torch.arange(tensors.past, device=positions.device), positions])[None]  # (1, past+N+1)
     return mask.masked_fill((query - key >= window)[None, None], torch.finfo(mask.dtype).min)
-
-
-def tree_position_ids(tree: DraftTree, past: int, device) -> torch.Tensor:
-    """(1, N+1): the root sits at position ``past``; a node at depth d at ``past + d``."""
-    return torch.tensor([[past + d for d in tree.depths]], device=device)
 
 
 @dataclass(frozen=True)
@@ -189,23 +214,47 @@ class Acceptance:
     draft_accept_lens: tuple[int, ...]  # per draft: how many of its tokens lie on the accepted path
 
 
-def accept(tree: DraftTree, node_logits: torch.Tensor, cfg: DecodeConfig, noise: TargetNoise) -> Acceptance:
+def target_draws(
+    node_logits: torch.Tensor, cfg: DecodeConfig, noise: TargetNoise, depths: torch.Tensor | None, deepest: int
+) -> torch.Tensor:
+    """(N+1,) on the device: the token the target draws after each node, every node at once. Greedy: the argmax.
+    Sampled: the Gumbel-max draw with the noise of the emitted token the node's depth makes it (a walk reaches a node
+    at depth d as the round's d-th draw: docs/DESIGN.md §2.5), read ahead and left for the walk to use
+    (``TargetNoise.use``). ``depths``: (N+1,) on the device, at most ``deepest``."""
+    if cfg.greedy:
+        return node_logits.argmax(-1)
+    per_depth = noise.upcoming(deepest + 1)  # (deepest + 1, V)
+    return noisy_logits(node_logits, cfg, per_depth.index_select(0, depths)).argmax(-1)
+
+
+def accept(
+    tree: DraftTree,
+    node_logits: torch.Tensor,
+    cfg: DecodeConfig,
+    noise: TargetNoise,
+    depths: torch.Tensor | None = None,
+) -> Acceptance:
     """The exact acceptance walk (docs/DESIGN.md §2.4) over (N+1, V) logits, one target draw per emitted token.
 
     At node u draw y ~ p_u; if y is a child of u accept it and move there, else emit y and stop. Each emitted token is
-    a genuine draw from the target given the emitted prefix, so the output distribution is the target's.
+    a genuine draw from the target given the emitted prefix, so the output distribution is the target's. Every node's
+    draw is computed at once on the device and read in one transfer (``target_draws``); the walk reads them, and uses
+    up the noise of the tokens it emits only. ``depths``: the nodes' depths on the device (sampling).
     """
+    if depths is None and not cfg.greedy:
+        depths = to_device(list(tree.depths), node_logits.device)
+    draws = target_draws(
+        node_logits, cfg, noise, depths, max(tree.depths)
+    ).tolist()  # the round's one read of its acceptance
     node, path = 0, []
-    while True:
-        y = draw_token(node_logits[node], cfg, noise)
-        child = tree.children(node).get(y)
-        if child is None:
-            break
+    while (child := tree.children(node).get(draws[node])) is not None:
         path.append(child)
         node = child
+    if not cfg.greedy:
+        noise.use(len(path) + 1)
     accepted = set(path)
     lens = tuple(next((i for i, n in enumerate(p) if n not in accepted), len(p)) for p in tree.draft_paths)
-    return Acceptance(tuple(path), y, lens)
+    return Acceptance(tuple(path), draws[node], lens)
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -135,5 +135,5 @@ def run_hf(
         accepted,
         verified,
         len(verify.calls),
-        peak_memory_mb(models.device),
+        peak_memory_mb(models.cuda_devices),
     )

@@ -101,12 +101,11 @@ class RunPlan:
 Progress = Callable[[int, int, str], None]  # (calls done, calls in all, what just ran)
 
 
-def synchronized_clock(device: torch.device) -> Callable[[], float]:
-    """perf_counter that first waits for queued CUDA work, so a call's time includes its kernels."""
+def synchronized_clock(devices: tuple[torch.device, ...]) -> Callable[[], float]:
+    """perf_counter that first waits for the queued work of the models' GPUs, so a call's time includes its kernels."""
 
     def now() -> float:
-        if device.type == "cuda":
-            wait_for_gpus()
+        wait_for_gpus(devices)
         return time.perf_counter()
 
     return now
@@ -147,9 +146,9 @@ def run_setting(
 
 
 def timed_call(models: BenchModels, setting: Setting, ids: torch.Tensor, cfg: DecodeConfig) -> tuple[float, Outcome]:
-    if models.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(models.device)
-    now = synchronized_clock(models.device)
+    for device in models.cuda_devices:
+        torch.cuda.reset_peak_memory_stats(device)
+    now = synchronized_clock(models.cuda_devices)
     with torch.no_grad():
         start = now()
         outcome = run_setting(models, setting, ids, cfg, now)

@@ -13,6 +13,7 @@ from ..controller import CostModel
 from ..drafters.base import Drafter
 from ..errors import XpressError
 from ..models import DtypeChoice
+from ..trace import cuda_devices
 from .grid import GRID_KEYS
 
 HF_GENERATE = "hf-generate"
@@ -166,6 +167,11 @@ class BenchModels:
     @property
     def device(self) -> torch.device:
         return self.target.device
+
+    @property
+    def cuda_devices(self) -> tuple[torch.device, ...]:
+        drafters = [getattr(d, "model", None) for d in (self.drafter, *self.drafters.values())]
+        return cuda_devices(self.target, self.assistant, *self.targets.values(), *drafters)
 
     def target_of(self, setting: Setting) -> torch.nn.Module:
         return self.targets[setting.dtype] if setting.dtype else self.target

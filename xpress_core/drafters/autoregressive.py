@@ -15,6 +15,7 @@ from .. import cache as kv
 from ..config import DecodeConfig
 from ..controller import RoundSetting
 from ..trace import MASKED, DenoiseStep
+from ..tree import to_device
 from .base import (
     Drafter,
     DraftRandomness,
@@ -22,6 +23,7 @@ from .base import (
     allowed_logits,
     banned_token_bias,
     choice_scores,
+    logits_kept,
     refine_groups,
     top_choices,
 )
@@ -44,7 +46,8 @@ class AutoregressiveDrafter(Drafter):
     @torch.no_grad()
     def start(self, prompt_ids, features):
         cache = kv.new_cache(self.model)
-        self.model(input_ids=prompt_ids.to(self.model.device), cache=cache, use_cache=True)
+        ids = prompt_ids.to(self.model.device, non_blocking=True)
+        self.model(input_ids=ids, cache=cache, use_cache=True, **logits_kept(self.model, 1))
         return AutoregressiveState(cache=cache, length=prompt_ids.shape[1])
 
     def draft_work(self, setting: RoundSetting) -> tuple[int, int]:
@@ -57,38 +60,47 @@ class AutoregressiveDrafter(Drafter):
     def context_length(self, state: AutoregressiveState) -> int:
         return state.length + len(state.pending)
 
-    def next_logits(self, ids: list[list[int]], cache) -> torch.Tensor:
-        out = self.model(input_ids=torch.tensor(ids, device=self.model.device), cache=cache, use_cache=True)
+    def next_logits(self, ids: torch.Tensor, cache) -> torch.Tensor:
+        """(R, V) allowed logits after the last of each row's (R, Q) ids, the LM head run there only."""
+        out = self.model(input_ids=ids, cache=cache, use_cache=True, **logits_kept(self.model, 1))
         return allowed_logits(out.logits[:, -1], self.banned)
 
     @torch.no_grad()
     def draft(
         self, state: AutoregressiveState, root: int, cfg: DecodeConfig, randomness: DraftRandomness, watch: bool
     ) -> Drafts:
+        """Every token stays on the device, fed back as the next step's input: the drafts are read once, at the end
+        (with their confidences when watched)."""
+
         def upcoming(position: int) -> torch.Tensor | None:
             return None if randomness.upcoming is None else randomness.upcoming[position]
 
-        allowed = self.next_logits([state.pending + [root]], state.cache)[0]
+        allowed = self.next_logits(to_device([state.pending + [root]], self.model.device), state.cache)[0]
         state.length += len(state.pending)
         state.pending = []
         with_root = state.length + 1
         first = allowed.softmax(-1)
-        top = top_choices(choice_scores(allowed, first, cfg, upcoming(0)), first, cfg.drafts)
-        tokens = [[int(t)] for t in top]
-        conf = [[float(first[t])] for t in top]
+        top = top_choices(choice_scores(allowed, first, cfg, upcoming(0)), first, cfg.drafts)  # (K,)
+        tokens, conf = [], []  # per refine group, (rows, L)
         for rows in refine_groups(cfg):
-            kv.repeat_rows(state.cache, len(rows))
+            columns = [top[rows]]
+            confidence = [first.gather(0, columns[0])]
+            kv.repeat_rows(state.cache, len(columns[0]))
             for position in range(1, cfg.block):
-                allowed = self.next_logits([[tokens[r][-1]] for r in rows], state.cache)
+                allowed = self.next_logits(columns[-1][:, None], state.cache)
                 probs = allowed.softmax(-1)
-                best = choice_scores(allowed, probs, cfg, upcoming(position)).argmax(-1)
-                for i, r in enumerate(rows):
-                    tokens[r].append(int(best[i]))
-                    conf[r].append(float(probs[i, best[i]]))
+                columns.append(choice_scores(allowed, probs, cfg, upcoming(position)).argmax(-1))
+                confidence.append(probs.gather(-1, columns[-1][:, None])[:, 0])
+            tokens.append(torch.stack(columns, 1))
+            conf.append(torch.stack(confidence, 1))
             kv.select_row(state.cache, 0)
             kv.truncate(state.cache, with_root)
         kv.truncate(state.cache, state.length)  # the root comes back through commit with the accepted tokens
-        return Drafts(tokens=tuple(map(tuple, tokens)), steps=left_to_right_steps(tokens, conf) if watch else ())
+        if not watch:
+            return Drafts(tokens=tuple(map(tuple, torch.cat(tokens).tolist())))
+        read = torch.stack([torch.cat(tokens).double(), torch.cat(conf).double()]).tolist()  # one read
+        drafted = [[int(t) for t in row] for row in read[0]]
+        return Drafts(tokens=tuple(map(tuple, drafted)), steps=left_to_right_steps(drafted, read[1]))
 
 
 def left_to_right_steps(tokens: list[list[int]], conf: list[list[float]]) -> tuple[DenoiseStep, ...]:

@@ -6,8 +6,10 @@ the state object that ``start`` returns.
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 
@@ -113,6 +115,23 @@ class NoDrafter(Drafter):
         return state["length"]
 
 
+@cache
+def _forward_takes(cls: type, name: str) -> bool:
+    return name in inspect.signature(cls.forward).parameters
+
+
+def forward_takes(model: torch.nn.Module, name: str) -> bool:
+    """Whether the model's forward takes the keyword ``name`` (a remote-code model may lack transformers' newer ones,
+    such as ``logits_to_keep``)."""
+    return _forward_takes(type(model), name)
+
+
+def logits_kept(model: torch.nn.Module, count: int) -> dict:
+    """The forward keywords that compute the LM head over the last ``count`` positions only, where the model takes
+    them (else none: the caller slices the logits)."""
+    return {"logits_to_keep": count} if forward_takes(model, "logits_to_keep") else {}
+
+
 def allowed_logits(logits: torch.Tensor, banned: torch.Tensor) -> torch.Tensor:
     """fp32 logits over the drafter vocabulary (the first ``len(banned)`` ids) with the banned tokens at -inf.
     ``banned`` is additive (``banned_token_bias``): one addition casts and masks, a fifth of a cast and a fill."""
@@ -133,15 +152,24 @@ def top_choices(scores: torch.Tensor, probs: torch.Tensor, k: int) -> torch.Tens
     """The k best tokens of one position's (V,) ``choice_scores``; tokens the sampler never draws (-inf after top-k or
     top-p) come after all others, by the drafter's probability, and banned ones last."""
     finite = scores.isfinite()
-    if not finite.all():
-        scores = torch.where(finite, scores, scores[finite].min() - 1.0 + probs.log())
-    return scores.topk(k).indices
+    # Computed whether or not a score is infinite: asking would make the host wait for the device.
+    lowest = scores.masked_fill(~finite, float("inf")).min()
+    return torch.where(finite, scores, lowest - 1.0 + probs.log()).topk(k).indices
 
 
-def refine_groups(cfg: DecodeConfig) -> list[list[int]]:
-    """Which draft rows share a drafter forward: all K at once (parallel refinement) or one by one (serial)."""
-    rows = list(range(cfg.drafts))
-    return [rows] if cfg.refine == "parallel" else [[k] for k in rows]
+def read_top(values: torch.Tensor, indices: torch.Tensor) -> tuple[list[list[float]], list[list[int]]]:
+    """A top-k's (S, k) values and token ids as Python lists, in one transfer from the device (the ids are exact in
+    float64): a draft tree is built on the host from them."""
+    values, indices = torch.stack([values.double(), indices.double()]).tolist()
+    return values, [[int(t) for t in row] for row in indices]
+
+
+def refine_groups(cfg: DecodeConfig) -> list[slice]:
+    """Which draft rows share a drafter forward: all K at once (parallel refinement) or one by one (serial). Slices,
+    so that taking a group's rows is a view (a list of rows would be an index sent to the device)."""
+    if cfg.refine == "parallel":
+        return [slice(0, cfg.drafts)]
+    return [slice(k, k + 1) for k in range(cfg.drafts)]
 
 
 def banned_token_bias(vocab_size: int, banned_ids: list[int], device) -> torch.Tensor:

@@ -27,8 +27,9 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..errors import XpressError
-from .base import banned_token_bias
-from .diffusion import MaskedDiffusionDrafter
+from ..tree import to_device
+from .base import banned_token_bias, forward_takes, logits_kept
+from .masked import MaskedDiffusionDrafter
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,8 @@ def position_limit(config) -> int | None:
 @dataclass
 class DiffusionLMState:
     ids: list[int]  # the committed tokens the target cache holds (the root is passed to each draft)
+    # The last ``[context, root]`` sent to the device, by (committed tokens, root, room): a draft's steps share it.
+    sent: tuple[tuple[int, int, int], torch.Tensor] | None = None
 
 
 class DiffusionLMDrafter(MaskedDiffusionDrafter):
@@ -105,17 +108,29 @@ class DiffusionLMDrafter(MaskedDiffusionDrafter):
     def denoise(self, state: DiffusionLMState, root: int, tokens: torch.Tensor, committed: torch.Tensor):
         """(R, L) block rows -> (R, L, V) logits for the block positions, read over ``[context, root, block]``."""
         rows, length = tokens.shape
-        context = state.ids + [root]
-        if self.limit is not None:  # keep the most recent context that fits the drafter's positions
-            context = context[-(self.limit - length) :]
-        prefix = torch.tensor(context, device=tokens.device).expand(rows, -1)
+        prefix = self.prefix(state, root, length).expand(rows, -1)
         block = torch.where(committed, tokens, self.mask_token_id)
-        logits = self.forward(torch.cat([prefix, block], dim=1))  # (R, S + L, V)
+        logits = self.forward(torch.cat([prefix, block], dim=1), length + 1)  # (R, >= L + 1, V)
         # Shifted logits: block position j is predicted at the position before it (the root for j = 0).
         return logits[:, -length - 1 : -1] if self.convention.logit_shift else logits[:, -length:]
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        kwargs = {}
+    def prefix(self, state: DiffusionLMState, root: int, length: int) -> torch.Tensor:
+        """(1, S) ``[context, root]`` on the device, the most recent context that fits the drafter's positions: sent
+        once a draft, in a copy that does not wait."""
+        key = (len(state.ids), root, length)
+        if state.sent is None or state.sent[0] != key:
+            context = state.ids + [root]
+            if self.limit is not None:
+                context = context[-(self.limit - length) :]
+            state.sent = key, to_device([context], self.device)
+        return state.sent[1]
+
+    def forward(self, ids: torch.Tensor, kept: int) -> torch.Tensor:
+        """(R, S) ids -> (R, S', V) logits, S' >= ``kept``: the LM head over the last ``kept`` positions only and no
+        cache where the model's forward takes the keywords (transformers' classes do, repository code may not)."""
+        kwargs = logits_kept(self.model, kept)
+        if forward_takes(self.model, "use_cache"):
+            kwargs["use_cache"] = False
         if self.convention.full_attention_arg:
             kwargs["attention_mask"] = "full"
         if self.convention.architecture:  # (R, 1, S, S) additive zeros: every position sees every position

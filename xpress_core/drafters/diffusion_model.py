@@ -38,6 +38,7 @@ from transformers import initialization as init
 
 from ..config import NOISE_TYPES
 from .dflash2 import BlockConvolution, CandidateSelector
+from .layer_masks import block_masks
 from .refiner import BlockRefiner
 
 # Fields of the DFlash releases (dflash_format.py), with values that change nothing (our own drafters'):
@@ -264,6 +265,13 @@ def fused_linear(*parts: nn.Linear) -> nn.Linear:
         if first.bias is not None:
             fused.bias.copy_(torch.cat([p.bias for p in parts]))
     return fused
+
+
+def context_keys(context, pending: torch.Tensor | None) -> int:
+    """Keys of a layer's context before the block: its ``KVSlots``' used slots or its keys, then the pending
+    tokens'."""
+    held = context.start if isinstance(context, KVSlots) else context[0].shape[2]
+    return held + (0 if pending is None else pending.shape[1])
 
 
 def with_block(context: tuple[torch.Tensor, torch.Tensor], k: torch.Tensor, v: torch.Tensor):
@@ -503,26 +511,12 @@ class XpressDrafter(PreTrainedModel):
         cap = self.config.final_logit_softcapping
         return logits if not cap or cap <= 0 else torch.tanh(logits / cap) * cap
 
-    def layer_masks(self, positions: torch.Tensor, q_len: int) -> list[torch.Tensor | None]:
-        """Per layer, the block's (1, 1, Q, S) boolean attention mask from ``layer_causal`` / ``layer_window``, or
-        None (everything visible). Drafting keeps the context from position 0 on, so a key's slot is its absolute
-        position and the keys run up to the block's last position."""
+    def layer_masks(self, positions: torch.Tensor, q_len: int, keys: int) -> list[torch.Tensor | None]:
+        """Per layer, the block's (1, 1, Q, S) boolean attention mask, or None (``layer_masks.block_masks``)."""
         causal, windows = self.config.layer_causal, self.config.layer_window
         if causal is None:
             return [None] * len(self.layers)
-        query = positions[0, -q_len:, None]  # (Q, 1)
-        key = torch.arange(int(positions[0, -1]) + 1, device=positions.device)[None]  # (1, S)
-        masks = []
-        for is_causal, window in zip(causal, windows):
-            visible = torch.ones((q_len, key.shape[1]), dtype=torch.bool, device=positions.device)
-            if is_causal:
-                visible &= key <= query
-            if window is not None:
-                visible &= query - key < window
-                if not is_causal:  # a bidirectional window reaches as far ahead as back
-                    visible &= key - query < window
-            masks.append(None if visible.all() else visible[None, None])
-        return masks
+        return block_masks(causal, windows, positions, q_len, keys)
 
     def hidden(self, block_embeds, positions, context, attention_mask=None, pending=None) -> torch.Tensor:
         """The final normed hidden states (B, Q, H) of every block position, what the LM head reads. ``context``: per
@@ -530,7 +524,8 @@ class XpressDrafter(PreTrainedModel):
         the same forward (``DrafterAttention``), ``positions`` then covering them first."""
         cos, sin = self.rotary(positions, block_embeds.dtype)
         if attention_mask is None:
-            masks = self.layer_masks(positions, block_embeds.shape[1])
+            q_len = block_embeds.shape[1]
+            masks = self.layer_masks(positions, q_len, context_keys(context[0], pending) + q_len)
         elif self.config.layer_causal is None:
             masks = [attention_mask] * len(self.layers)
         else:

@@ -31,7 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..tree import TreePaths, best_first_tree
+from ..tree import TreePaths, best_first_tree, to_device
+from .base import read_top
 
 
 class BlockRefiner(nn.Module):
@@ -191,13 +192,13 @@ class RefinementPasses:
             )
             if not needed:
                 break  # a fixed point: the pass would build the same tree
-            device = inputs.candidates.device
-            previous = torch.tensor([[root, *p, *[p[-1]] * (depth - 1 - len(p))] for p in needed], device=device)
-            positions = torch.tensor([len(p) for p in needed], device=device)
+            # Per prefix its position, then the tokens one position earlier: one copy to the device
+            sent = to_device([[len(p), root, *p, *[p[-1]] * (depth - 1 - len(p))] for p in needed], inputs.base.device)
+            positions, previous = sent[:, 0], sent[:, 1:]
             scored = chances(self.node_logits(inputs, previous, positions), positions)  # (S, C)
             top = scored.topk(min(budget, scored.shape[-1]), dim=-1)
-            top_tokens = inputs.candidates[positions].gather(-1, top.indices)
-            known.update(zip(needed, zip(top.values.tolist(), top_tokens.tolist())))
+            values, top_tokens = read_top(top.values, inputs.candidates[positions].gather(-1, top.indices))
+            known.update(zip(needed, zip(values, top_tokens)))
             tree = best_first_tree(choices, budget, depth)
             if tree.tokens == paths:
                 break  # a fixed point: the next passes would build the same tree

@@ -24,7 +24,7 @@ import torch
 
 from ..config import DecodeConfig
 from ..drafters.base import DraftRandomness, NoDrafter
-from ..drafters.diffusion import MaskedDiffusionDrafter
+from ..drafters.masked import MaskedDiffusionDrafter
 from ..engine import decode_to_end
 from ..errors import XpressError
 from ..models import Models, tapped_forward
