@@ -138,15 +138,18 @@ CASES = [
 def test_a_round_waits_for_the_device_at_most_three_times(drafters, monkeypatch, kind, cfg):
     """Counted as a CUDA device would make them (``HostSyncs``), the stage clock on CUDA events: the drafts read
     once, the target's draws read once, the clock's one wait; a refinement pass reads once more (its next pass
-    depends on what it drafted). The decode is the one without the counter, token for token."""
+    depends on what it drafted). The tokens are those of the CPU's round (draws node by node, the wall clock): the
+    draws at once are the walk's, greedy and sampled."""
     if kind not in drafters:
         pytest.skip("the DFlash reference package is not installed")
     models = load_models(*drafters[kind], device="cpu", dtype="float32")
     ids = encode_prompt(models.tokenizer, PROMPT, chat=True)
     # auto plans with costs that make drafting pay (a draft forward a tenth of a verify), measured by nobody
     costs = CostModel(0.0001, 0.0, 0.001, 0.00001, 0.0001) if cfg.auto else None
-    want = list(engine.decode(models, ids, cfg, costs=costs))[-1].token_ids
+    want = list(engine.decode(models, ids, cfg, costs=costs))[-1].token_ids  # a CPU's walk: node by node
+    # A GPU's round: the stage clock on CUDA events, the target's draws at every node at once
     monkeypatch.setattr(engine, "StageClock", functools.partial(StageClock, events=True))
+    monkeypatch.setattr("xpress_core.tree.draws_at_once", lambda device: True)
     events = []
     with HostSyncs() as syncs:
         syncs.host(ids)  # a tokenizer's ids are on the host
