@@ -125,10 +125,11 @@ class DiffusionLMDrafter(MaskedDiffusionDrafter):
             state.sent = key, to_device([context], self.device)
         return state.sent[1]
 
-    def forward(self, ids: torch.Tensor, kept: int) -> torch.Tensor:
-        """(R, S) ids -> (R, S', V) logits, S' >= ``kept``: the LM head over the last ``kept`` positions only and no
-        cache where the model's forward takes the keywords (transformers' classes do, repository code may not)."""
-        kwargs = logits_kept(self.model, kept)
+    def forward(self, ids: torch.Tensor, kept: int | None = None) -> torch.Tensor:
+        """(R, S) ids -> (R, S', V) logits, S' >= ``kept`` (None: every position): the LM head over the last ``kept``
+        positions only and no cache where the model's forward takes the keywords (transformers' classes do,
+        repository code may not)."""
+        kwargs = {} if kept is None else logits_kept(self.model, kept)
         if forward_takes(self.model, "use_cache"):
             kwargs["use_cache"] = False
         if self.convention.full_attention_arg:
