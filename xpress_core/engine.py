@@ -11,7 +11,6 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -67,28 +66,19 @@ def wait_for_gpus(devices=None) -> None:
         torch.cuda.synchronize(device)
 
 
-class Clock:
+class Clock(StageClock):
     """Wall clock that waits for queued CUDA work first, so timings are real, and that stops while the consumer
     holds a yielded event. What ``calibrate`` times its stages with; a round marks its stages on a ``StageClock``,
     which waits once a round."""
 
     def __init__(self, device: torch.device, devices=None):
+        super().__init__(device, events=False)  # its pausing and ``now``; every reading waits for the GPUs instead
         self.cuda, self.devices = device.type == "cuda", devices
-        self.excluded = 0.0
 
-    def raw(self) -> float:
+    def host_time(self) -> float:
         if self.cuda:
             wait_for_gpus(self.devices)
         return time.perf_counter()
-
-    def now(self) -> float:
-        return self.raw() - self.excluded
-
-    @contextmanager
-    def paused(self):
-        t = self.raw()
-        yield
-        self.excluded += self.raw() - t
 
 
 def stop_token_ids(models: Models) -> set[int]:
