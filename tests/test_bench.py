@@ -3,6 +3,7 @@ grid parsing, prompt loading, round accounting and the app's sweep API."""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import os
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 from tests.app_browser import require_browser
-from xpress_core.bench.cli import SAMPLING_TEMPERATURE
+from xpress_core.bench.cli import FULL, SAMPLING_TEMPERATURE, bench_prompts
 from xpress_core.bench.figures import HEATMAP_METRICS, bench_figures, heatmap
 from xpress_core.bench.grid import FULL_GRID, parse_grid
 from xpress_core.bench.hf import ForwardCall, ForwardProbe, hf_rounds
@@ -34,7 +35,17 @@ from xpress_core.bench.report import SCHEMA
 from xpress_core.bench.summary import summarize
 from xpress_core.cli import main
 from xpress_core.config import DecodeConfig
-from xpress_core.data import SGD_DEV, default_prompts, prompt_class, read_prompt_file
+from xpress_core.data import (
+    PROMPT_SETS,
+    PROMPTS,
+    SGD_DEV,
+    SPLITS,
+    default_prompts,
+    evaluation_prompts,
+    prompt_class,
+    read_prompt_file,
+    split_of,
+)
 from xpress_core.errors import XpressError
 from xpress_core.models import load_models
 from xpress_core.records import RATIO_DIGITS
@@ -365,6 +376,31 @@ def test_prompt_sources(tmp_path, prompt_file):
     assert [p.name for p in only_short] == ["sgd_short-0", "sgd_short-3"]
     with pytest.raises(XpressError, match="lacks sgd/sgd_dev.txt"):
         default_prompts(tmp_path / "missing")
+
+
+def test_bench_measures_named_sets_and_one_half_of_them(prompt_file):
+    def chosen(**given):
+        args = argparse.Namespace(prompts=None, sets=None, split="all", num_prompts=None, data=None)
+        vars(args).update(given)
+        return bench_prompts(args, FULL)
+
+    # Every shipped file is a set the option names, and the default is the preset's.
+    assert set(PROMPT_SETS) == {f.stem for f in PROMPTS.glob("*.jsonl")}
+    assert chosen() == evaluation_prompts(FULL.prompt_sets)
+    everything = chosen(sets="sgd_short,small_talk")
+    assert everything == evaluation_prompts(["sgd_short", "small_talk"])
+    halves = {split: chosen(sets="sgd_short,small_talk", split=split) for split in SPLITS}
+    # The halves are the split's, disjoint, together the whole, in the sets' order; off-domain sets are held whole.
+    assert all(split_of(p) == split for split, ps in halves.items() for p in ps)
+    assert sorted(halves["tune"] + halves["held"], key=everything.index) == list(everything)
+    assert halves["tune"] and not any(prompt_class(p.name) == "small_talk" for p in halves["tune"])
+    assert chosen(sets="sgd_short", split="held", num_prompts=2) == halves["held"][:2]
+    with pytest.raises(XpressError, match="unknown prompt set 'chats'"):
+        chosen(sets="chats")
+    with pytest.raises(XpressError, match="two sources"):
+        chosen(prompts=prompt_file, sets="stories")
+    with pytest.raises(XpressError, match="no prompt of these falls in the tune half"):
+        chosen(sets="small_talk", split="tune")
 
 
 def test_missing_data_is_a_clear_error(zoo, tmp_path, capsys):

@@ -281,6 +281,8 @@ def new_story_prompts() -> tuple[Prompt, ...]:
 # Prompt sets that no constant was tuned on at all: reported beside the held-out half of the others.
 OFF_DOMAIN_SETS = ("small_talk", "new_stories")
 SPLITS = ("tune", "held")
+# The sets shipped in xpress_core/prompts/ (``derive_prompt_sets`` writes them), by name.
+PROMPT_SETS = ("sgd_dev", "sgd_short", "stories", "quick", "small_talk", "new_stories")
 
 
 def split_of(prompt: Prompt) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from .. import validation
-from ..data import QUICK_PROMPTS, evaluation_prompts, read_prompt_file, spread
+from ..data import PROMPT_SETS, QUICK_PROMPTS, SPLITS, Prompt, evaluation_prompts, read_prompt_file, split_of, spread
 from ..engine import calibrate
 from ..errors import XpressError
 from ..models import (
@@ -113,6 +113,18 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
         "--data",
         type=Path,
         help="derive the default prompt sets from this data folder instead of the shipped ones (xpress_core/prompts/)",
+    )
+    bench.add_argument(
+        "--sets",
+        help=f"comma list of the shipped prompt sets to measure (default: {','.join(FULL.prompt_sets)}; any of "
+        f"{', '.join(PROMPT_SETS)})",
+    )
+    bench.add_argument(
+        "--split",
+        choices=("all", *SPLITS),
+        default="all",
+        help="measure one half of the prompts: tune (what constants are chosen on) or held (reported only; "
+        "data.split_of, fixed by each prompt's content)",
     )
     bench.add_argument(
         "--num-prompts", type=int, help="use only the first N prompts (the defaults: chats, short chats, then stories)"
@@ -243,6 +255,23 @@ def check_run_args(args: argparse.Namespace, temperatures: Sequence[float]) -> N
     validation.output_file("--json", args.json)
 
 
+def bench_prompts(args: argparse.Namespace, preset: BenchPreset) -> tuple[Prompt, ...]:
+    """The prompts to measure: a file's, or the named shipped sets (the preset's by default); one half of them with
+    ``--split``; the first ``--num-prompts``."""
+    if args.prompts and args.sets:
+        raise XpressError("--prompts and --sets name two sources of prompts: give one")
+    sets = tuple(s.strip() for s in args.sets.split(",") if s.strip()) if args.sets else preset.prompt_sets
+    unknown = sorted(set(sets) - set(PROMPT_SETS))
+    if unknown:
+        raise XpressError(f"unknown prompt set {unknown[0]!r}: the shipped ones are {', '.join(PROMPT_SETS)}")
+    prompts = read_prompt_file(args.prompts) if args.prompts else evaluation_prompts(sets, args.data)
+    if args.split != "all":
+        prompts = tuple(p for p in prompts if split_of(p) == args.split)
+        if not prompts:
+            raise XpressError(f"no prompt of these falls in the {args.split} half")
+    return prompts[: args.num_prompts] if args.num_prompts else prompts
+
+
 def run_bench(args: argparse.Namespace) -> int:
     preset = QUICK if args.quick else FULL
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
@@ -257,11 +286,7 @@ def run_bench(args: argparse.Namespace) -> int:
     if min(args.warmup, search_prompts) < 0:
         raise XpressError("--warmup and --search-prompts must be >= 0")
     check_run_args(args, temperatures)
-    if args.prompts:
-        prompts = read_prompt_file(args.prompts)
-    else:
-        prompts = evaluation_prompts(preset.prompt_sets, args.data)
-    prompts = prompts[: args.num_prompts] if args.num_prompts else prompts
+    prompts = bench_prompts(args, preset)
     torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     resolve_dtype(args.dtype, device)  # an unknown --dtype fails before the models load
