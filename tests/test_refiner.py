@@ -17,6 +17,7 @@ from xpress_core.costs import fit_draft_costs, round_draft_work
 from xpress_core.drafters import diffusion
 from xpress_core.drafters.base import DraftRandomness
 from xpress_core.drafters.diffusion_model import XpressDrafter
+from xpress_core.engine import decode
 from xpress_core.models import encode_prompt, load_models
 from xpress_core.train.drafter import DrafterBatch, read_target
 from xpress_core.train.refiner import RefinerRecipe, attach_refiner, pass_gains, refiner_loss
@@ -201,6 +202,23 @@ def test_parallel_and_serial_passes_make_the_same_drafts(refining):
         parallel, _ = run(models, prompts[0], cfg)
         serial, _ = run(models, prompts[0], DecodeConfig(**{**cfg.__dict__, "refine": "serial"}))
         assert [t.drafts for t in parallel] == [t.drafts for t in serial]
+
+
+def test_passes_run_through_on_a_gpu_make_the_drafts_of_passes_stopped_at_a_fixed_point(refining, monkeypatch):
+    """A GPU runs every pass rather than read whether the one before changed a token (``reads_between_passes``):
+    the same drafts, greedy and sampled, as a CPU's passes that stop at a fixed point."""
+    models, prompts, _ = refining
+    for cfg in (
+        DecodeConfig(drafts=3, steps=5, block=8, diversity="branch-first"),
+        DecodeConfig(drafts=3, steps=4, block=8, diversity="gumbel", temperature=0.8, seed=2),
+        DecodeConfig(drafts=2, steps=6, block=6, diversity="none", max_new_tokens=NEW),
+    ):
+        stopping = list(decode(models, prompts[1], cfg))[:-1]  # unwatched: watching reads every pass anyway
+        with monkeypatch.context() as patch:
+            patch.setattr(diffusion, "reads_between_passes", lambda device: False)
+            through = list(decode(models, prompts[1], cfg))[:-1]
+        assert len(stopping) > 2 and [t.drafts for t in stopping] == [t.drafts for t in through]
+        assert [t.refinement for t in stopping] == [t.refinement for t in through]
 
 
 def test_k_rows_refined_as_one_batch_equal_rows_refined_alone(refining):

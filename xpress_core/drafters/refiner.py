@@ -103,8 +103,8 @@ class RefinementPasses:
       head(h) + (W_head W_out) z, so a pass adds to pass 0's logits a product of rank r, not of the hidden width.
     - Each position chooses among its candidates only (``PASS_CANDIDATES``, pass 0's best): the product runs over C
       tokens, not the vocabulary.
-    - A pass computes the positions from ``start`` on only: the first has no correction, and those up to the first
-      token the pass before changed read what they read then (the caller keeps their tokens).
+    - A pass computes the positions from ``start`` on only: the first has no correction (the rows' passes start at 1,
+      so that no pass waits to learn where the one before changed a token).
     """
 
     def __init__(self, model):  # an XpressDrafter with a refiner, bound to its target, frozen from now on
@@ -204,6 +204,12 @@ class RefinementPasses:
                 break  # a fixed point: the next passes would build the same tree
             trees.append(tree)
         return trees
+
+
+def reads_between_passes(device: torch.device) -> bool:
+    """Whether refinement passes read what the pass before drafted to skip work (a fixed point, a tree's nodes
+    already scored): on a CPU a read costs nothing; on a GPU it waits for the device, so passes run on there."""
+    return device.type == "cpu"
 
 
 def previous_tokens(roots: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
