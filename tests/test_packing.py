@@ -71,7 +71,7 @@ def test_packed_models_decode_the_same_tokens_as_unpacked(zoo, monkeypatch, pair
     ):
         with ProductsRun([packed.target, packed.drafter.model]) as run:
             got = decode_to_end(packed, prompt_ids, cfg).token_ids
-        run.check(lambda: got == decode_to_end(plain, prompt_ids, cfg).token_ids)
+        run.check(lambda got=got, cfg=cfg: got == decode_to_end(plain, prompt_ids, cfg).token_ids)
 
 
 def test_only_bf16_on_a_cpu_is_packed(zoo):
@@ -153,7 +153,7 @@ class ProductsRun:
         self.products: list[tuple[PackedLinear, torch.Tensor, torch.Tensor]] = []
 
     def __enter__(self):
-        record = lambda layer, args, out: self.products.append((layer, args[0].detach(), out.detach()))  # noqa: E731
+        record = lambda layer, args, out: self.products.append((layer, args[0].detach(), out.detach()))
         self.hooks = [layer.register_forward_hook(record) for layer in self.layers]
         return self
 
