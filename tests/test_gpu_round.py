@@ -238,3 +238,47 @@ def test_python_ints_go_to_the_device_in_one_copy():
         sent = to_device([[1, 2, 3], [4, 5, 6]], "cpu")
     assert sent.tolist() == [[1, 2, 3], [4, 5, 6]] and sent.dtype == torch.long
     assert syncs.total == 0 and syncs.transfers == 1
+
+
+def test_calibrations_clock_waits_for_the_models_gpus_only(zoo, monkeypatch):
+    models = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu", dtype="float32")
+    gpus = (torch.device("cuda:1"), torch.device("cuda:3"))
+    monkeypatch.setitem(models.__dict__, "cuda_devices", gpus)  # as a target spread over two of four GPUs
+    assert engine.CalibrationRun(models).clock.devices == gpus
+    waited = []
+    monkeypatch.setattr(torch.cuda, "synchronize", waited.append)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    engine.Clock(torch.device("cuda:1"), gpus).now()
+    assert waited == list(gpus)
+
+
+def test_a_stage_mark_over_several_gpus_is_reached_once_every_gpu_reached_it():
+    """Each other device records an event, which the first device's stream waits for before its timing event: the
+    marks are timed on one device (CUDA times events of one device only), after every device's earlier work, with
+    no wait of the host but the round's one."""
+    first, second, third = (torch.device(f"cuda:{i}") for i in range(3))
+    with HostSyncs() as syncs:
+        clock = StageClock(first, events=True, devices=(first, second, third))
+        a, b = clock.mark(), clock.mark()
+        assert syncs.total == 0
+        assert len(clock.seconds(a, b)) == 1 and syncs.total == 1
+        streams = syncs.streams
+    assert set(streams) == {"cuda:0", "cuda:1", "cuda:2"}
+    ones, twos = ([event for op, event in streams[d].log if op == "record"] for d in ("cuda:1", "cuda:2"))
+    assert len(ones) == len(twos) == 2 and all(op == "record" for d in ("cuda:1", "cuda:2") for op, _ in streams[d].log)
+    # on the first device, per mark: a wait for each other device's event of that mark, then the timed event
+    assert streams["cuda:0"].log == [
+        ("wait", ones[0]),
+        ("wait", twos[0]),
+        ("record", a),
+        ("wait", ones[1]),
+        ("wait", twos[1]),
+        ("record", b),
+    ]
+    assert a.device == b.device == "cuda:0"
+    alone = StageClock(first, events=True, devices=(first,))
+    assert alone.others == ()
+    with HostSyncs() as syncs, pytest.raises(RuntimeError, match="two devices"):
+        x, y = StageClock(first, events=True).mark(), StageClock(second, events=True).mark()
+        torch.cuda.synchronize()
+        x.elapsed_time(y)
