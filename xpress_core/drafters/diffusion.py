@@ -282,7 +282,10 @@ class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
             coupled = DraftRandomness(randomness.generator, None if upcoming is None else upcoming[positions])
             return self.tree_chances(logits.to(self.device) + banned[positions], cfg, coupled)
 
-        trees = self.passes.refined_trees(inputs, root, read_top(*first), chances, budget, cfg.steps - 1)
+        if reads_between_passes(self.device):  # the host builds each tree, and scores only nodes not scored yet
+            trees = self.passes.refined_trees(inputs, root, read_top(*first), chances, budget, cfg.steps - 1)
+        else:  # a GPU builds them, and the host reads them once
+            trees = self.passes.refined_trees_on_device(inputs, root, tuple(first), chances, budget, cfg.steps - 1)
         # Each tree a step of the panel ("tree": its rows are paths, not the rows of the tree before)
         steps = tuple(DenoiseStep(t.tokens, t.chances, kind="tree") for t in trees) if watch else ()
         tree = trees[-1]
