@@ -19,7 +19,8 @@ A host-to-device copy with ``non_blocking=True`` is counted apart (``transfers``
 An op mixing a host tensor of more than one element with a device tensor would fail on CUDA: it is recorded under
 ``mixed``. A torch function written in Python is seen as one call (what it calls inside is not): the ones that read
 are listed above. ``torch.cuda.Event`` is replaced by a stand-in with CUDA's contract: ``elapsed_time`` fails unless a
-synchronization since both events were recorded has completed them.
+synchronization since both events were recorded has completed them, or when they were recorded on two devices;
+``current_stream(device)`` gives each device a stream that logs what was recorded on it and what it waited for.
 """
 
 from __future__ import annotations
@@ -74,6 +75,9 @@ class _Event:
 
     def record(self, stream=None):
         self.at, self.seq = time.perf_counter(), self.counter.next_seq()
+        self.device = None if stream is None else stream.device
+        if stream is not None:
+            stream.log.append(("record", self))
 
     def query(self) -> bool:
         return self.seq is not None and self.seq <= self.counter.completed
@@ -84,15 +88,22 @@ class _Event:
     def elapsed_time(self, end: _Event) -> float:
         if not (self.timing and end.timing and self.query() and end.query()):
             raise RuntimeError("elapsed_time of an event not completed (CUDA would fail here)")
+        if self.device != end.device:
+            raise RuntimeError("elapsed_time of events on two devices (CUDA would fail here)")
         return (end.at - self.at) * 1000.0
 
 
 class _Stream:
-    def __init__(self, counter: HostSyncs):
-        self.counter = counter
+    """A device's stream: what was recorded on it and which events it was made to wait for, in order (``log``)."""
+
+    def __init__(self, counter: HostSyncs, device):
+        self.counter, self.device, self.log = counter, device, []
 
     def synchronize(self):
         self.counter.sync("Stream.synchronize")
+
+    def wait_event(self, event: _Event):  # the device waits, the host does not
+        self.log.append(("wait", event))
 
 
 class HostSyncs(TorchFunctionMode):
@@ -109,6 +120,12 @@ class HostSyncs(TorchFunctionMode):
         self.seq = 0
         self.completed = 0
         self.stack = ExitStack()
+        self.streams: dict[str, _Stream] = {}
+
+    def stream(self, device=None) -> _Stream:
+        """``torch.cuda.current_stream``: one stream per device."""
+        key = str(torch.device(device)) if device is not None else "cuda:0"
+        return self.streams.setdefault(key, _Stream(self, key))
 
     @property
     def total(self) -> int:
@@ -140,10 +157,9 @@ class HostSyncs(TorchFunctionMode):
         from unittest import mock
 
         cuda = torch.cuda
-        stream = _Stream(self)
         self.stack.enter_context(mock.patch.object(cuda, "synchronize", lambda *a, **k: self.sync("cuda.synchronize")))
         self.stack.enter_context(mock.patch.object(cuda, "Event", lambda **k: _Event(self, **k)))
-        self.stack.enter_context(mock.patch.object(cuda, "current_stream", lambda *a, **k: stream))
+        self.stack.enter_context(mock.patch.object(cuda, "current_stream", self.stream))
         self.stack.enter_context(mock.patch.object(cuda, "device_count", lambda: 1))
         return super().__enter__()
 

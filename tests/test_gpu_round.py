@@ -5,6 +5,7 @@ attention implementation checked at load, peak memory and waits over the models'
 from __future__ import annotations
 
 import functools
+import random
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ from xpress_core.errors import XpressError
 from xpress_core.models import check_tree_attention, encode_prompt, load_models, load_target
 from xpress_core.sampling import TargetNoise, draw_token
 from xpress_core.trace import StageClock, peak_memory_mb
-from xpress_core.tree import to_device
+from xpress_core.tree import best_first_on_device, best_first_tree, read_trees, to_device
 
 PROMPT = "Book a table for two tonight."
 
@@ -123,6 +124,7 @@ CASES = [
     ("diffusion", DecodeConfig(auto=True, max_new_tokens=12)),
     ("gaussian", DecodeConfig(drafts=2, steps=2, block=6, diversity="none", max_new_tokens=12)),
     ("refiner", DecodeConfig(drafts=4, steps=3, block=8, max_new_tokens=12)),
+    ("refiner", DecodeConfig(drafts=4, steps=2, block=6, temperature=0.8, max_new_tokens=12)),
     ("refiner", DecodeConfig(drafts=3, steps=3, block=8, diversity="branch-first", max_new_tokens=12)),
     ("dflash", TREE),
     ("dflash2", DecodeConfig(drafts=4, block=4, max_new_tokens=12)),
@@ -137,9 +139,9 @@ CASES = [
 @pytest.mark.parametrize("kind,cfg", CASES)
 def test_a_round_waits_for_the_device_at_most_three_times(drafters, monkeypatch, kind, cfg):
     """Counted as a CUDA device would make them (``HostSyncs``), the stage clock on CUDA events: the drafts read
-    once, the target's draws read once, the clock's one wait; a refinement pass reads once more (its next pass
-    depends on what it drafted). The tokens are those of the CPU's round (draws node by node, the wall clock): the
-    draws at once are the walk's, greedy and sampled."""
+    once, the target's draws read once, the clock's one wait; refinement passes run on the device (no read
+    between them: rows, and a refined tree built there). The tokens are those of the CPU's round (draws node by node,
+    the wall clock): the draws at once are the walk's, greedy and sampled."""
     if kind not in drafters:
         pytest.skip("the DFlash reference package is not installed")
     models = load_models(*drafters[kind], device="cpu", dtype="float32")
@@ -150,14 +152,14 @@ def test_a_round_waits_for_the_device_at_most_three_times(drafters, monkeypatch,
     # A GPU's round: the stage clock on CUDA events, the target's draws at every node at once
     monkeypatch.setattr(engine, "StageClock", functools.partial(StageClock, events=True))
     monkeypatch.setattr("xpress_core.tree.draws_at_once", lambda device: True)
+    monkeypatch.setattr("xpress_core.drafters.diffusion.reads_between_passes", lambda device: False)
     events = []
     with HostSyncs() as syncs:
         syncs.host(ids)  # a tokenizer's ids are on the host
         prefill, *rounds, _ = round_syncs(engine.decode(models, ids, cfg, costs=costs), syncs, events)
     assert events[-1].token_ids == want
-    passes = cfg.steps - 1 if kind == "refiner" else 0
     assert prefill[0] <= 2, prefill
-    assert len(rounds) >= 2 and all(r[0] <= 3 + passes for r in rounds), rounds
+    assert len(rounds) >= 2 and all(r[0] <= 3 for r in rounds), rounds
     assert syncs.mixed == 0, [e for e in syncs.log if e.startswith("mixed")]
 
 
@@ -231,8 +233,75 @@ def test_peak_memory_sums_the_devices_given_and_waits_wait_for_those_only(monkey
     assert waited == list(gpus)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_a_tree_built_on_the_device_is_the_hosts_best_first_tree_bit_for_bit(seed):
+    """``best_first_on_device`` against the host's heap (``best_first_tree``) on the same choices: each node's
+    children's chances drawn from eighths (exact products: ties across depths, siblings and cousins) and zeros, and
+    fewer children than the budget; the same paths, chances and order, every budget and depth."""
+    rng = random.Random(seed)
+    width = rng.randint(2, 4)
+
+    def choices(path: tuple[int, ...]) -> tuple[list[float], list[int]]:
+        law = random.Random(f"{seed} {path}")
+        return sorted((law.randint(0, 8) / 8 for _ in range(width)), reverse=True), law.sample(range(9), width)
+
+    def on_device(paths: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = [choices(tuple(row[:d])) for row in paths.tolist()]
+        return torch.tensor([r[0] for r in rows], dtype=torch.float32), torch.tensor([r[1] for r in rows])
+
+    for budget in range(1, 14):
+        for depth in range(1, 5):
+            want = best_first_tree(choices, budget, depth)
+            [got] = read_trees([best_first_on_device(on_device, budget, depth, "cpu")])
+            assert (got.tokens, got.chances, got.order) == (want.tokens, want.chances, want.order), (budget, depth)
+
+
 def test_python_ints_go_to_the_device_in_one_copy():
     with HostSyncs() as syncs:
         sent = to_device([[1, 2, 3], [4, 5, 6]], "cpu")
     assert sent.tolist() == [[1, 2, 3], [4, 5, 6]] and sent.dtype == torch.long
     assert syncs.total == 0 and syncs.transfers == 1
+
+
+def test_calibrations_clock_waits_for_the_models_gpus_only(zoo, monkeypatch):
+    models = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu", dtype="float32")
+    gpus = (torch.device("cuda:1"), torch.device("cuda:3"))
+    monkeypatch.setitem(models.__dict__, "cuda_devices", gpus)  # as a target spread over two of four GPUs
+    assert engine.CalibrationRun(models).clock.devices == gpus
+    waited = []
+    monkeypatch.setattr(torch.cuda, "synchronize", waited.append)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    engine.Clock(torch.device("cuda:1"), gpus).now()
+    assert waited == list(gpus)
+
+
+def test_a_stage_mark_over_several_gpus_is_reached_once_every_gpu_reached_it():
+    """Each other device records an event, which the first device's stream waits for before its timing event: the
+    marks are timed on one device (CUDA times events of one device only), after every device's earlier work, with
+    no wait of the host but the round's one."""
+    first, second, third = (torch.device(f"cuda:{i}") for i in range(3))
+    with HostSyncs() as syncs:
+        clock = StageClock(first, events=True, devices=(first, second, third))
+        a, b = clock.mark(), clock.mark()
+        assert syncs.total == 0
+        assert len(clock.seconds(a, b)) == 1 and syncs.total == 1
+        streams = syncs.streams
+    assert set(streams) == {"cuda:0", "cuda:1", "cuda:2"}
+    ones, twos = ([event for op, event in streams[d].log if op == "record"] for d in ("cuda:1", "cuda:2"))
+    assert len(ones) == len(twos) == 2 and all(op == "record" for d in ("cuda:1", "cuda:2") for op, _ in streams[d].log)
+    # on the first device, per mark: a wait for each other device's event of that mark, then the timed event
+    assert streams["cuda:0"].log == [
+        ("wait", ones[0]),
+        ("wait", twos[0]),
+        ("record", a),
+        ("wait", ones[1]),
+        ("wait", twos[1]),
+        ("record", b),
+    ]
+    assert a.device == b.device == "cuda:0"
+    alone = StageClock(first, events=True, devices=(first,))
+    assert alone.others == ()
+    with HostSyncs() as syncs, pytest.raises(RuntimeError, match="two devices"):
+        x, y = StageClock(first, events=True).mark(), StageClock(second, events=True).mark()
+        torch.cuda.synchronize()
+        x.elapsed_time(y)

@@ -1,5 +1,7 @@
-"""Packed bf16 linear layers (packing.py): the oracle is the same model unpacked (tokens, and logits bit for bit at the
-counts the tests run), and for a single layer at every row count the exact product within bf16 rounding."""
+"""Packed bf16 linear layers (packing.py): the oracle is the same model unpacked, bit for bit (logits and tokens) where
+every product a run made agrees bit for bit with ``F.linear`` at its row count (the counts ``packed_linear`` checks,
+and on CPUs whose kernels agree at every count: those without AMX or AVX-512 BF16), and at every row count the exact
+product within bf16 rounding (float64), which holds on every CPU."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from xpress_core.config import DecodeConfig
 from xpress_core.engine import decode_to_end
 from xpress_core.models import EMBEDDED_DRAFTER, EMBEDDED_TARGET, encode_prompt, load_models
 from xpress_core.packing import (
+    CHECK_TOKENS,
     EXACT_ROWS,
     PackedLinear,
     bucket_rows,
@@ -55,15 +58,20 @@ def test_packed_models_decode_the_same_tokens_as_unpacked(zoo, monkeypatch, pair
         m for m in plain.drafter.model.modules() if isinstance(m, nn.Linear) and m.weight.dtype == torch.bfloat16
     ]
     assert packed_count(packed.drafter.model) == len(bf16_linears) > 0
-    prompt_ids = encode_prompt(packed.tokenizer, PROMPT, chat=True)
+    # A prompt of a row count every layer was checked at (``CHECK_TOKENS``): its logits bit for bit on every CPU
+    prompt_ids = encode_prompt(packed.tokenizer, PROMPT * 8, chat=True)[:, :CHECKED_PROMPT]
+    assert prompt_ids.shape[1] == CHECKED_PROMPT in CHECK_TOKENS
     with torch.no_grad():
         assert torch.equal(packed.target(prompt_ids).logits, plain.target(prompt_ids).logits)
+    # Plain steps: the prompt's count, then one row at a time (both checked): the same tokens on every CPU
     assert hf_greedy(packed, prompt_ids) == hf_greedy(plain, prompt_ids)
     for cfg in (
         DecodeConfig(drafts=2, steps=2, block=4, max_new_tokens=24),
         DecodeConfig(drafts=1, steps=1, block=8, max_new_tokens=24, temperature=0.8, seed=3),
     ):
-        assert decode_to_end(packed, prompt_ids, cfg).token_ids == decode_to_end(plain, prompt_ids, cfg).token_ids
+        with ProductsRun([packed.target, packed.drafter.model]) as run:
+            got = decode_to_end(packed, prompt_ids, cfg).token_ids
+        run.check(lambda got=got, cfg=cfg: got == decode_to_end(plain, prompt_ids, cfg).token_ids)
 
 
 def test_only_bf16_on_a_cpu_is_packed(zoo):
@@ -113,10 +121,11 @@ def test_a_layer_whose_packed_product_differs_stays_unpacked(monkeypatch):
 
 def test_generate_through_hf_on_a_packed_model_matches_the_saved_model(zoo):
     """A packed target is still an ordinary transformers model to ``generate``: bf16 tokens equal those of the
-    checkpoint loaded by transformers alone (packed or not, depending on the CPU)."""
+    checkpoint loaded by transformers alone (packed or not, depending on the CPU), over a prompt of a checked row
+    count and then one row a step, where packed products equal ``F.linear``'s on every CPU."""
     models = load_models(zoo["llama"], "none", device="cpu", dtype="bfloat16")
     raw = AutoModelForCausalLM.from_pretrained(zoo["llama"], dtype=torch.bfloat16).eval()
-    prompt_ids = encode_prompt(models.tokenizer, PROMPT, chat=True)
+    prompt_ids = encode_prompt(models.tokenizer, PROMPT * 8, chat=True)[:, :CHECKED_PROMPT]
     with torch.no_grad():
         want = raw.generate(prompt_ids, max_new_tokens=16, do_sample=False)[0, prompt_ids.shape[1] :].tolist()
     assert hf_greedy(models, prompt_ids, new=16) == want
@@ -127,6 +136,49 @@ def test_the_apps_memory_budget_counts_packed_weights_twice():
     the bytes: the app's preset check counts both so."""
     assert Hardware.detect("cpu", "float32", memory_gb=8.0).doubled
     assert Hardware.detect("cpu", "bfloat16", memory_gb=8.0).doubled == BF16_CPU
+
+
+CHECKED_PROMPT = 64  # a row count each packed layer is checked at (``packing.CHECK_TOKENS``)
+
+
+class ProductsRun:
+    """``with ProductsRun(models) as run: ...`` records every packed product the models make (its input and output),
+    then ``run.check(equal)``: each product within bf16 rounding of the exact one (every CPU); and ``equal()`` (the
+    run's results against the unpacked models') asserted where it is guaranteed: every product was made at a row
+    count where each packed layer gives ``F.linear``'s outputs bit for bit (the same kernel: probed as
+    ``packed_linear`` probes), so that the unpacked run computes the same numbers. Returns whether it was."""
+
+    def __init__(self, models):
+        self.layers = [m for model in models for m in model.modules() if isinstance(m, PackedLinear)]
+        self.products: list[tuple[PackedLinear, torch.Tensor, torch.Tensor]] = []
+
+    def __enter__(self):
+        record = lambda layer, args, out: self.products.append((layer, args[0].detach(), out.detach()))
+        self.hooks = [layer.register_forward_hook(record) for layer in self.layers]
+        return self
+
+    def __exit__(self, *exc):
+        for hook in self.hooks:
+            hook.remove()
+
+    def check(self, equal) -> bool:
+        assert self.products
+        counts = set()
+        for layer, x, out in self.products:
+            rows = x.reshape(-1, layer.in_features)
+            counts.add(rows.shape[0])
+            assert within_bf16_rounding(out.reshape(rows.shape[0], -1), rows, layer)
+        probe = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            agree = all(
+                torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+                for count in sorted(counts)
+                for layer in self.layers
+                for x in [torch.randn(count, layer.in_features, generator=probe).to(layer.weight.dtype)]
+            )
+        if agree:
+            assert equal()
+        return agree
 
 
 BF16_UNIT = 2.0**-8  # bf16's unit roundoff (8 significant bits, round to nearest)
@@ -216,7 +268,10 @@ def test_a_long_prompt_padded_to_its_bucket_decodes_the_tokens_of_the_unpacked_m
     layers = [m for m in packed.target.modules() if isinstance(m, PackedLinear)]
     shapes = {(m.in_features, m.out_features, m.bias is not None) for m in layers}
     assert warm_packed([packed.target], 100) == len(shapes) * len({bucket_rows(c) for c in range(1, 101)})
-    with torch.no_grad():
-        assert torch.equal(packed.target(prompt_ids).logits, plain.target(prompt_ids).logits)
+    with ProductsRun([packed.target]) as run, torch.no_grad():
+        logits = packed.target(prompt_ids).logits
+    run.check(lambda: torch.equal(logits, plain.target(prompt_ids).logits))
     cfg = DecodeConfig(drafts=2, steps=1, block=4, max_new_tokens=16)
-    assert decode_to_end(packed, prompt_ids, cfg).token_ids == decode_to_end(plain, prompt_ids, cfg).token_ids
+    with ProductsRun([packed.target, packed.drafter.model]) as run:
+        got = decode_to_end(packed, prompt_ids, cfg).token_ids
+    run.check(lambda: got == decode_to_end(plain, prompt_ids, cfg).token_ids)

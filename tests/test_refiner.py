@@ -17,7 +17,9 @@ from xpress_core.costs import fit_draft_costs, round_draft_work
 from xpress_core.drafters import diffusion
 from xpress_core.drafters.base import DraftRandomness
 from xpress_core.drafters.diffusion_model import XpressDrafter
+from xpress_core.engine import decode
 from xpress_core.models import encode_prompt, load_models
+from xpress_core.sampling import gumbel
 from xpress_core.train.drafter import DrafterBatch, read_target
 from xpress_core.train.refiner import RefinerRecipe, attach_refiner, pass_gains, refiner_loss
 
@@ -201,6 +203,65 @@ def test_parallel_and_serial_passes_make_the_same_drafts(refining):
         parallel, _ = run(models, prompts[0], cfg)
         serial, _ = run(models, prompts[0], DecodeConfig(**{**cfg.__dict__, "refine": "serial"}))
         assert [t.drafts for t in parallel] == [t.drafts for t in serial]
+
+
+def test_passes_run_through_on_a_gpu_make_the_drafts_of_passes_stopped_at_a_fixed_point(refining, monkeypatch):
+    """A GPU runs every pass rather than read whether the one before changed a token (``reads_between_passes``):
+    the same drafts, greedy and sampled, as a CPU's passes that stop at a fixed point."""
+    models, prompts, _ = refining
+    for cfg in (
+        DecodeConfig(drafts=3, steps=5, block=8, diversity="branch-first"),
+        DecodeConfig(drafts=3, steps=4, block=8, diversity="gumbel", temperature=0.8, seed=2),
+        DecodeConfig(drafts=2, steps=6, block=6, diversity="none", max_new_tokens=NEW),
+    ):
+        stopping = list(decode(models, prompts[1], cfg))[:-1]  # unwatched: watching reads every pass anyway
+        with monkeypatch.context() as patch:
+            patch.setattr(diffusion, "reads_between_passes", lambda device: False)
+            through = list(decode(models, prompts[1], cfg))[:-1]
+        assert len(stopping) > 2 and [t.drafts for t in stopping] == [t.drafts for t in through]
+        assert [t.refinement for t in stopping] == [t.refinement for t in through]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_tree_refined_on_a_gpu_is_the_tree_the_host_builds(refining, monkeypatch, temperature):
+    """A GPU builds the refined tree on the device and reads it once (``refined_trees_on_device``): the same
+    drafts, node order, refinement and watched trees as the host's heap (``refined_trees``), with trees of every
+    depth (sharpened: deep ones) and blocks whose candidates are fewer than the tree's nodes. The chances agree to
+    fp32 rounding only: the device scores every node of the tree before as one batch, the host the new ones, and the
+    head's products round by batch size (sampled: one node in 19 off by an ulp; the builder itself is exact:
+    test_gpu_round)."""
+    models, prompts, _ = refining
+    drafter = models.drafter
+    compared = refined = 0
+    for sharpness, candidates, cfg in [
+        (8.0, 64, DecodeConfig(drafts=3, steps=3, block=8, temperature=temperature, seed=3)),
+        (1.0, 64, DecodeConfig(drafts=4, steps=2, block=6, temperature=temperature, seed=4)),
+        (8.0, 5, DecodeConfig(drafts=2, steps=4, block=5, temperature=temperature, seed=5)),
+    ]:
+        monkeypatch.setattr(drafter, "tree_sharpness", sharpness)
+        monkeypatch.setattr(diffusion, "PASS_CANDIDATES", candidates)
+        for prompt_ids, root in [(prompts[0], 5), (prompts[1], 17), (prompts[1], 40)]:
+            state = drafter.start(prompt_ids, *first_features(models, prompt_ids))
+            for watch in (False, True):
+                made = []
+                for on_device in (False, True):
+                    with monkeypatch.context() as patch:
+                        patch.setattr(diffusion, "reads_between_passes", lambda device, host=not on_device: host)
+                        rng = torch.Generator().manual_seed(cfg.seed)
+                        upcoming = gumbel(torch.rand((cfg.block, drafter.banned.shape[0]), generator=rng))
+                        randomness = DraftRandomness(rng, None if cfg.greedy else upcoming)
+                        made.append(drafter.draft(state, root, cfg, randomness, watch=watch))
+                host, device = made
+                assert (device.tokens, device.order, device.refinement) == (host.tokens, host.order, host.refinement)
+                assert [s.tokens for s in device.steps] == [s.tokens for s in host.steps]
+                for got, want in zip(
+                    [device.chances, *(s.confidence for s in device.steps)],
+                    [host.chances, *(s.confidence for s in host.steps)],
+                ):
+                    assert [list(row) for row in got] == [pytest.approx(row, rel=1e-5) for row in want]
+                compared += 1
+                refined += host.refinement.before != host.refinement.after
+    assert compared == 18 and refined > 0
 
 
 def test_k_rows_refined_as_one_batch_equal_rows_refined_alone(refining):

@@ -216,6 +216,41 @@ def test_sweep_through_zerogpu_measures_what_the_in_process_sweep_measures(confi
     assert 2 <= done <= 3 < total
 
 
+def test_a_sweep_stopped_while_it_waits_runs_none_of_its_grid(config, zero):
+    """Stop pressed while the sweep is queued (after Run armed it): the handler answers before loading or asking for
+    a GPU; a stop that lands as the GPU is attached ends the sweep in the worker before its first run."""
+    args = {"drafts": [1, 2], "steps": [1], "block": 4, "source": CHAT_BOX, "count": 1, "max_new_tokens": 8}
+    demo, controls, progress = build_app(config), Controls(), []
+    fn = handler(demo, "sweep").fn
+    Controls.arm(controls)
+    controls.request_stop()  # the Stop button, while the sweep waits in the queue
+    with on_zerogpu(zero):
+        update = fn(TINY, message="Book a table.", controls=controls, request=None, progress=progress.append, **args)
+    shown = {getattr(c, "elem_id", None): v for c, v in update.items()}
+    assert shown["sweep-status"] == app_sweep.STOPPED_BEFORE_FIRST_RUN and zero.durations == [] and progress == []
+    request = SweepRequest(TINY, (1, 2), (1,), 4, CHAT_BOX, 1, 8)
+    with on_zerogpu(zero):
+        app_sweep.load_for_sweep(app_models.served(), request, "Book a table.")
+        items = list(sweep_tab.sweep_turn(request, "Book a table.", Budget(), controls.ticket))
+    assert len(zero.durations) == 1  # the worker ran it, and measured nothing
+    assert [i.status for i in items if isinstance(i, app_sweep.SweepView)] == [app_sweep.STOPPED_BEFORE_FIRST_RUN]
+    assert not [i for i in items if isinstance(i, tuple)]  # no run's progress
+
+
+def test_a_sessions_stop_file_goes_when_the_session_ends(config):
+    """Both tabs' Controls are deleted with their session (Gradio's ``delete_callback``), and with them the file a
+    Stop made in the temporary folder."""
+    demo = build_app(config)
+    states = [b for b in demo.blocks.values() if isinstance(getattr(b, "value", None), Controls)]
+    assert len(states) == 2 and all(state.delete_callback == Controls.release for state in states)
+    controls = Controls()
+    controls.request_stop()
+    assert os.path.exists(controls.ticket.path)
+    controls.release()
+    assert not os.path.exists(controls.ticket.path) and not controls.ticket.requested()
+    Controls().release()  # a session that never made a ticket
+
+
 def test_the_standin_refuses_what_zerogpu_cannot_pickle():
     zero = ZeroGPU()
     try:

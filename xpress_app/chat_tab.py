@@ -93,7 +93,7 @@ def chat_layout(settings: dict, preset_note: gr.Markdown) -> ChatTab:
     """The Chat tab's components, laid out inside the current tab: the conversation and the draft panel side by side
     (both on the first screen after a reply, down to 1280x720), the other panels below."""
     reply = gr.State(None)
-    controls = gr.State(Controls())
+    controls = gr.State(Controls(), delete_callback=Controls.release)  # its stop file goes with the session
     gr.Markdown(INTRO)
     with gr.Row(equal_height=False):
         with gr.Column(scale=4, min_width=320):

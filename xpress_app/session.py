@@ -73,6 +73,12 @@ class Controls:
         self.stop = True
         self.ticket.request()
 
+    def release(self) -> None:
+        """The session ended (Gradio deletes its state): its stop file goes now, not when the server exits (a session
+        that pressed Stop would otherwise leave one in the temporary folder)."""
+        if self._ticket is not None:
+            self._ticket.clear()
+
     def wait_idle(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while self.running and time.monotonic() < deadline:

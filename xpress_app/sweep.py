@@ -137,6 +137,9 @@ def sweep_prompts(request: SweepRequest, message: str | None) -> tuple[Prompt, .
     return spread(evaluation_prompts(SWEEP_SETS), request.prompts)
 
 
+STOPPED_BEFORE_FIRST_RUN = "■ Sweep stopped before its first run: nothing measured to show."
+
+
 def run_sweep(
     cache: ModelCache,
     request: SweepRequest,
@@ -173,6 +176,8 @@ def run_sweep(
             LOG.info("ended /sweep early: %s", over)
             raise SweepCancelled(over)
 
+    if stop_requested():  # Stop pressed as the GPU was attached: not one run
+        return SweepView(STOPPED_BEFORE_FIRST_RUN)
     try:
         with cache.in_flight.serving():
             run = measure.sweep(

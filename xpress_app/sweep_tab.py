@@ -18,6 +18,7 @@ from .session import Controls, forget_replaced_blocks
 from .settings import UI_MAX_BLOCK, UI_MAX_DRAFTS
 from .sweep import (
     HELD_OUT,
+    STOPPED_BEFORE_FIRST_RUN,
     SWEEP_MAX_NEW_TOKENS,
     SWEEP_MAX_PROMPTS,
     SWEEP_SOURCES,
@@ -102,7 +103,7 @@ def sweep_layout() -> SweepTab:
         tokens_plot,
         tau_plot,
         table,
-        controls=gr.State(Controls()),
+        controls=gr.State(Controls(), delete_callback=Controls.release),
     )
 
 
@@ -122,7 +123,40 @@ def wire_sweep(
     """The Sweep tab's events; the preset, the chat box and the chat's block L slider are the Chat tab's; ``budget``:
     what each sweep may use, its whole grid included."""
     private = {"queue": False, "api_visibility": "private"}
-    preset = chat.settings["preset"]
+    started = tab.run.click(Controls.arm, tab.controls, None, **private)
+    # One sweep at a time: two at once would each measure the other's load.
+    finished = started.then(
+        sweep_handler(demo, tab, cache, budget),
+        inputs_kwargs=sweep_inputs(tab, chat),
+        outputs=[tab.status, tab.tokens_plot, tab.tau_plot, tab.table],
+        api_name="sweep",
+        preprocess=False,  # raw values: checked by SweepRequest.grid, with its own messages
+        concurrency_limit=1,
+        concurrency_id="sweep",
+    )
+    tab.stop.click(Controls.request_stop, tab.controls, None, **private)
+    tab.source.change(lambda chosen: gr.update(visible=chosen == HELD_OUT), tab.source, tab.count, **private)
+    wire_block_caps(demo, tab, tab_block, chat, cache, finished)
+
+
+def sweep_inputs(tab: SweepTab, chat: ChatTab) -> dict:
+    """The sweep endpoint's inputs by name (its API's parameters)."""
+    return {
+        "preset": chat.settings["preset"],
+        "drafts": tab.drafts,
+        "steps": tab.steps,
+        "block": tab.block,
+        "source": tab.source,
+        "count": tab.count,
+        "max_new_tokens": tab.max_new_tokens,
+        "message": chat.message,
+        "controls": tab.controls,
+    }
+
+
+def sweep_handler(demo: gr.Blocks, tab: SweepTab, cache: ModelCache, budget: Budget):
+    """The sweep endpoint: the request checked and its models loaded here, the grid run by the GPU function
+    (``sweep_turn``), its progress relayed; a sweep stopped while it waited in the queue ends before loading."""
 
     def sweep(
         preset,
@@ -138,6 +172,8 @@ def wire_sweep(
         progress=gr.Progress(),  # noqa: B008 (Gradio finds the progress tracker by this default value)
     ):
         forget_replaced_blocks(demo, request)
+        if controls.ticket.requested():  # Stop pressed while the sweep waited for its turn
+            return view_update(tab, SweepView(STOPPED_BEFORE_FIRST_RUN))
         progress(0, desc="Loading the models and the prompts…")
         try:
             request = SweepRequest(
@@ -150,46 +186,35 @@ def wire_sweep(
                 max_new_tokens,
             )
             load_for_sweep(cache, request, message)
-            for item in sweep_turn(request, message, budget, controls.ticket):
-                if isinstance(item, XpressError):
-                    raise item
-                if isinstance(item, Calibration):
-                    cache.adopt(item)
-                elif isinstance(item, SweepView):
-                    view = item
-                else:
-                    done, total, label = item
-                    progress((done, total), desc=f"runs · last: {label}", unit="runs")
+            view = relayed(sweep_turn(request, message, budget, controls.ticket), cache, progress)
         except XpressError as error:
             raise refusal("/sweep", error) from None
         return view_update(tab, view)
 
-    started = tab.run.click(Controls.arm, tab.controls, None, **private)
-    inputs = {
-        "preset": preset,
-        "drafts": tab.drafts,
-        "steps": tab.steps,
-        "block": tab.block,
-        "source": tab.source,
-        "count": tab.count,
-        "max_new_tokens": tab.max_new_tokens,
-        "message": chat.message,
-        "controls": tab.controls,
-    }
-    # One sweep at a time: two at once would each measure the other's load.
-    finished = started.then(
-        sweep,
-        inputs_kwargs=inputs,
-        outputs=[tab.status, tab.tokens_plot, tab.tau_plot, tab.table],
-        api_name="sweep",
-        preprocess=False,  # raw values: checked by SweepRequest.grid, with its own messages
-        concurrency_limit=1,
-        concurrency_id="sweep",
-    )
-    tab.stop.click(Controls.request_stop, tab.controls, None, **private)
-    tab.source.change(lambda chosen: gr.update(visible=chosen == HELD_OUT), tab.source, tab.count, **private)
-    # Both block L sliders are capped once a sweep has loaded the models; this one also whenever the tab is opened (a
-    # reply may have loaded them).
+    return sweep
+
+
+def relayed(items, cache: ModelCache, progress) -> SweepView:
+    """The GPU function's items as they come: progress to the bar, a calibration to the cache, its view returned,
+    its refusal raised."""
+    for item in items:
+        if isinstance(item, XpressError):
+            raise item
+        if isinstance(item, Calibration):
+            cache.adopt(item)
+        elif isinstance(item, SweepView):
+            view = item
+        else:
+            done, total, label = item
+            progress((done, total), desc=f"runs · last: {label}", unit="runs")
+    return view
+
+
+def wire_block_caps(demo: gr.Blocks, tab: SweepTab, tab_block: gr.Tab, chat: ChatTab, cache: ModelCache, finished):
+    """Both block L sliders are capped once a sweep has loaded the models; this one also whenever the tab is opened (a
+    reply may have loaded them)."""
+    private = {"queue": False, "api_visibility": "private"}
+    preset = chat.settings["preset"]
     cap = partial(block_slider, cache)
     for slider in (tab.block, chat.settings["block"]):
         finished.then(cap, [preset, slider], slider, **private)

@@ -219,7 +219,8 @@ def decode(
     if not cfg.auto:
         models.drafter.check_block(cfg)
     check_prompt(models, prompt_ids)
-    clock, eos, verifier = StageClock(models.device), stop_token_ids(models), VERIFIERS[cfg.verify]
+    clock, eos = StageClock(models.device, devices=models.cuda_devices), stop_token_ids(models)
+    verifier = VERIFIERS[cfg.verify]
     settings = control(models, cfg, costs)
     for device in models.cuda_devices:
         torch.cuda.reset_peak_memory_stats(device)
@@ -368,7 +369,7 @@ class CalibrationRun:
     """A throwaway request and the stages ``calibrate`` times on it, each a ``(run, setup or None)`` pair."""
 
     def __init__(self, models: Models):
-        self.models, self.clock, self.verifier = models, Clock(models.device), VERIFIERS["tree"]
+        self.models, self.clock, self.verifier = models, Clock(models.device, models.cuda_devices), VERIFIERS["tree"]
         limit = context_limit(models.target) or 2 * CALIBRATION_CONTEXT
         wide = max(1, min(CALIBRATION_TOKENS, limit // 4))
         # The widest tree auto may verify: K x L nodes at its largest K and L.

@@ -168,20 +168,32 @@ class StageClock:
     On CUDA a mark is an event recorded on the device's stream and costs no wait: a round's marks are read after one
     wait for the last of them, which every earlier one precedes (docs/DESIGN.md §2). Elsewhere a mark is the wall
     clock. A stage lasts from when the device reached one mark to when it reached the next: the host's own work
-    between them when the device waits for it, the device's when the host is ahead."""
+    between them when the device waits for it, the device's when the host is ahead.
+
+    A target spread over GPUs (``devices``: every CUDA device the models use) is marked on each: an event on every
+    other device's stream, which ``device``'s stream then waits for (on the device, not the host) before its own
+    timing event, so that a mark is reached once every device has done the work queued before it. The wait orders
+    ``device``'s later work after the others' earlier work, which a spread model's stages are anyway (each reads the
+    one before's output)."""
 
     host_time = staticmethod(time.perf_counter)  # scripts.profile_round swaps in the CPU time
 
-    def __init__(self, device: torch.device, events: bool | None = None):
+    def __init__(self, device: torch.device, events: bool | None = None, devices=()):
         self.device = device
         self.events = device.type == "cuda" if events is None else events
+        self.others = tuple(d for d in devices if d != device)
         self.excluded = 0.0
 
     def mark(self):
         if not self.events:
             return self.host_time()
+        stream = torch.cuda.current_stream(self.device)
+        for other in self.others:
+            reached = torch.cuda.Event()
+            reached.record(torch.cuda.current_stream(other))
+            stream.wait_event(reached)
         event = torch.cuda.Event(enable_timing=True)
-        event.record(torch.cuda.current_stream(self.device))
+        event.record(stream)
         return event
 
     def seconds(self, *marks) -> list[float]:

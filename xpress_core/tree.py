@@ -141,6 +141,12 @@ def best_first_tree(choices: Choices, budget: int, depth: int) -> TreePaths:
         if position + 1 < depth:  # the first child
             below = choices(paths[node])
             push(frontier, (negative * below[0][0], position + 1, node, 0, -negative, below))
+    return tree_paths(paths, chances, parents, ranks)
+
+
+def tree_paths(paths: list, chances: list, parents: list, ranks: list) -> TreePaths:
+    """A tree's root-to-leaf paths from its nodes in best-first order (per node: its tokens from the root's child
+    down, its own chance, its parent node, -1 the root, and its token's rank among its parent's choices)."""
     has_child = set(parents)
     leaves = []
     for leaf in (n for n in range(len(paths)) if n not in has_child):
@@ -154,6 +160,73 @@ def best_first_tree(choices: Choices, budget: int, depth: int) -> TreePaths:
         tuple(tuple(chances[n] for n in path) for path in leaves),
         tuple(map(tuple, leaves)),
     )
+
+
+@dataclass(frozen=True)
+class DeviceTree:
+    """``best_first_tree``'s nodes, best first, on the device (``best_first_on_device``): what a next refinement
+    pass scores without the host reading it. Nodes past the tree's own (path chance 0) fill up a fixed count."""
+
+    tokens: torch.Tensor  # (N,) each node's token
+    chances: torch.Tensor  # (N,) fp32, its own chance given its parent's path
+    path_chances: torch.Tensor  # (N,) fp64, the product of its path's chances, as the host's heap multiplies them
+    parents: torch.Tensor  # (N,) its parent's place in the order, -1 the root
+    ranks: torch.Tensor  # (N,) its token's rank among its parent's choices
+    depths: torch.Tensor  # (N,) 1 for the root's children
+    paths: torch.Tensor  # (N, depth) its tokens from the root's child down, then -1
+
+
+# Per depth d (0 = the root's children), the chances (n, W) of the children of the (n,) nodes at depth d whose paths
+# (n, depth) are given (tokens, then -1), best first, and their tokens (n, W): on the device.
+DeviceChoices = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
+
+
+def best_first_on_device(choices: DeviceChoices, budget: int, depth: int, device) -> DeviceTree:
+    """``best_first_tree`` with nothing read by the host: the same nodes in the same order.
+
+    The heap pops nodes in the order of (-path chance, depth, parent's place, rank) (a node's children and next
+    sibling come after it), and the tree is the first ``budget`` nodes with a chance above 0. A node among them has
+    fewer than ``budget`` nodes of its depth before it, and its parent is among them: so level by level, the best
+    ``budget`` children of the level above (a stable sort over parents x ranks, by path chance) hold every node of
+    the tree, and a stable sort of the levels' nodes by path chance, shallower first among equals, gives its order.
+    Path chances in fp64, multiplied root first: the host's products of the same fp32 chances, bit for bit."""
+    chance = torch.ones(1, dtype=torch.float64, device=device)  # the root's
+    paths = torch.full((1, depth), -1, dtype=torch.long, device=device)
+    levels = []  # per depth, its nodes
+    for d in range(depth):
+        probs, tokens = choices(paths, d)  # (n, W): per parent its children, parent-major as the sort breaks ties
+        width = probs.shape[-1]
+        every = (chance[:, None] * probs.double()).flatten()
+        kept = every.sort(descending=True, stable=True).indices[: min(budget, every.numel())]
+        chance, parent, token = every[kept], kept // width, tokens.flatten()[kept]
+        paths = paths.index_select(0, parent)
+        paths[:, d] = token
+        # The parent as an index among all levels' nodes (the root: -1, through ``place``'s last entry)
+        above = parent + sum(len(level[0]) for level in levels[:-1]) if d else torch.full_like(parent, -1)
+        levels.append((chance, probs.flatten()[kept], token, above, kept % width, torch.full_like(kept, d + 1), paths))
+    chances, own, tokens, parents, ranks, depths, paths = (torch.cat(parts) for parts in zip(*levels))
+    order = chances.sort(descending=True, stable=True).indices[:budget]  # stable: shallower first among equals
+    place = torch.full((len(chances) + 1,), -1, dtype=torch.long, device=device)  # a node's place in the order
+    place[order] = torch.arange(len(order), device=device)
+    return DeviceTree(
+        tokens[order], own[order], chances[order], place[parents[order]], ranks[order], depths[order], paths[order]
+    )
+
+
+def read_trees(trees: list[DeviceTree]) -> list[TreePaths]:
+    """Device-built trees as ``TreePaths``, in one transfer from the device (the ids exact in fp64), the nodes of
+    path chance 0 left out (the last ones: best first)."""
+    fields = [
+        [t.tokens.double(), t.chances.double(), t.path_chances, t.parents.double(), t.ranks.double()] for t in trees
+    ]
+    read = []
+    for tokens, chances, path_chances, parents, ranks in torch.stack([torch.stack(f) for f in fields]).tolist():
+        size = sum(chance != 0.0 for chance in path_chances)
+        parents, paths = [int(p) for p in parents[:size]], []
+        for token, parent in zip(tokens, parents):
+            paths.append((paths[parent] if parent >= 0 else ()) + (int(token),))
+        read.append(tree_paths(paths, chances[:size], parents, [int(r) for r in ranks[:size]]))
+    return read
 
 
 def to_device(rows, device) -> torch.Tensor:

@@ -28,7 +28,7 @@ from .base import (
 )
 from .diffusion_model import ContextKV, KVSlots, XpressDrafter, add_noise, signal_share
 from .masked import MaskedDiffusionDrafter, as_rows, row_gumbel, stacked
-from .refiner import PASS_CANDIDATES, RefinementPasses, previous_tokens
+from .refiner import PASS_CANDIDATES, RefinementPasses, previous_tokens, reads_between_passes
 
 
 def masked_block(root: int, length: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -203,7 +203,7 @@ class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
         """Pass 0: one drafter forward on ``[root, MASK x L]`` and its token choice (branches and all, as a one-step
         masked draft makes them). Passes 1..T-1: the K rows together, as one batch, through the refiner, each reading
         the tokens the pass before drafted (``refiner.py``); branch tokens stay. A pass that changes no token is a
-        fixed point: the rest would change nothing, so they are not run. A draft tree is refined along its own paths
+        fixed point: the rest would change nothing (a CPU does not run them; a GPU does rather than wait to learn it). A draft tree is refined along its own paths
         instead (``refined_tree``)."""
         hidden = self.block_hidden(state, self.model.embed_block(*masked_block(root, cfg.block, self.device)))
         raw = self.model.raw_logits(hidden)
@@ -221,30 +221,27 @@ class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
         before = tokens  # pass 0's draft, kept for ``Refinement`` whether watched or not
         steps = [DenoiseStep(as_rows(before), as_rows(confidence), kind="pass")] if watch else []
         roots = torch.full((cfg.drafts,), root, device=self.device)
-        start = 1  # the first position has no correction: pass 0's token stays
+        # Every pass computes positions 1.. (the first has no correction: pass 0's token stays), so that no pass waits
+        # for the host to learn where the one before changed a token; one that changes none is a fixed point, which
+        # a CPU stops at (a read costs nothing there) and a GPU runs through (the same tokens again, no wait).
+        stop_at_fixed_point = watch or reads_between_passes(self.device)
         for _ in range(cfg.steps - 1):
             previous = previous_tokens(roots, tokens)  # (K, L): each position's token one earlier
             # Parallel refinement: the K rows in one pass; serial: a pass per row (the comparison; same drafts).
-            logits = stacked([self.passes.logits(inputs, previous[g], start) for g in refine_groups(cfg)])
+            logits = stacked([self.passes.logits(inputs, previous[g], 1) for g in refine_groups(cfg)])
             chosen, chosen_confidence = self.choose_among(
-                logits.to(self.device), inputs.candidates[start:], cfg, randomness, watch, noise, start
+                logits.to(self.device), inputs.candidates[1:], cfg, randomness, watch, noise, 1
             )
             candidates = tokens.clone()
-            candidates[:, start:] = torch.where(forced[:, start:], tokens[:, start:], chosen)
-            changed = (candidates != tokens).any(0)  # (L,)
+            candidates[:, 1:] = torch.where(forced[:, 1:], tokens[:, 1:], chosen)
+            fixed_point = stop_at_fixed_point and torch.equal(candidates, tokens)  # the pass's one read, if any
             tokens = candidates
             if watch:
                 confidence = confidence.clone()
-                confidence[:, start:] = chosen_confidence
+                confidence[:, 1:] = chosen_confidence
                 steps.append(DenoiseStep(as_rows(tokens), as_rows(confidence), kind="pass"))
-            # The first changed position, L if none: the pass's one read (argmax gives the first maximum).
-            first_changed = int(torch.cat([changed, changed.new_ones(1)]).int().argmax())
-            if first_changed == cfg.block:
-                break  # a fixed point: the next passes would change nothing
-            # Positions up to the first changed token read the same tokens next pass: their logits stay.
-            start = first_changed + 1
-            if start == cfg.block:
-                break
+            if fixed_point:
+                break  # the next passes would change nothing
         before, after = (tuple(map(tuple, rows)) for rows in torch.stack([before, tokens]).tolist())  # one read
         return Drafts(tokens=after, steps=tuple(steps), refinement=Refinement(before, after))
 
@@ -285,7 +282,10 @@ class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
             coupled = DraftRandomness(randomness.generator, None if upcoming is None else upcoming[positions])
             return self.tree_chances(logits.to(self.device) + banned[positions], cfg, coupled)
 
-        trees = self.passes.refined_trees(inputs, root, read_top(*first), chances, budget, cfg.steps - 1)
+        if reads_between_passes(self.device):  # the host builds each tree, and scores only nodes not scored yet
+            trees = self.passes.refined_trees(inputs, root, read_top(*first), chances, budget, cfg.steps - 1)
+        else:  # a GPU builds them, and the host reads them once
+            trees = self.passes.refined_trees_on_device(inputs, root, tuple(first), chances, budget, cfg.steps - 1)
         # Each tree a step of the panel ("tree": its rows are paths, not the rows of the tree before)
         steps = tuple(DenoiseStep(t.tokens, t.chances, kind="tree") for t in trees) if watch else ()
         tree = trees[-1]

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..tree import TreePaths, best_first_tree, to_device
+from ..tree import TreePaths, best_first_on_device, best_first_tree, read_trees, to_device
 from .base import read_top
 
 
@@ -103,8 +103,8 @@ class RefinementPasses:
       head(h) + (W_head W_out) z, so a pass adds to pass 0's logits a product of rank r, not of the hidden width.
     - Each position chooses among its candidates only (``PASS_CANDIDATES``, pass 0's best): the product runs over C
       tokens, not the vocabulary.
-    - A pass computes the positions from ``start`` on only: the first has no correction, and those up to the first
-      token the pass before changed read what they read then (the caller keeps their tokens).
+    - A pass computes the positions from ``start`` on only: the first has no correction (the rows' passes start at 1,
+      so that no pass waits to learn where the one before changed a token).
     """
 
     def __init__(self, model):  # an XpressDrafter with a refiner, bound to its target, frozen from now on
@@ -204,6 +204,63 @@ class RefinementPasses:
                 break  # a fixed point: the next passes would build the same tree
             trees.append(tree)
         return trees
+
+    def refined_trees_on_device(
+        self,
+        inputs: PassInputs,
+        root: int,
+        first: tuple[torch.Tensor, torch.Tensor],
+        chances: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        budget: int,
+        passes: int,
+    ) -> list[TreePaths]:
+        """``refined_trees`` with the host reading once, at the end: ``first``'s (L, W) chances and tokens stay on
+        the device, and every tree is built there (``best_first_on_device``). Each pass scores every node of the
+        tree before, as a batch of fixed size, those an earlier pass scored too (their first scores are kept, as the
+        host keeps them), and passes run through a fixed point: the trees after one repeat it and are left out."""
+        probs, device = first[0], first[0].device
+        depth, width = probs.shape[0], max(probs.shape[-1], min(budget, inputs.candidates.shape[-1]))
+        marginals = [F.pad(part, (0, width - part.shape[-1])) for part in first]  # chance 0: never a node
+        # Per node a pass scored: its path (tokens, then -1; -2 where not scored), its children's chances and tokens
+        scored = [torch.empty((0, depth), dtype=torch.long, device=device), marginals[0][:0], marginals[1][:0]]
+
+        def choices(paths: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+            at = [part[d].expand(len(paths), -1) for part in marginals]
+            keys, values, tokens = scored
+            if d == 0 or not len(keys):  # the root's children: no correction at position 0
+                return at[0], at[1]
+            same = (paths[:, None] == keys[None]).all(-1)  # (n, N)
+            found = same.any(-1, keepdim=True)
+            earliest = (same * torch.arange(len(keys), 0, -1, device=device)).argmax(-1)  # the first pass's scores
+            return torch.where(found, values[earliest], at[0]), torch.where(found, tokens[earliest], at[1])
+
+        trees = [best_first_on_device(choices, budget, depth, device)]
+        for _ in range(passes if depth > 1 else 0):  # a block of 1 has no node with children to score
+            tree = trees[-1]
+            read = (tree.path_chances > 0) & (tree.depths < depth)  # the nodes whose children a pass scores
+            positions = tree.depths.clamp(max=depth - 1)
+            # Per node its path, then its last token again (not read), one position later than the head reads it
+            filled = tree.paths.gather(1, torch.minimum(torch.arange(depth, device=device), positions[:, None] - 1))
+            previous = torch.cat([torch.full_like(positions[:, None], root), filled[:, :-1]], dim=1)
+            node_chances = chances(self.node_logits(inputs, previous, positions), positions)  # (N, C)
+            top = node_chances.topk(min(budget, node_chances.shape[-1]), dim=-1)
+            children = [top.values, inputs.candidates[positions].gather(-1, top.indices)]
+            new = [torch.where(read[:, None], tree.paths, -2), *(F.pad(p, (0, width - p.shape[-1])) for p in children)]
+            scored = [torch.cat(parts) for parts in zip(scored, new)]
+            trees.append(best_first_on_device(choices, budget, depth, device))
+        built = read_trees(trees)  # the round's one read
+        kept = built[:1]
+        for tree in built[1:]:
+            if tree.tokens == kept[-1].tokens:
+                break  # a fixed point: every tree after it is this one
+            kept.append(tree)
+        return kept
+
+
+def reads_between_passes(device: torch.device) -> bool:
+    """Whether refinement passes read what the pass before drafted to skip work (a fixed point, a tree's nodes
+    already scored): on a CPU a read costs nothing; on a GPU it waits for the device, so passes run on there."""
+    return device.type == "cpu"
 
 
 def previous_tokens(roots: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
