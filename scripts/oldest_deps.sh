@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The oldest transformers and accelerate that requirements.txt admits (its floors, read from the file), in a fresh
-# virtual environment: one exact decode through the CLI (scripts/exact_decode.py) and the engine tests there.
+# virtual environment: one exact decode through the CLI (scripts/exact_decode.py) and the engine and tree tests there.
 #   bash scripts/oldest_deps.sh [pytest arguments]      # VENV=path to keep the environment (default: a temporary one)
 # A floor the code does not run on fails here, as it would for a user whose environment holds that release.
 set -euo pipefail
@@ -34,4 +34,4 @@ if [Version(transformers.__version__), Version(accelerate.__version__)] != [Vers
 EOF
 export GRADIO_ANALYTICS_ENABLED=False HF_HUB_OFFLINE=1
 "$venv/bin/python" scripts/exact_decode.py
-"$venv/bin/python" -m pytest -q -p no:cacheprovider tests/test_engine.py "$@"
+"$venv/bin/python" -m pytest -q -p no:cacheprovider tests/test_engine.py tests/test_trees.py "$@"

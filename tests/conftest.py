@@ -30,3 +30,22 @@ def fp32_by_default():
 def dtype_cache_in_tmp(tmp_path, monkeypatch):
     """``--dtype auto``'s cached choices (precision.cache_file) go to the test's own folder, never the user's."""
     monkeypatch.setenv("XPRESS_CACHE_DIR", str(tmp_path / "xpress-cache"))
+
+
+@pytest.fixture(scope="session", params=["llama", "gpt2", "qwen3"])
+def family(request, zoo):
+    """Each tiny target family with its drafter, the test prompts and generate's greedy replies to them."""
+    from tests.oracles import PROMPTS, hf_greedy
+    from xpress_core.models import encode_prompt, load_models
+
+    models = load_models(zoo[request.param], zoo[f"drafter_{request.param}"], device="cpu")
+    prompts = [encode_prompt(models.tokenizer, p, chat=True) for p in PROMPTS]
+    return models, prompts, [hf_greedy(models, p) for p in prompts]
+
+
+@pytest.fixture(scope="session")
+def embedded():
+    """The embedded pair (read only): loaded once for the tests that need a trained drafter's confidences."""
+    from xpress_core.models import load_models
+
+    return load_models(device="cpu")

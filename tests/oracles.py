@@ -1,5 +1,5 @@
 """What the engine tests share: running a request to its events (in this process, or through the CLI), HF
-``generate`` as the greedy oracle, and the cache invariants every decode must keep."""
+``generate`` as the greedy oracle, plain sampling as the sampled one, and the cache invariants every decode must keep."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from xpress_core.engine import decode
+import torch
+
+from xpress_core.engine import decode, stop_token_ids
+from xpress_core.sampling import TargetNoise, draw_token
 from xpress_core.trace import DecodeResult, RoundTrace
 
 PROMPTS = ["I want to book a table", "Once upon a time"]
@@ -49,3 +52,18 @@ def cli(*args: str) -> subprocess.CompletedProcess:
         text=True,
         timeout=300,
     )
+
+
+def plain_sampling(models, prompt_ids, cfg, new) -> list[int]:
+    """Reference autoregressive sampler: one HF forward per token, the same processing, the same seeded generator."""
+    noise = TargetNoise(torch.Generator().manual_seed(cfg.seed), models.target.config.vocab_size)
+    ids, out = prompt_ids, []
+    eos = stop_token_ids(models)
+    with torch.no_grad():
+        for _ in range(new):
+            token = draw_token(models.target(input_ids=ids).logits[0, -1], cfg, noise)
+            out.append(token)
+            if token in eos:
+                break
+            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+    return out

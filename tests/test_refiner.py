@@ -9,8 +9,7 @@ import math
 import pytest
 import torch
 
-from tests.oracles import NEW, PROMPTS, check_invariants, hf_greedy, run
-from tests.test_engine import plain_sampling
+from tests.oracles import NEW, PROMPTS, check_invariants, hf_greedy, plain_sampling, run
 from xpress_core.config import DecodeConfig
 from xpress_core.controller import AutoControl, CostModel, RoundSetting
 from xpress_core.costs import fit_draft_costs, round_draft_work
