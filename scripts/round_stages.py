@@ -38,53 +38,79 @@ WRAPPED = (
 ROUND_EVENT = "round event"
 
 
-def timed(seconds: dict[str, float], name: str, function: Callable) -> Callable:
-    def wrapper(*args, **kwargs):
-        started = time.perf_counter()
-        try:
-            return function(*args, **kwargs)
-        finally:
-            seconds[name] += time.perf_counter() - started
+class Stages:
+    """Seconds per stage, into the table of whichever engine decodes now (``into``)."""
 
-    return wrapper
+    def __init__(self):
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    def into(self, seconds: dict[str, float]) -> None:
+        self.seconds = seconds
+
+    def timed(self, name: str, function: Callable) -> Callable:
+        def wrapper(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.seconds[name] += time.perf_counter() - started
+
+        return wrapper
 
 
 @contextmanager
-def wrapped(models: Models, seconds: dict[str, float]) -> Iterator[None]:
-    """The stage functions (and this drafter's draft and commit) timed into ``seconds`` while inside."""
-    drafter = models.drafter
-    owners = [*WRAPPED, (drafter, "draft", "drafter draft"), (drafter, "commit", "drafter commit")]
+def wrapped(drafters: list, stages: Stages) -> Iterator[None]:
+    """The stage functions (and these drafters' draft and commit) timed into ``stages`` while inside."""
+    owners = list(WRAPPED)
+    for drafter in drafters:
+        owners += [(drafter, "draft", "drafter draft"), (drafter, "commit", "drafter commit")]
     owners = [(owner, attr, name) for owner, attr, name in owners if hasattr(owner, attr)]  # an engine may lack one
     originals = [(owner, attr, owner.__dict__.get(attr)) for owner, attr, _ in owners]
     for owner, attr, name in owners:
-        setattr(owner, attr, timed(seconds, name, getattr(owner, attr)))
+        setattr(owner, attr, stages.timed(name, getattr(owner, attr)))
     try:
         yield
     finally:
-        for owner, attr, original in originals:
+        for owner, attr, original in reversed(originals):
             if original is None:
                 delattr(owner, attr)  # an instance's method, found on its class again
             else:
                 setattr(owner, attr, original)
 
 
-def round_stages(models: Models, prompts: list[torch.Tensor], cfg: DecodeConfig) -> dict[str, float]:
-    """Mean wall ms per round (the prefill's excluded) of each wrapped stage, of the whole round (its trace's
-    draft + verify + other) and of what no wrapper covers, over ``prompts`` decoded one at a time after one warm-up."""
-    for _ in engine.decode(models, prompts[0], cfg):
-        pass
-    seconds: dict[str, float] = defaultdict(float)
-    rounds: list[RoundTrace] = []
-    with wrapped(models, seconds), torch.no_grad():
+def round_stages(
+    engines: dict[str, tuple[Models, DecodeConfig]], prompts: list[torch.Tensor]
+) -> dict[str, dict[str, float]]:
+    """Per engine, the mean wall ms per round (the prefill's excluded) of each wrapped stage, of the whole round (its
+    trace's draft + verify + other) and of what no wrapper covers, over ``prompts`` decoded one at a time, the
+    engines taking turns prompt by prompt, after one warm-up request each."""
+    for models, cfg in engines.values():
+        for _ in engine.decode(models, prompts[0], cfg):
+            pass
+    stages = Stages()
+    seconds = {name: defaultdict(float) for name in engines}
+    rounds: dict[str, list[RoundTrace]] = {name: [] for name in engines}
+    with wrapped([models.drafter for models, _ in engines.values()], stages), torch.no_grad():
         for ids in prompts:
-            before = dict(seconds)  # the prefill's calls are taken back out: only rounds are counted
-            for event in engine.decode(models, ids, cfg):
-                if isinstance(event, RoundTrace) and event.index == 0:
-                    prefill = {name: seconds[name] - before.get(name, 0.0) for name in list(seconds)}
-                    for name, s in prefill.items():
-                        seconds[name] -= s
-                elif isinstance(event, RoundTrace):
-                    rounds.append(event)
+            for name, (models, cfg) in engines.items():
+                stages.into(seconds[name])
+                rounds[name] += decoded_rounds(models, ids, cfg, seconds[name])
+    return {name: mean_ms(seconds[name], rounds[name]) for name in engines}
+
+
+def decoded_rounds(models: Models, ids: torch.Tensor, cfg: DecodeConfig, seconds: dict[str, float]) -> list:
+    """One request's rounds after the prefill; the prefill's stage seconds are taken back out of ``seconds``."""
+    before, rounds = dict(seconds), []
+    for event in engine.decode(models, ids, cfg):
+        if isinstance(event, RoundTrace) and event.index == 0:
+            for name in list(seconds):
+                seconds[name] = before.get(name, 0.0)
+        elif isinstance(event, RoundTrace):
+            rounds.append(event)
+    return rounds
+
+
+def mean_ms(seconds: dict[str, float], rounds: list[RoundTrace]) -> dict[str, float]:
     n = max(len(rounds), 1)
     ms = {name: 1000 * s / n for name, s in seconds.items()}
     whole = 1000 * sum(r.draft_s + r.verify_s + r.other_s for r in rounds) / n

@@ -37,6 +37,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -106,35 +107,69 @@ def generate_outputs_of(target, prompts: list[torch.Tensor], new: int) -> list[l
     return out
 
 
-def generate_tokens_per_s(target, prompts: list[torch.Tensor], new: int) -> dict:
-    """``generate``'s new tokens per wall second, the prompts one at a time, after one warm-up request."""
-    generate_outputs_of(target, prompts[:1], new)
-    started = time.perf_counter()
-    tokens = sum(map(len, generate_outputs_of(target, prompts, new)))
-    return {"tokens_per_s": round(tokens / (time.perf_counter() - started), 1)}
+@dataclass(frozen=True)
+class Request:
+    """One timed request: new tokens, decoding steps after the prefill (None: not counted), and the seconds of
+    its decoding steps and of its prefill by the engine's own clock (0 where not counted)."""
+
+    tokens: int
+    steps: int | None = None
+    decode_s: float = 0.0
+    prefill_s: float = 0.0
 
 
-def tokens_per_s(models: Models, prompts: list[torch.Tensor], cfg: DecodeConfig, concurrency: int) -> dict:
-    """New tokens per wall second: the prompts one at a time (1), else ``concurrency`` requests at once in as many
-    threads (the prompts cycled), after one warm-up request. One at a time, also as vLLM's side reports it: the ms
-    of a decoding step (a plain step, or a round) from each request's first token to its last, and of the prefill."""
-
-    def one(ids: torch.Tensor) -> tuple[int, DecodeResult]:
+def xpress_request(models: Models, cfg: DecodeConfig) -> Callable[[torch.Tensor], Request]:
+    def run(ids: torch.Tensor) -> Request:
         *rounds, result = decode(models, ids, cfg)
-        return len(rounds) - 1, result  # the rounds after the prefill's
+        return Request(len(result.token_ids), len(rounds) - 1, result.time_s - result.prefill_s, result.prefill_s)
 
-    one(prompts[0])
-    requests = prompts if concurrency == 1 else [prompts[i % len(prompts)] for i in range(concurrency)]
+    return run
+
+
+def generate_request(target, new: int) -> Callable[[torch.Tensor], Request]:
+    return lambda ids: Request(len(generate_outputs_of(target, [ids], new)[0]))
+
+
+def in_turns(requests: dict[str, Callable[[torch.Tensor], Request]], prompts: list[torch.Tensor], repeats: int) -> dict:
+    """The engines one request at a time, taking turns prompt by prompt (``repeats`` passes), after one warm-up
+    request each: on a machine whose speed drifts, engines timed one after the other are off against each other.
+    Per engine: new tokens per wall second and per CPU second of this process (the latter counts what contention
+    takes away from the wall clock less), and, as vLLM's side reports them, the ms of a decoding step (a plain step,
+    or a round) from each request's first token to its last and of the prefill."""
+    for run in requests.values():
+        run(prompts[0])
+    done = {name: [] for name in requests}
+    for _ in range(repeats):
+        for ids in prompts:
+            for name, run in requests.items():
+                wall, cpu = time.perf_counter(), time.process_time()
+                request = run(ids)
+                done[name].append((request, time.perf_counter() - wall, time.process_time() - cpu))
+    found = {}
+    for name, runs in done.items():
+        tokens = sum(r.tokens for r, _, _ in runs)
+        timing = {
+            "tokens_per_s": round(tokens / sum(w for _, w, _ in runs), 1),
+            "cpu_ms_per_token": round(1000 * sum(c for _, _, c in runs) / tokens, 3),
+        }
+        if runs[0][0].steps is not None:
+            steps = sum(r.steps for r, _, _ in runs)
+            timing["decode_ms_per_step"] = round(1000 * sum(r.decode_s for r, _, _ in runs) / max(steps, 1), 3)
+            timing["prefill_ms"] = round(1000 * sum(r.prefill_s for r, _, _ in runs) / len(runs), 3)
+        found[name] = timing
+    return found
+
+
+def tokens_per_s(models: Models, prompts: list[torch.Tensor], cfg: DecodeConfig, concurrency: int) -> float:
+    """New tokens per wall second with ``concurrency`` requests at once in as many threads (the prompts cycled),
+    after one warm-up request."""
+    run = xpress_request(models, cfg)
+    run(prompts[0])
+    requests = [prompts[i % len(prompts)] for i in range(concurrency)]
     started = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        done = list(pool.map(one, requests))
-    results = [result for _, result in done]
-    timing = {"tokens_per_s": round(sum(len(r.token_ids) for r in results) / (time.perf_counter() - started), 1)}
-    if concurrency == 1:
-        steps = sum(n for n, _ in done)
-        timing["decode_ms_per_step"] = round(1000 * sum(r.time_s - r.prefill_s for r in results) / max(steps, 1), 3)
-        timing["prefill_ms"] = round(1000 * sum(r.prefill_s for r in results) / len(results), 3)
-    return timing
+        tokens = sum(r.tokens for r in pool.map(run, requests))
+    return round(tokens / (time.perf_counter() - started), 1)
 
 
 def mean(values: list[int]) -> float:
@@ -200,6 +235,7 @@ def compare(args: argparse.Namespace) -> dict:
         "block": args.block,
         "concurrency": args.concurrency,
         "threads": args.threads,
+        "repeats": args.repeats,
     }
     theirs = vllm_side(args.vllm_python, job)  # first, and ended entirely before xPress is timed
     chain = DecodeConfig(drafts=1, steps=1, block=args.block, diversity="none", max_new_tokens=args.max_new_tokens)
@@ -216,13 +252,15 @@ def compare(args: argparse.Namespace) -> dict:
     outputs = {"vllm plain": theirs["plain"]["outputs"], "vllm + drafter": theirs["spec"]["outputs"]}
     outputs |= {name: run.outputs for name, run in ours.items()}
     differ = {name: [i for i, (a, b) in enumerate(zip(out, reference)) if a != b] for name, out in outputs.items()}
-    speed = {"vllm plain": theirs["plain"]["tokens_per_s"], "vllm + drafter": theirs["spec"]["tokens_per_s"]}
     steps = {"vllm plain": theirs["plain"]["steps"], "vllm + drafter": theirs["spec"]["steps"]}
+    requests = {name: xpress_request(engine, cfg) for name, (engine, cfg) in engines.items()}
+    steps |= in_turns(requests | plain_dtypes(args, chain), prompts, args.repeats)
+    speed = {"vllm plain": theirs["plain"]["tokens_per_s"], "vllm + drafter": theirs["spec"]["tokens_per_s"]}
     for name, (engine, cfg) in engines.items():
-        timings = {str(c): tokens_per_s(engine, prompts, cfg, c) for c in args.concurrency}
-        speed[name] = {c: t["tokens_per_s"] for c, t in timings.items()}
-        steps[name] = timings.get("1")
-    steps |= plain_dtypes(args, prompts, chain)
+        speed[name] = {
+            str(c): steps[name]["tokens_per_s"] if c == 1 else tokens_per_s(engine, prompts, cfg, c)
+            for c in args.concurrency
+        }
     return {
         "prompts": len(prompts),
         "max_new_tokens": args.max_new_tokens,
@@ -235,26 +273,22 @@ def compare(args: argparse.Namespace) -> dict:
         **acceptance(theirs["spec"], ours["xpress chain"], reference, args.block),
         "tokens_per_s": speed,
         "one_at_a_time": steps,
-        "xpress_round_stages_ms": {
-            "plain": round_stages(plain, prompts, chain),
-            "chain": round_stages(models, prompts, chain),
-        },
+        "xpress_round_stages_ms": round_stages({"plain": (plain, chain), "chain": (models, chain)}, prompts),
         "drafts": None
         if args.drafts_of is None
         else {"vllm": theirs["spec"]["drafts"][args.drafts_of], "xpress": ours["xpress chain"].drafts[args.drafts_of]},
     }
 
 
-def plain_dtypes(args: argparse.Namespace, prompts: list[torch.Tensor], chain: DecodeConfig) -> dict:
-    """Plain decoding one request at a time in each of ``--plain-dtypes``: ``generate`` and xPress without a
-    drafter (fp32's xPress row is the comparison's own "xpress plain")."""
+def plain_dtypes(args: argparse.Namespace, chain: DecodeConfig) -> dict[str, Callable[[torch.Tensor], Request]]:
+    """Plain decoding in each of ``--plain-dtypes``: ``generate`` and xPress without a drafter (fp32's xPress is the
+    comparison's own "xpress plain")."""
     found = {}
     for dtype in args.plain_dtypes:
         models = load_models(args.target, args.drafter, device="cpu", dtype=dtype)
-        found[f"generate {dtype}"] = generate_tokens_per_s(models.target, prompts, args.max_new_tokens)
+        found[f"generate {dtype}"] = generate_request(models.target, args.max_new_tokens)
         if dtype != "float32":
-            plain = Models(models.target, models.tokenizer, NoDrafter())
-            found[f"xpress plain {dtype}"] = tokens_per_s(plain, prompts, chain, 1)
+            found[f"xpress plain {dtype}"] = xpress_request(Models(models.target, models.tokenizer, NoDrafter()), chain)
     return found
 
 
@@ -308,8 +342,8 @@ def report(result: dict) -> str:
 
 
 def summary(result: dict) -> list[str]:
-    """The compact table: tokens/s per concurrency, one request at a time the ms of a step after the prefill, that
-    step in fp32 plain steps of the same engine, and the gain at one request over that engine's fastest plain
+    """The compact table: tokens/s per concurrency; one request at a time: CPU ms a token (this engine's process, all
+    its threads), the ms of a step after the prefill, that step in fp32 plain steps of the same engine, and the gain at one request over that engine's fastest plain
     decoding (``generate`` is xPress's baseline too: xPress's plain decoding should reach it)."""
     speed, steps = result["tokens_per_s"], result["one_at_a_time"]
     concurrency = list(next(iter(speed.values())))
@@ -319,8 +353,8 @@ def summary(result: dict) -> list[str]:
     lines = [
         f"  threads: xPress {threads['xpress']}, vLLM {threads['vllm']}; vLLM's processes that outlived its side: "
         + str(outlived),
-        f"  | engine | tok/s at {' / '.join(concurrency)} | ms a step, 1 request | plain steps | gain at 1 |",
-        "  |---|---|---|---|---|",
+        f"  | engine | tok/s at {' / '.join(concurrency)} | CPU ms a token | ms a step | plain steps | gain at 1 |",
+        "  |---|---|---|---|---|---|",
     ]
     for name, timing in steps.items():
         engine = {"vllm": "vllm", "xpress": "xpress", "generate": "xpress"}[name.split()[0]]
@@ -330,7 +364,8 @@ def summary(result: dict) -> list[str]:
         base = steps[f"{engine} plain"]["decode_ms_per_step"]
         ratio = f"{step / base:.2f}" if step else ""
         gain = f"{timing['tokens_per_s'] / steps[fastest[engine]]['tokens_per_s']:.2f}x"
-        lines.append(f"  | {name} | {at} | {'' if step is None else f'{step:.2f}'} | {ratio} | {gain} |")
+        cpu, step = f"{timing['cpu_ms_per_token']:.2f}", "" if step is None else f"{step:.2f}"
+        lines.append(f"  | {name} | {at} | {cpu} | {step} | {ratio} | {gain} |")
     lines.append(f"  (gains over each engine's fastest plain decoding: {fastest['vllm']}, {fastest['xpress']})")
     return lines
 
@@ -362,6 +397,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--block", type=int, default=8, help="draft tokens per round (vLLM's num_speculative_tokens)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--repeats", type=int, default=1, help="timed passes over the prompts, one request at a time")
     parser.add_argument("--threads", type=int, default=1, help="torch threads for both engines")
     parser.add_argument(
         "--plain-dtypes", nargs="+", default=["float32", "bfloat16"], help="time plain decoding in these too"
