@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import signal
 import subprocess
 import tempfile
@@ -181,6 +182,29 @@ def per_position(accepted: list[int], block: int) -> list[float]:
     return [round(sum(a >= j for a in accepted) / max(len(accepted), 1), 4) for j in range(1, block + 1)]
 
 
+class OtherLoad:
+    """How busy the rest of the machine was since this was made: the cores' busy time (Linux /proc/stat) less this
+    process's and its waited-for children's CPU time, per wall second (1.0: one core kept busy by other jobs)."""
+
+    def __init__(self):
+        self.started, self.busy, self.ours = time.perf_counter(), machine_busy_s(), our_cpu_s()
+
+    def cores(self) -> float:
+        others = (machine_busy_s() - self.busy) - (our_cpu_s() - self.ours)
+        return round(max(others, 0.0) / (time.perf_counter() - self.started), 2)
+
+
+def machine_busy_s() -> float:
+    """CPU seconds all cores have spent busy since boot (/proc/stat's first line: all but idle and iowait)."""
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, Path("/proc/stat").read_text().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def our_cpu_s() -> float:
+    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+
+
 def vllm_side(python: str, job: dict) -> dict:
     """``scripts/vllm_side.py`` in vLLM's venv, on ``job``, in a process group of its own; its JSON answer, once
     every process of that group has ended (``group_ended``), and whether any had outlived the side's own."""
@@ -237,7 +261,9 @@ def compare(args: argparse.Namespace) -> dict:
         "threads": args.threads,
         "repeats": args.repeats,
     }
+    load = OtherLoad()
     theirs = vllm_side(args.vllm_python, job)  # first, and ended entirely before xPress is timed
+    other_load = {"vllm": load.cores()}
     chain = DecodeConfig(drafts=1, steps=1, block=args.block, diversity="none", max_new_tokens=args.max_new_tokens)
     auto = replace(chain, auto=True, diversity="tree")
     plain = Models(models.target, models.tokenizer, NoDrafter())
@@ -254,7 +280,9 @@ def compare(args: argparse.Namespace) -> dict:
     differ = {name: [i for i, (a, b) in enumerate(zip(out, reference)) if a != b] for name, out in outputs.items()}
     steps = {"vllm plain": theirs["plain"]["steps"], "vllm + drafter": theirs["spec"]["steps"]}
     requests = {name: xpress_request(engine, cfg) for name, (engine, cfg) in engines.items()}
+    load = OtherLoad()
     steps |= in_turns(requests | plain_dtypes(args, chain), prompts, args.repeats)
+    other_load["xpress"] = load.cores()
     speed = {"vllm plain": theirs["plain"]["tokens_per_s"], "vllm + drafter": theirs["spec"]["tokens_per_s"]}
     for name, (engine, cfg) in engines.items():
         speed[name] = {
@@ -267,6 +295,8 @@ def compare(args: argparse.Namespace) -> dict:
         "block": args.block,
         "threads": {"xpress": torch.get_num_threads(), "vllm": theirs["plain"]["threads"]},
         "vllm_processes_outlived_its_side": theirs["processes_outlived_it"],
+        "vllm_busiest_threads": theirs["plain"].get("busiest_threads"),
+        "other_jobs_cores": other_load,
         "vllm_version": theirs["version"],
         "outputs_equal_generate": {name: not parted for name, parted in differ.items()},
         "prompts_that_differ": differ,
@@ -342,17 +372,22 @@ def report(result: dict) -> str:
 
 
 def summary(result: dict) -> list[str]:
-    """The compact table: tokens/s per concurrency; one request at a time: CPU ms a token (this engine's process, all
-    its threads), the ms of a step after the prefill, that step in fp32 plain steps of the same engine, and the gain at one request over that engine's fastest plain
-    decoding (``generate`` is xPress's baseline too: xPress's plain decoding should reach it)."""
+    """The compact table: tokens/s per concurrency; one request at a time: CPU ms a token (this engine's process,
+    all its threads), the ms of a step after the prefill, that step in fp32 plain steps of the same engine, and the
+    gain at one request over that engine's fastest plain decoding (``generate`` is xPress's baseline too: xPress's
+    plain decoding should reach it)."""
     speed, steps = result["tokens_per_s"], result["one_at_a_time"]
     concurrency = list(next(iter(speed.values())))
     plains = {"vllm": ["vllm plain"], "xpress": [n for n in steps if n.startswith(("xpress plain", "generate"))]}
     fastest = {engine: max(names, key=lambda n: steps[n]["tokens_per_s"]) for engine, names in plains.items()}
     threads, outlived = result["threads"], result["vllm_processes_outlived_its_side"]
+    others = result["other_jobs_cores"]
     lines = [
         f"  threads: xPress {threads['xpress']}, vLLM {threads['vllm']}; vLLM's processes that outlived its side: "
         + str(outlived),
+        f"  vLLM's busiest threads while timed (shares of a core): {result['vllm_busiest_threads']}",
+        f"  cores other jobs kept busy (0 on a quiet machine): during vLLM's side {others['vllm']}, during xPress's "
+        + f"timings {others['xpress']}, of {os.cpu_count()}",
         f"  | engine | tok/s at {' / '.join(concurrency)} | CPU ms a token | ms a step | plain steps | gain at 1 |",
         "  |---|---|---|---|---|---|",
     ]

@@ -5,11 +5,11 @@
 JOB: the target and drafter folders, the prompts as token ids, max_new_tokens, the block (num_speculative_tokens),
 the concurrencies to time, the threads to run on and the timed passes. OUT, for vLLM plain and with the drafter (both
 engines built in this process, timed in turns one request at a time): the greedy outputs of the prompts one at a
-time, tokens/s per concurrency, the timed one-at-a-time run's CPU ms a token and steps by the engine core's own
-timestamps of each request (decode seconds per step after its prefill) and, with the drafter, the seconds its proposer took
-a round; for the drafter its acceptance counters (rounds, accepted tokens per round and per position) over the
-one-at-a-time greedy run and the drafts it proposed there, prompt by prompt, round by round; the torch threads vLLM
-ran on.
+time, tokens/s per concurrency, the timed one-at-a-time run's CPU ms a token, its busiest threads, and its steps by
+the engine core's own timestamps of each request (decode seconds per step after its prefill) and, with the drafter,
+the seconds its proposer took a round; for the drafter its acceptance counters (rounds, accepted tokens per round
+and per position) over the one-at-a-time greedy run and the drafts it proposed there, prompt by prompt, round by
+round; the torch threads vLLM ran on.
 
 Threads: the engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, so vLLM's uniprocess executor,
 which binds no OpenMP threads of its own: VLLM_CPU_OMP_THREADS_BIND applies to its multiprocess workers only), and
@@ -20,6 +20,7 @@ built, as OMP_NUM_THREADS is by the caller.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -95,17 +96,38 @@ def batch_tokens_per_s(llm, prompts: list[list[int]], new: int, concurrency: int
     return round(tokens / (time.perf_counter() - started), 1)
 
 
+def thread_cpu_s() -> dict[str, float]:
+    """CPU seconds so far of each thread of this process (Linux /proc), by "name/tid"."""
+    found, tick = {}, os.sysconf("SC_CLK_TCK")
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            name = (task / "comm").read_text().strip()
+        except OSError:
+            continue  # a thread that ended meanwhile
+        found[f"{name}/{task.name}"] = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+    return found
+
+
+def busiest_threads(before: dict[str, float], wall_s: float, top: int = 3) -> dict[str, float]:
+    """The threads that took the most CPU since ``before``, as a share of ``wall_s`` (1.0: a whole core)."""
+    spent = {name: s - before.get(name, 0.0) for name, s in thread_cpu_s().items()}
+    return {name: round(s / wall_s, 3) for name, s in sorted(spent.items(), key=lambda kv: -kv[1])[:top]}
+
+
 def in_turns(engines: dict, prompts: list[list[int]], new: int, repeats: int, proposer: ProposerClock) -> dict:
     """The engines one request at a time, taking turns prompt by prompt (``repeats`` passes), after one warm-up
     request each, as xPress's side times its own: per engine new tokens per wall second and per CPU second of this
-    process (all its threads), and by the engine core's own timestamps of each request the decode seconds (its
-    first token to its last) per step after the prefill (a plain step, or with the drafter a round: vLLM's round
-    counter, which only the drafter's engine moves), the prefill's (scheduled to first token), and the proposer's
-    seconds a round. (vLLM's metrics registry is one per process: both engines' requests land in its histograms.)"""
+    process (all its threads; and the busiest threads' shares of a core over the whole timing), and by the engine
+    core's own timestamps of each request the decode seconds (its first token to its last) per step after the
+    prefill (a plain step, or with the drafter a round: vLLM's round counter, which only the drafter's engine
+    moves), the prefill's (scheduled to first token), and the proposer's seconds a round. (vLLM's metrics registry
+    is one per process: both engines' requests land in its histograms.)"""
     for llm in engines.values():
         generate(llm, prompts[:1], new)
     keys = ("tokens", "wall", "cpu", "proposer", "decode", "prefill", "requests", "rounds")
     spent = {name: dict.fromkeys(keys, 0.0) for name in engines}
+    threads_before, started = thread_cpu_s(), time.perf_counter()
     for _ in range(repeats):
         for prompt in prompts:
             for name, llm in engines.items():
@@ -120,7 +142,7 @@ def in_turns(engines: dict, prompts: list[list[int]], new: int, repeats: int, pr
                 mine["decode"] += out.metrics.last_token_ts - out.metrics.first_token_ts
                 mine["prefill"] += out.metrics.first_token_ts - out.metrics.scheduled_ts
                 mine["requests"] += 1
-    found = {}
+    found = {"busiest_threads": busiest_threads(threads_before, time.perf_counter() - started)}
     for name, mine in spent.items():
         steps = mine["rounds"] or mine["tokens"] - mine["requests"]
         found[name] = {
@@ -184,6 +206,7 @@ def both_engines(job: dict) -> dict:
     for name, llm in engines.items():
         speed = {str(c): batch_tokens_per_s(llm, prompts, new, c) for c in job["concurrency"] if c != 1}
         found[name] |= {"steps": one.get(name), "threads": torch.get_num_threads()}
+        found[name]["busiest_threads"] = one.get("busiest_threads")
         found[name]["tokens_per_s"] = {"1": one[name]["tokens_per_s"]} | speed if one else speed
     return found
 
