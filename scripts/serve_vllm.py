@@ -1,8 +1,9 @@
 """A DFlash-format drafter of ours served by vLLM, against xPress, side by side, on equal terms (README "Serving at
 scale").
 
-    bash scripts/serve_vllm.sh [--threads 1] [--drafter assets/drafter_dflash] [--prompts 24] [--max-new-tokens 64]
-        [--concurrency 1 8 32] [--plain-dtypes float32 bfloat16] [--drafts-of 0] [--out runs/serve_vllm.json]
+    OMP_NUM_THREADS=1 bash scripts/serve_vllm.sh [--threads 1] [--repeats 1] [--drafter assets/drafter_dflash]
+        [--prompts 24] [--max-new-tokens 64] [--concurrency 1 8 32] [--plain-dtypes float32 bfloat16]
+        [--drafts-of 0] [--out runs/serve_vllm.json]
 
 vLLM runs in a venv of its own (``scripts/serve_vllm.sh`` builds it; the product never needs it): this script encodes
 the held-out chats once with the target's chat template and hands the same token ids to ``scripts/vllm_side.py`` in
