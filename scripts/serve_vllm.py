@@ -1,22 +1,32 @@
-"""A DFlash-format drafter of ours served by vLLM, against xPress, side by side (README "Serving at scale").
+"""A DFlash-format drafter of ours served by vLLM, against xPress, side by side, on equal terms (README "Serving at
+scale").
 
-    bash scripts/serve_vllm.sh [--drafter assets/drafter_dflash]
-        [--prompts 24] [--max-new-tokens 64] [--concurrency 1 8 32] [--drafts-of 0] [--out runs/serve_vllm.json]
+    OMP_NUM_THREADS=1 bash scripts/serve_vllm.sh [--threads 1] [--repeats 1] [--drafter assets/drafter_dflash]
+        [--prompts 24] [--max-new-tokens 64] [--concurrency 1 8 32] [--plain-dtypes float32 bfloat16]
+        [--drafts-of 0] [--out runs/serve_vllm.json]
 
 vLLM runs in a venv of its own (``scripts/serve_vllm.sh`` builds it; the product never needs it): this script encodes
 the held-out chats once with the target's chat template and hands the same token ids to ``scripts/vllm_side.py`` in
 that venv, which runs vLLM plain and with the drafter (greedy, fp32, eager). Here, in the project's environment, xPress
 decodes the same ids: the target's own ``generate``, the engine without a drafter, one chain draft of L tokens (the
-draft vLLM makes: one block, no tree) and ``auto``. Then it reports, side by side:
+draft vLLM makes: one block, no tree), ``auto`` with that drafter, and xPress's default (``auto`` with the embedded
+drafter). Then it reports, side by side:
 
 - outputs: every engine's greedy tokens against ``generate``'s, prompt by prompt;
 - acceptance of the same chain in both engines: draft tokens accepted per round, and per block position the share of
   rounds that accepted it (vLLM's own counters against xPress's rounds);
 - tokens/s one request at a time, and with 8 and 32 requests at once (vLLM batches them; xPress runs them in as
-  many threads over the shared models, as the app does with ``--concurrency``);
+  many threads over the shared models, as the app does with ``--concurrency``); plain decoding also in each of
+  ``--plain-dtypes`` (xPress's and ``generate``'s), so that the gains start from the fastest plain decoding;
+- one request at a time, the ms of a decoding step after the prefill (a plain step, or a round with the drafter)
+  in both engines (vLLM's by its own request metrics, its proposer's share timed), and xPress's rounds stage by stage
+  (``scripts/round_stages.py``);
 - with ``--drafts-of I``: prompt I's drafts round by round in both engines.
 
-Timings are wall-clock seconds of whole requests on whatever else the machine is doing: run it on a quiet machine.
+Equal terms by construction: both engines on ``--threads`` torch threads (OMP_NUM_THREADS for vLLM's process too);
+vLLM's side runs first, in a process group of its own that has ended entirely before xPress is timed; the same token
+ids; every timing after a warm-up request. Timings are wall-clock seconds of whole requests on whatever else the
+machine is doing: run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -24,9 +34,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
+import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -39,6 +52,8 @@ from xpress_core.drafters.base import NoDrafter
 from xpress_core.engine import calibrated, decode
 from xpress_core.models import Models, load_models
 from xpress_core.trace import DecodeResult, RoundTrace
+
+from .round_stages import round_stages
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_SIDE = ROOT / "scripts" / "vllm_side.py"
@@ -86,28 +101,77 @@ def scored(drafts: list[list[list[int]]], outputs: list[list[int]]) -> list[int]
     return accepted
 
 
-def generate_outputs(models: Models, prompts: list[torch.Tensor], new: int) -> list[list[int]]:
+def generate_outputs_of(target, prompts: list[torch.Tensor], new: int) -> list[list[int]]:
     out = []
     for ids in prompts:
-        full = models.target.generate(ids, max_new_tokens=new, do_sample=False)
+        full = target.generate(ids, max_new_tokens=new, do_sample=False)
         out.append(full[0, ids.shape[1] :].tolist())
     return out
 
 
+@dataclass(frozen=True)
+class Request:
+    """One timed request: new tokens, decoding steps after the prefill (None: not counted), and the seconds of
+    its decoding steps and of its prefill by the engine's own clock (0 where not counted)."""
+
+    tokens: int
+    steps: int | None = None
+    decode_s: float = 0.0
+    prefill_s: float = 0.0
+
+
+def xpress_request(models: Models, cfg: DecodeConfig) -> Callable[[torch.Tensor], Request]:
+    def run(ids: torch.Tensor) -> Request:
+        *rounds, result = decode(models, ids, cfg)
+        return Request(len(result.token_ids), len(rounds) - 1, result.time_s - result.prefill_s, result.prefill_s)
+
+    return run
+
+
+def generate_request(target, new: int) -> Callable[[torch.Tensor], Request]:
+    return lambda ids: Request(len(generate_outputs_of(target, [ids], new)[0]))
+
+
+def in_turns(requests: dict[str, Callable[[torch.Tensor], Request]], prompts: list[torch.Tensor], repeats: int) -> dict:
+    """The engines one request at a time, taking turns prompt by prompt (``repeats`` passes), after one warm-up
+    request each: on a machine whose speed drifts, engines timed one after the other are off against each other.
+    Per engine: new tokens per wall second and per CPU second of this process (the latter counts what contention
+    takes away from the wall clock less), and, as vLLM's side reports them, the ms of a decoding step (a plain step,
+    or a round) from each request's first token to its last and of the prefill."""
+    for run in requests.values():
+        run(prompts[0])
+    done = {name: [] for name in requests}
+    for _ in range(repeats):
+        for ids in prompts:
+            for name, run in requests.items():
+                wall, cpu = time.perf_counter(), time.process_time()
+                request = run(ids)
+                done[name].append((request, time.perf_counter() - wall, time.process_time() - cpu))
+    found = {}
+    for name, runs in done.items():
+        tokens = sum(r.tokens for r, _, _ in runs)
+        timing = {
+            "tokens_per_s": round(tokens / sum(w for _, w, _ in runs), 1),
+            "cpu_ms_per_token": round(1000 * sum(c for _, _, c in runs) / tokens, 3),
+        }
+        if runs[0][0].steps is not None:
+            steps = sum(r.steps for r, _, _ in runs)
+            timing["decode_ms_per_step"] = round(1000 * sum(r.decode_s for r, _, _ in runs) / max(steps, 1), 3)
+            timing["prefill_ms"] = round(1000 * sum(r.prefill_s for r, _, _ in runs) / len(runs), 3)
+        found[name] = timing
+    return found
+
+
 def tokens_per_s(models: Models, prompts: list[torch.Tensor], cfg: DecodeConfig, concurrency: int) -> float:
-    """New tokens per wall second: the prompts one at a time (1), else ``concurrency`` requests at once in as many
-    threads (the prompts cycled), after one warm-up request."""
-
-    def one(ids: torch.Tensor) -> int:
-        *_, result = decode(models, ids, cfg)
-        return len(result.token_ids)
-
-    one(prompts[0])
-    requests = prompts if concurrency == 1 else [prompts[i % len(prompts)] for i in range(concurrency)]
+    """New tokens per wall second with ``concurrency`` requests at once in as many threads (the prompts cycled),
+    after one warm-up request."""
+    run = xpress_request(models, cfg)
+    run(prompts[0])
+    requests = [prompts[i % len(prompts)] for i in range(concurrency)]
     started = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        tokens = sum(pool.map(one, requests))
-    return tokens / (time.perf_counter() - started)
+        tokens = sum(r.tokens for r in pool.map(run, requests))
+    return round(tokens / (time.perf_counter() - started), 1)
 
 
 def mean(values: list[int]) -> float:
@@ -119,19 +183,73 @@ def per_position(accepted: list[int], block: int) -> list[float]:
     return [round(sum(a >= j for a in accepted) / max(len(accepted), 1), 4) for j in range(1, block + 1)]
 
 
+class OtherLoad:
+    """How busy the rest of the machine was since this was made: the cores' busy time (Linux /proc/stat) less this
+    process's and its waited-for children's CPU time, per wall second (1.0: one core kept busy by other jobs)."""
+
+    def __init__(self):
+        self.started, self.busy, self.ours = time.perf_counter(), machine_busy_s(), our_cpu_s()
+
+    def cores(self) -> float:
+        others = (machine_busy_s() - self.busy) - (our_cpu_s() - self.ours)
+        return round(max(others, 0.0) / (time.perf_counter() - self.started), 2)
+
+
+def machine_busy_s() -> float:
+    """CPU seconds all cores have spent busy since boot (/proc/stat's first line: all but idle and iowait)."""
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, Path("/proc/stat").read_text().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def our_cpu_s() -> float:
+    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+
+
 def vllm_side(python: str, job: dict) -> dict:
-    """``scripts/vllm_side.py`` in vLLM's venv, on ``job``; its JSON answer."""
+    """``scripts/vllm_side.py`` in vLLM's venv, on ``job``, in a process group of its own; its JSON answer, once
+    every process of that group has ended (``group_ended``), and whether any had outlived the side's own."""
     with tempfile.TemporaryDirectory() as tmp:
         job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "out.json"
         job_path.write_text(json.dumps(job))
         env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-        subprocess.run([python, str(VLLM_SIDE), str(job_path), str(out_path)], check=True, env=env)
-        return json.loads(out_path.read_text())
+        env["OMP_NUM_THREADS"] = str(job["threads"])
+        side = subprocess.Popen([python, str(VLLM_SIDE), str(job_path), str(out_path)], env=env, start_new_session=True)
+        if side.wait() != 0:
+            group_ended(side.pid)
+            raise SystemExit(f"vLLM's side failed (exit status {side.returncode}); its output is above")
+        return json.loads(out_path.read_text()) | {"processes_outlived_it": group_ended(side.pid)}
+
+
+def group_ended(group: int, grace_s: float = 30.0) -> int:
+    """Wait until no process of ``group`` is left (a busy engine core would take cores from xPress's timings); one
+    still there after ``grace_s`` is killed. -> how many processes had outlived the group's leader."""
+    deadline, outlived = time.monotonic() + grace_s, 0
+    while True:
+        members = [p for p in Path("/proc").iterdir() if p.name.isdigit() and process_group(p) == group]
+        if not members:
+            return outlived
+        outlived = max(outlived, len(members))
+        if time.monotonic() > deadline:
+            os.killpg(group, signal.SIGKILL)
+        time.sleep(0.2)
+
+
+def process_group(proc: Path) -> int | None:
+    """The process group of /proc/PID (its stat's fields after the parenthesised name: state, parent, group); None
+    once it is gone or a zombie (which holds no core)."""
+    try:
+        state, _, group = (proc / "stat").read_text().rsplit(")", 1)[1].split()[:3]
+    except (OSError, ValueError):
+        return None
+    return None if state == "Z" else int(group)
 
 
 def compare(args: argparse.Namespace) -> dict:
+    torch.set_num_threads(args.threads)
     # auto's stage costs measured once, as the app and the bench keep them (else every request measures them anew)
     models = calibrated(load_models(args.target, args.drafter, device="cpu", dtype="float32"))
+    default = calibrated(load_models(args.target, device="cpu", dtype="float32"))  # the embedded drafter
     chats = read_prompt_file(args.prompts_file) if args.prompts_file else evaluation_prompts(["sgd_dev"])
     prompts = [p.ids(models.tokenizer) for p in chats[: args.prompts]]
     job = {
@@ -141,35 +259,68 @@ def compare(args: argparse.Namespace) -> dict:
         "max_new_tokens": args.max_new_tokens,
         "block": args.block,
         "concurrency": args.concurrency,
+        "threads": args.threads,
+        "repeats": args.repeats,
     }
-    theirs = vllm_side(args.vllm_python, job)
+    load = OtherLoad()
+    theirs = vllm_side(args.vllm_python, job)  # first, and ended entirely before xPress is timed
+    other_load = {"vllm": load.cores()}
     chain = DecodeConfig(drafts=1, steps=1, block=args.block, diversity="none", max_new_tokens=args.max_new_tokens)
-    engines = {  # the engine without a drafter, the drafter's chain (what vLLM drafts), auto
-        "xpress plain": (Models(models.target, models.tokenizer, NoDrafter()), chain),
+    auto = replace(chain, auto=True, diversity="tree")
+    plain = Models(models.target, models.tokenizer, NoDrafter())
+    engines = {  # the engine without a drafter, the drafter's chain (what vLLM drafts), auto, xPress's default
+        "xpress plain": (plain, chain),
         "xpress chain": (models, chain),
-        "xpress auto": (models, replace(chain, auto=True, diversity="tree")),
+        "xpress auto": (models, auto),
+        "xpress default": (default, auto),
     }
-    reference = generate_outputs(models, prompts, args.max_new_tokens)
+    reference = generate_outputs_of(models.target, prompts, args.max_new_tokens)
     ours = {name: xpress_run(engine, prompts, cfg) for name, (engine, cfg) in engines.items()}
     outputs = {"vllm plain": theirs["plain"]["outputs"], "vllm + drafter": theirs["spec"]["outputs"]}
     outputs |= {name: run.outputs for name, run in ours.items()}
     differ = {name: [i for i, (a, b) in enumerate(zip(out, reference)) if a != b] for name, out in outputs.items()}
+    steps = {"vllm plain": theirs["plain"]["steps"], "vllm + drafter": theirs["spec"]["steps"]}
+    requests = {name: xpress_request(engine, cfg) for name, (engine, cfg) in engines.items()}
+    load = OtherLoad()
+    steps |= in_turns(requests | plain_dtypes(args, chain), prompts, args.repeats)
+    other_load["xpress"] = load.cores()
     speed = {"vllm plain": theirs["plain"]["tokens_per_s"], "vllm + drafter": theirs["spec"]["tokens_per_s"]}
     for name, (engine, cfg) in engines.items():
-        speed[name] = {str(c): round(tokens_per_s(engine, prompts, cfg, c), 1) for c in args.concurrency}
+        speed[name] = {
+            str(c): steps[name]["tokens_per_s"] if c == 1 else tokens_per_s(engine, prompts, cfg, c)
+            for c in args.concurrency
+        }
     return {
         "prompts": len(prompts),
         "max_new_tokens": args.max_new_tokens,
         "block": args.block,
+        "threads": {"xpress": torch.get_num_threads(), "vllm": theirs["plain"]["threads"]},
+        "vllm_processes_outlived_its_side": theirs["processes_outlived_it"],
+        "vllm_busiest_threads": theirs["plain"].get("busiest_threads"),
+        "other_jobs_cores": other_load,
         "vllm_version": theirs["version"],
         "outputs_equal_generate": {name: not parted for name, parted in differ.items()},
         "prompts_that_differ": differ,
         **acceptance(theirs["spec"], ours["xpress chain"], reference, args.block),
         "tokens_per_s": speed,
+        "one_at_a_time": steps,
+        "xpress_round_stages_ms": round_stages({"plain": (plain, chain), "chain": (models, chain)}, prompts),
         "drafts": None
         if args.drafts_of is None
         else {"vllm": theirs["spec"]["drafts"][args.drafts_of], "xpress": ours["xpress chain"].drafts[args.drafts_of]},
     }
+
+
+def plain_dtypes(args: argparse.Namespace, chain: DecodeConfig) -> dict[str, Callable[[torch.Tensor], Request]]:
+    """Plain decoding in each of ``--plain-dtypes``: ``generate`` and xPress without a drafter (fp32's xPress is the
+    comparison's own "xpress plain")."""
+    found = {}
+    for dtype in args.plain_dtypes:
+        models = load_models(args.target, args.drafter, device="cpu", dtype=dtype)
+        found[f"generate {dtype}"] = generate_request(models.target, args.max_new_tokens)
+        if dtype != "float32":
+            found[f"xpress plain {dtype}"] = xpress_request(Models(models.target, models.tokenizer, NoDrafter()), chain)
+    return found
 
 
 def acceptance(spec: dict, chain: Run, reference: list[list[int]], block: int) -> dict:
@@ -213,14 +364,61 @@ def report(result: dict) -> str:
     )
     for name in pos:
         lines.append(f"  per position, {name + ':':18s} {' '.join(f'{x:.3f}' for x in pos[name])}")
-    concurrency = list(next(iter(result["tokens_per_s"].values())))
-    lines.append("  tokens/s at " + " / ".join(concurrency) + " requests at once:")
-    for name, by in result["tokens_per_s"].items():
-        lines.append(f"    {name:15s} " + " / ".join(f"{by[c]:.1f}" for c in concurrency))
+    lines += summary(result)
+    lines += stages(result)
     if result["drafts"]:
         for i, (a, b) in enumerate(zip(result["drafts"]["vllm"] or [], result["drafts"]["xpress"])):
             lines.append(f"  round {i + 1}: vLLM {a} xPress {b}{'' if a == b else '  <- differ'}")
     return "\n".join(lines)
+
+
+def summary(result: dict) -> list[str]:
+    """The compact table: tokens/s per concurrency; one request at a time: CPU ms a token (this engine's process,
+    all its threads), the ms of a step after the prefill, that step in fp32 plain steps of the same engine, and the
+    gain at one request over that engine's fastest plain decoding (``generate`` is xPress's baseline too: xPress's
+    plain decoding should reach it)."""
+    speed, steps = result["tokens_per_s"], result["one_at_a_time"]
+    concurrency = list(next(iter(speed.values())))
+    plains = {"vllm": ["vllm plain"], "xpress": [n for n in steps if n.startswith(("xpress plain", "generate"))]}
+    fastest = {engine: max(names, key=lambda n: steps[n]["tokens_per_s"]) for engine, names in plains.items()}
+    threads, outlived = result["threads"], result["vllm_processes_outlived_its_side"]
+    others = result["other_jobs_cores"]
+    lines = [
+        f"  threads: xPress {threads['xpress']}, vLLM {threads['vllm']}; vLLM's processes that outlived its side: "
+        + str(outlived),
+        f"  vLLM's busiest threads while timed (shares of a core): {result['vllm_busiest_threads']}",
+        f"  cores other jobs kept busy (0 on a quiet machine): during vLLM's side {others['vllm']}, during xPress's "
+        + f"timings {others['xpress']}, of {os.cpu_count()}",
+        f"  | engine | tok/s at {' / '.join(concurrency)} | CPU ms a token | ms a step | plain steps | gain at 1 |",
+        "  |---|---|---|---|---|---|",
+    ]
+    for name, timing in steps.items():
+        engine = {"vllm": "vllm", "xpress": "xpress", "generate": "xpress"}[name.split()[0]]
+        at = " / ".join(f"{speed[name][c]:.1f}" for c in concurrency) if name in speed else f"{timing['tokens_per_s']}"
+        step = timing.get("decode_ms_per_step")
+        # steps against the same engine's fp32 plain step, the gain against its fastest plain decoding
+        base = steps[f"{engine} plain"]["decode_ms_per_step"]
+        ratio = f"{step / base:.2f}" if step else ""
+        gain = f"{timing['tokens_per_s'] / steps[fastest[engine]]['tokens_per_s']:.2f}x"
+        cpu, step = f"{timing['cpu_ms_per_token']:.2f}", "" if step is None else f"{step:.2f}"
+        lines.append(f"  | {name} | {at} | {cpu} | {step} | {ratio} | {gain} |")
+    lines.append(f"  (gains over each engine's fastest plain decoding: {fastest['vllm']}, {fastest['xpress']})")
+    return lines
+
+
+def stages(result: dict) -> list[str]:
+    """A round's time, both engines: vLLM's proposer against the rest of its step; xPress's stages."""
+    spec, plain = result["one_at_a_time"]["vllm + drafter"], result["one_at_a_time"]["vllm plain"]
+    step, proposing = plain["decode_ms_per_step"], spec.get("propose_ms_per_round", 0.0)
+    rest, whole = spec["decode_ms_per_step"] - proposing, spec["decode_ms_per_step"]
+    vllm = f"the drafter's proposer {proposing:.2f} + the rest {rest:.2f} = {whole / step:.2f} plain steps"
+    lines = [f"  vLLM, ms a round: {vllm} of {step:.2f} ms"]
+    ours = result["xpress_round_stages_ms"]
+    base = ours["plain"]["round (its trace's draft + verify + other)"]
+    lines.append(f"  xPress, ms a round (a plain step {base:.2f} ms), in plain steps in brackets:")
+    for name, ms in ours["chain"].items():
+        lines.append(f"    {name:44s} {ms:7.3f} ({ms / base:.2f})   plain: {ours['plain'].get(name, 0.0):7.3f}")
+    return lines
 
 
 def main() -> None:
@@ -235,6 +433,11 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--block", type=int, default=8, help="draft tokens per round (vLLM's num_speculative_tokens)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--repeats", type=int, default=1, help="timed passes over the prompts, one request at a time")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads for both engines")
+    parser.add_argument(
+        "--plain-dtypes", nargs="+", default=["float32", "bfloat16"], help="time plain decoding in these too"
+    )
     parser.add_argument("--drafts-of", type=int, help="show this prompt's drafts round by round in both engines")
     parser.add_argument("--out", type=Path, help="write the figures here as JSON")
     args = parser.parse_args()

@@ -16,6 +16,15 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from scripts.round_stages import ROUND_EVENT, round_stages
+from scripts.serve_vllm import group_ended, process_group
+from xpress_core import engine as engine_module
+from xpress_core import verify as verify_module
+from xpress_core.config import DecodeConfig
+from xpress_core.drafters.base import NoDrafter
+from xpress_core.models import Models, encode_prompt, load_models
+from xpress_core.tree import build_tree
+
 ROOT = Path(__file__).resolve().parent.parent
 DRAFTER = ROOT / "assets" / "drafter_dflash"
 VLLM_PYTHON = os.environ.get("XPRESS_VLLM_PYTHON")
@@ -35,6 +44,40 @@ def test_the_shipped_dflash_drafter_is_read_alike_by_both_engines():
     weights = load_file(DRAFTER / "model.safetensors")
     norms = [weights[f"layers.{i}.self_attn.k_norm.weight"] for i in range(config["num_hidden_layers"])]
     assert len(norms) >= 2 and all(n.equal(norms[0]) for n in norms)
+
+
+def test_group_ended_waits_for_a_process_that_outlives_its_group_leader():
+    """vLLM's side is timed against only once its whole process group is gone: a child left running by the group's
+    leader (as an engine-core process could be) is waited for, and counted."""
+    leader = subprocess.Popen(["sh", "-c", "sleep 1.5 & exit 0"], start_new_session=True)
+    assert leader.wait() == 0
+    assert group_ended(leader.pid) == 1
+    assert not [p for p in Path("/proc").iterdir() if p.name.isdigit() and process_group(p) == leader.pid]
+
+
+def test_group_ended_kills_what_outlives_the_grace():
+    leader = subprocess.Popen(["sh", "-c", "sleep 60 & exit 0"], start_new_session=True)
+    leader.wait()
+    assert group_ended(leader.pid, grace_s=0.5) == 1
+
+
+def test_round_stages_account_for_the_round_and_leave_the_engine_as_it_was():
+    """The stages of a round (each wrapped function's wall time) lie within the round's own trace time, a plain step
+    spends most of its time in the target's forward, the drafter's round drafts; the wrappers are gone afterwards."""
+    models = load_models(device="cpu", dtype="float32")
+    prompts = [encode_prompt(models.tokenizer, text, chat=True) for text in ("Tell me a story.", "Book a table.")]
+    cfg = DecodeConfig(drafts=1, steps=1, block=4, diversity="none", max_new_tokens=12)
+    plain = Models(models.target, models.tokenizer, NoDrafter())
+    found = round_stages({"plain": (plain, cfg), "chain": (models, cfg)}, prompts)
+    for stages in found.values():
+        whole = stages.pop("round (its trace's draft + verify + other)")
+        rest = stages.pop("not wrapped")
+        stages.pop(ROUND_EVENT)
+        assert whole > 0 and rest >= -0.05 * whole and sum(stages.values()) <= 1.05 * whole, stages
+        assert stages["verify forward"] > 0.3 * whole, stages
+    assert found["chain"]["drafter draft"] > 20 * found["plain"]["drafter draft"], found
+    assert "draft" not in vars(models.drafter) and "commit" not in vars(models.drafter)
+    assert engine_module.build_tree is build_tree and verify_module.target_forward.__name__ == "target_forward"
 
 
 @needs_vllm
@@ -68,6 +111,9 @@ def test_vllm_serves_our_drafter_with_generates_outputs_and_xpress_acceptance(tm
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert all(result["outputs_equal_generate"].values()), result["prompts_that_differ"]
+    # equal terms: one thread each (the command's --threads default), no process of vLLM's left while xPress is timed
+    assert result["threads"] == {"xpress": 1, "vllm": 1}
+    assert result["vllm_processes_outlived_its_side"] == 0
     per_round, per_position = result["accepted_per_round"], result["accepted_per_position"]
     ours, theirs = per_round["xpress, one rule"], per_round["vllm, one rule"]
     assert abs(theirs - ours) <= 0.05 * ours, per_round
