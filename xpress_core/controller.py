@@ -353,11 +353,12 @@ SHARE_WEIGHT = 1.0  # expected draft tokens of one depth the share's prior count
 # accepted length, and one short round after a good prior stopped drafting for the rounds a chat reply lasts (tune
 # half, 64 tokens, over plain, realised / promised: greedy chats 1.416 / 1.470x, stories 1.452 / 1.452x; at 0.7 0.978
 # / 0.968x on stories). Each drafting round counts ``GAIN_MEMORY`` times the ones before (consecutive rounds are
-# alike, a reply's start says little about its end) over a prior worth ``GAIN_WEIGHT`` rounds. Greedy, where the
-# chances are calibrated or understate, the prior counts 3 rounds and the memory 0.8, so that a bad start costs no
-# drafting while drafts that keep failing still wash the prior out after three (memory 0.5 would hold at most 2
-# rounds of evidence against it: drafting every round whatever its gain; tune half, greedy stories 1.452 -> 1.517x,
-# chats 1.470 -> 1.439x). Sampling, where they overstate, one round and 0.5 (3 and 0.5: stories 0.968 -> 0.896x).
+# alike, a reply's start says little about its end) over a prior worth ``GAIN_WEIGHT`` rounds, which decays with them.
+# Greedy, where the chances are calibrated or understate, the prior counts 3 rounds and the memory 0.8: a bad start
+# costs no drafting, drafts that keep failing wash the prior out after about three. Sampling, where they overstate,
+# one round and 0.5 (3 and 0.5 there: tune stories 0.968 -> 0.896x, below plain). A prior that did not decay kept a
+# floor of 0.56 plain steps whatever the rounds said: drafting every round once a draft costs less (tune half, greedy,
+# floor / decaying: stories 1.517 / 1.419x, chats 1.439 / 1.470x; lab log, "auto held out, again").
 GAIN_PRIOR, GAIN_WEIGHT, GAIN_WEIGHT_SAMPLED, GAIN_MEMORY, GAIN_MEMORY_SAMPLED = 1.5, 3.0, 1.0, 0.8, 0.5
 # Plain rounds before a draft that the expected gain does not ask for (a probe), doubling after each probe that did not
 # pay, back to the first after one that did: a bad start costs a few rounds of a chat reply, never the rest of it.
