@@ -457,3 +457,23 @@ def test_a_bad_start_does_not_stop_drafting_and_drafts_that_keep_failing_do():
         control.observe(setting, 0)
     assert picks[:2] == [True, True]
     assert sum(picks[10:]) <= 6, picks
+
+
+def round_gain_after(sampled: bool, accepted: int) -> tuple[float, float]:
+    """One drafting round of CHAIN at CHEAP_DRAFT's prices: (the cut's promise, the gain the round counts)."""
+    control = ChanceControl(CHEAP_DRAFT, 3, sampled=sampled)
+    _, cut = control.cut(CHAIN, control.choose(remaining=100))
+    promise = control.last.gain
+    before = control.gains
+    control.observe(cut, accepted)
+    return promise, control.gains - control.gain_memory * before
+
+
+def test_a_round_counts_what_it_realised_where_greedy_that_is_more_and_sampled_where_it_is_less():
+    """The chain of three costs 0.3 plain steps past a plain step: greedy (rate 1.4, shares 1) it promises 2.16 - 0.42
+    = 1.74 and three accepted tokens realise 3 - 0.42 = 2.58; sampled (rate 1.15, shares 1, 0.8, 0.64) it promises
+    1.8216 - 0.345 = 1.4766, and none accepted realise -0.345."""
+    assert round_gain_after(False, 3) == (pytest.approx(1.74), pytest.approx(2.58))
+    assert round_gain_after(False, 0) == (pytest.approx(1.74), pytest.approx(1.74))
+    assert round_gain_after(True, 0) == (pytest.approx(1.4766), pytest.approx(-0.345))
+    assert round_gain_after(True, 3) == (pytest.approx(1.4766), pytest.approx(1.4766))
