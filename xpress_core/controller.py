@@ -476,7 +476,8 @@ class ChanceControl:
     the chances of its nodes and verifies the cut that gains most over plain steps (``best_cut``), or the root alone.
     The chances are weighed per depth by what this request's rounds accepted there (``shares``). Whether to draft at
     all is the one choice made before the chances are known: when the gain of the last drafting rounds (``round_gain``,
-    ``GAIN_MEMORY``, over ``GAIN_PRIOR``) beats the draft's price, or as a probe after ``PROBE_FIRST`` plain rounds and more."""
+    ``GAIN_MEMORY``, over ``GAIN_PRIOR``) beats the draft's price, or as a probe after ``PROBE_FIRST`` plain rounds
+    and more."""
 
     def __init__(self, costs: CostModel, max_block: int | None, sampled: bool = False):
         self.costs, self.max_block = costs, auto_longest_block(max_block)
