@@ -21,6 +21,7 @@ from xpress_core.controller import (
     PRIOR_ACCEPT,
     PRIOR_ACCEPT_SAMPLED,
     AutoControl,
+    ChanceControl,
     CostModel,
     RoundSetting,
     TreeCut,
@@ -423,3 +424,56 @@ def test_a_smaller_tree_pays_its_share_of_the_timed_trees_search():
     assert costs.tree_draft(RoundSetting(8, 1, 3)) == pytest.approx(5.0)
     assert costs.tree_draft(RoundSetting(2, 1, 3)) == pytest.approx(2.0)
     assert UNIT_COSTS.tree_draft(RoundSetting(2, 1, 3)) == pytest.approx(1.8)
+
+
+CHAIN = Drafts(tokens=((5, 6, 7),), order=((0, 1, 2),), chances=((0.9, 0.8, 0.75),))  # nodes 0.9, 0.72, 0.54
+CHEAP_DRAFT = CostModel(0.2, 0.0, 0.9, 0.1, 0.0)  # a draft 0.2 plain steps, a cut of n nodes 1 + 0.1 n after it
+
+
+def test_each_depth_of_the_tree_learns_its_own_share():
+    """A chain accepted whole: depth d's share = (1 + 1 x prior) / (its chance + 1), 2 / 1.9, 2 / 1.72, 2 / 1.54;
+    before any round the priors: 1 at every depth greedy, 0.8^(d - 1) when sampling."""
+    assert ChanceControl(CHEAP_DRAFT, max_block=3).shares() == [1.0, 1.0, 1.0]
+    assert ChanceControl(CHEAP_DRAFT, 3, sampled=True).shares() == pytest.approx([1.0, 0.8, 0.64])
+    control = ChanceControl(CHEAP_DRAFT, max_block=3)
+    setting = control.choose(remaining=100)
+    assert setting == RoundSetting(controller.FIRST_DRAFTS, 1, 3)
+    _, cut = control.cut(CHAIN, setting)
+    assert cut == RoundSetting(1, 1, 3) and control.kept == pytest.approx([0.9, 0.72, 0.54])
+    control.observe(cut, 3)
+    assert control.shares() == pytest.approx([2 / 1.9, 2 / 1.72, 2 / 1.54])
+
+
+def test_a_bad_start_does_not_stop_drafting_and_drafts_that_keep_failing_do():
+    """Greedy: a first cut that accepts nothing is followed by another draft (its promise still beats the draft's
+    price); when every draft fails, the shares fall and plain steps win, with probes."""
+    control = ChanceControl(CHEAP_DRAFT, max_block=3)
+    picks = []
+    for _ in range(40):
+        setting = control.choose(remaining=100)
+        if not setting.plain:
+            _, setting = control.cut(CHAIN, setting)
+        picks.append(control.last is not None)
+        control.observe(setting, 0)
+    assert picks[:2] == [True, True]
+    assert sum(picks[10:]) <= 6, picks
+
+
+def round_gain_after(sampled: bool, accepted: int) -> tuple[float, float]:
+    """One drafting round of CHAIN at CHEAP_DRAFT's prices: (the cut's promise, the gain the round counts)."""
+    control = ChanceControl(CHEAP_DRAFT, 3, sampled=sampled)
+    _, cut = control.cut(CHAIN, control.choose(remaining=100))
+    promise = control.last.gain
+    before = control.gains
+    control.observe(cut, accepted)
+    return promise, control.gains - control.gain_memory * before
+
+
+def test_a_round_counts_what_it_realised_where_greedy_that_is_more_and_sampled_where_it_is_less():
+    """The chain of three costs 0.3 plain steps past a plain step: greedy (rate 1.4, shares 1) it promises 2.16 - 0.42
+    = 1.74 and three accepted tokens realise 3 - 0.42 = 2.58; sampled (rate 1.15, shares 1, 0.8, 0.64) it promises
+    1.8216 - 0.345 = 1.4766, and none accepted realise -0.345."""
+    assert round_gain_after(False, 3) == (pytest.approx(1.74), pytest.approx(2.58))
+    assert round_gain_after(False, 0) == (pytest.approx(1.74), pytest.approx(1.74))
+    assert round_gain_after(True, 0) == (pytest.approx(1.4766), pytest.approx(-0.345))
+    assert round_gain_after(True, 3) == (pytest.approx(1.4766), pytest.approx(1.4766))

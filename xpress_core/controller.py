@@ -332,23 +332,41 @@ class AutoControl:
 # ``ChanceControl``: auto by what each round's draft tree says about itself (docs/DESIGN.md §2.6). Its constants were
 # chosen on the tune half of the prompt sets only (``data.split_of``; lab log, "auto by the drafter's own chances").
 CHANCE_DRAFTS = max(AUTO_DRAFTS)  # every drafting round drafts the tree of CHANCE_DRAFTS x L nodes, then cuts it
-# Draft tokens accepted per token the kept nodes' chances expect, before a request's own rounds: measured on the tune
-# half (greedy: the sharpened chances overstate; sampled: the coupled scores' softmax understates deep nodes).
-# Tune half, 64 tokens, fixed prices: greedy 0.96 / 1.03 / 1.27 (chats / short / stories), at 0.7 0.77 / 0.69 / 0.65.
-SHARE_PRIOR, SHARE_PRIOR_SAMPLED = 1.0, 0.7
+# Per depth d of a tree: how often the target accepts d draft tokens per time the kept nodes of depth d expect it (their
+# chances' sum), before a request's own rounds: SHARE_PRIOR x SHARE_DECLINE^(d - 1), greedy / sampled. One share for
+# every depth mispriced the deep nodes against the wide ones: over whole 2 x 8 trees of the tune half (64 tokens) the
+# ratio by depth 1..6 was greedy 1.03 0.99 1.01 0.93 0.85 0.82 on chats but 1.09 1.12 1.16 1.50 2.12 2.48 on stories
+# (a draft accepted deep was a predictable stretch: its later positions are likelier than their own chances say), and
+# at 0.7 0.98 0.76 0.68 0.54 0.40 0.30 on chats (the coupled draws miss more at each further position): the greedy
+# cut kept side branches for the chain's tail, the sampled one kept tails that were not accepted. Each depth learns
+# its own share in the request (``ChanceControl.shares``), over a prior worth ``SHARE_WEIGHT`` expected tokens.
+SHARE_PRIOR, SHARE_DECLINE, SHARE_DECLINE_SAMPLED = 1.0, 1.0, 0.8
 # The rate a round's time could earn otherwise, in plain steps' tokens per plain step: a cut is worth its tokens less
 # this rate times its seconds (what the same time earns at the decoding's own pace, not at plain decoding's). At 1 the
 # cut took every node worth its own verify time and ran below one fixed chain (tune half, greedy chats: auto 1.37x
 # plain, (1, 1, 8) 1.45x, (4, 1, 8) 1.34x): the best fixed settings' rates on the tune half, greedy / at 0.7.
 RATE, RATE_SAMPLED = 1.4, 1.15
-SHARE_WEIGHT = 4.0  # draft tokens the share's prior counts as
+SHARE_WEIGHT = 1.0  # expected draft tokens of one depth the share's prior counts as
 # What a drafting round gains over plain steps in the same time (plain steps) before a request drafts: the draft is
-# taken when the expected gain beats the draft's own price. A round counts what it realised (its accepted tokens less
-# ``RATE`` x its verify's time past a plain step), not what its cut's chances promised: where the chances mislead
-# (greedy stories and small talk accept 1.3-1.4x what they promise, sampled text 0.7x) a promise would stop drafting
-# that pays or keep drafting that does not (tune half, greedy stories 1.430 -> 1.467x plain). Each drafting round counts
-# ``GAIN_MEMORY`` times the ones before: consecutive rounds are alike, a reply's start says little about its end.
-GAIN_PRIOR, GAIN_WEIGHT, GAIN_MEMORY = 1.5, 1.0, 0.5
+# taken when the expected gain beats the draft's own price. A round counts what its cut's chances promise, weighed by
+# the shares per depth (which carry what the request's rounds realised): a realised gain is one draw of a round's
+# accepted length, and one short round after a good prior stopped drafting for the rounds a chat reply lasts (tune
+# half, 64 tokens, over plain, realised / promised: greedy chats 1.416 / 1.470x, stories 1.452 / 1.452x; at 0.7 0.978
+# / 0.968x on stories). Each drafting round counts ``GAIN_MEMORY`` times the ones before (consecutive rounds are
+# alike, a reply's start says little about its end) over a prior worth ``GAIN_WEIGHT`` rounds, which decays with them.
+# Greedy, where the chances are calibrated or understate, the prior counts 3 rounds and the memory 0.8: a bad start
+# costs no drafting, drafts that keep failing wash the prior out after about three. Sampling, where they overstate,
+# one round and 0.5 (3 and 0.5 there: tune stories 0.968 -> 0.896x, below plain). A prior that did not decay kept a
+# floor of 0.56 plain steps whatever the rounds said: drafting every round once a draft costs less (tune half, greedy,
+# floor / decaying: stories 1.517 / 1.419x, chats 1.439 / 1.470x; lab log, "auto held out, again").
+GAIN_PRIOR, GAIN_WEIGHT, GAIN_WEIGHT_SAMPLED, GAIN_MEMORY, GAIN_MEMORY_SAMPLED = 1.5, 3.0, 1.0, 0.8, 0.5
+# A drafting round's gain counts its cut's promise or what it realised (accepted tokens less the same price), the larger
+# greedy, the smaller when sampling: greedy chances understate predictable stretches (stories, realised/expected 1.3),
+# and a few low promises stopped drafting on stories that (1, 1, 8) drafts at 1.0-1.3x; sampled ones overstate (0.7),
+# and every draft that an overstated promise asked for cost more than it returned. Tune half, 64 tokens, over plain,
+# promise only / so: greedy stories 1.419 / 1.517x, chats 1.470 / 1.467x, short chats 1.744 / 1.744x; at 0.7 stories
+# 0.965 / 0.989x, chats 1.222 / 1.206x, short chats 1.351 / 1.347x (lab log, "auto held out, again").
+GAIN_BY, GAIN_BY_SAMPLED = max, min
 # Plain rounds before a draft that the expected gain does not ask for (a probe), doubling after each probe that did not
 # pay, back to the first after one that did: a bad start costs a few rounds of a chat reply, never the rest of it.
 PROBE_FIRST, PROBE_MAX = 2, 16
@@ -369,7 +387,7 @@ class TreeCut:
 
     setting: RoundSetting  # (K, 1, L); PLAIN_STEP: the root alone
     nodes: int
-    expects: float  # draft tokens the kept nodes' chances expect (before the share)
+    expects: float  # draft tokens the kept nodes' chances expect (before the shares)
     gain: float  # expected tokens less ``RATE`` x the rest of the round's time (plain steps), over a plain step's
 
 
@@ -434,6 +452,14 @@ def apply_cut(drafts, nodes: list[tuple[int, float]], cut: TreeCut):
     )
 
 
+def kept_by_depth(nodes: list[tuple[int, float]], cut: TreeCut) -> list[float]:
+    """The chances of the nodes a cut keeps, summed per depth 1..L: the draft tokens it expects at each depth."""
+    sums = [0.0] * cut.setting.block
+    for depth, chance in [(d, p) for d, p in nodes if d <= cut.setting.block][: cut.nodes]:
+        sums[depth - 1] += chance
+    return sums
+
+
 def next_drafts(drafted: int, cut: RoundSetting) -> int:
     """K of the next round's draft tree: the K its cut kept, twice the drafted K where the cut kept all of it (wider
     trees may pay again), the same after a cut to the root alone. A tree's search costs in proportion to its nodes,
@@ -448,28 +474,50 @@ class ChanceControl:
     """``auto`` for drafters whose trees carry their chances (``Drafter.offers_chances``): every drafting round drafts
     a tree of K x L nodes at T = 1 (one drafter forward whatever K; K from the cuts before, ``next_drafts``), reads
     the chances of its nodes and verifies the cut that gains most over plain steps (``best_cut``), or the root alone.
-    Whether to draft at all is the one choice made before the chances are known: when the gain the last drafting
-    rounds realised (``GAIN_MEMORY``, over ``GAIN_PRIOR``) beats the draft's price, or as a probe after
-    ``PROBE_FIRST`` plain rounds and more."""
+    The chances are weighed per depth by what this request's rounds accepted there (``shares``). Whether to draft at
+    all is the one choice made before the chances are known: when the gain of the last drafting rounds (``round_gain``,
+    ``GAIN_MEMORY``, over ``GAIN_PRIOR``) beats the draft's price, or as a probe after ``PROBE_FIRST`` plain rounds
+    and more."""
 
     def __init__(self, costs: CostModel, max_block: int | None, sampled: bool = False):
         self.costs, self.max_block = costs, auto_longest_block(max_block)
-        self.share_prior = SHARE_PRIOR_SAMPLED if sampled else SHARE_PRIOR
+        decline = SHARE_DECLINE_SAMPLED if sampled else SHARE_DECLINE
+        self.share_priors = [SHARE_PRIOR * decline**depth for depth in range(self.max_block)]
         self.rate = RATE_SAMPLED if sampled else RATE
+        self.gain_weight = GAIN_WEIGHT_SAMPLED if sampled else GAIN_WEIGHT
+        self.gain_memory = GAIN_MEMORY_SAMPLED if sampled else GAIN_MEMORY
         self.cut_drafts = CUT_DRAFTS_SAMPLED if sampled else CUT_DRAFTS
-        self.realised, self.expected = 0.0, 0.0  # decayed draft tokens accepted / expected by the verified cuts
-        self.gains, self.weight = 0.0, 0.0  # decayed sum and count of drafting rounds' best gains
+        self.gain_by = GAIN_BY_SAMPLED if sampled else GAIN_BY
+        # Per depth 1..max_block: rounds that accepted that many draft tokens / the kept chances' sums there, decayed by
+        # ``MEMORY`` in each round that verified the depth (a depth not verified learns nothing).
+        self.realised, self.expected = [0.0] * self.max_block, [0.0] * self.max_block
+        # Decayed sum and count of drafting rounds' promised gains, from the prior's rounds: they decay like the
+        # request's own, so that drafts that keep failing wash the prior out at any draft price.
+        self.gains, self.weight = self.gain_weight * GAIN_PRIOR, self.gain_weight
         self.plain_run, self.probe_after, self.probing = 0, PROBE_FIRST, False
         self.last: TreeCut | None = None  # this round's cut (None: it did not draft)
+        self.kept: list[float] = []  # the cut's chances summed per depth (before the shares)
         self.drafts = min(FIRST_DRAFTS, max(self.cut_drafts))  # K of the next draft (``next_drafts``)
         self.drafted = PLAIN_STEP  # the last draft's (K, 1, L)
 
-    def share(self) -> float:
-        """Draft tokens accepted per token the chances expected, in this request over ``SHARE_PRIOR``."""
-        return (self.realised + SHARE_WEIGHT * self.share_prior) / (self.expected + SHARE_WEIGHT)
+    def shares(self) -> list[float]:
+        """Per depth: accepted per expected in this request over the depth's prior (``SHARE_PRIOR``)."""
+        return [
+            (r + SHARE_WEIGHT * prior) / (e + SHARE_WEIGHT)
+            for r, e, prior in zip(self.realised, self.expected, self.share_priors)
+        ]
 
     def expected_gain(self) -> float:
-        return (self.gains + GAIN_WEIGHT * GAIN_PRIOR) / (self.weight + GAIN_WEIGHT)
+        return self.gains / self.weight
+
+    def round_gain(self, accepted: int) -> float:
+        """The gain a drafting round counts towards the next draft: its cut's promise and what the cut realised (its
+        accepted tokens less the same price), the larger one greedy, the smaller one when sampling (``GAIN_BY``)."""
+        promised = self.last.gain
+        if self.last.setting.plain:
+            return promised
+        spent = self.costs.after_draft_s(self.last.nodes) / self.costs.round_s(PLAIN_STEP) - 1.0
+        return self.gain_by(promised, accepted - self.rate * spent)
 
     def draft_price(self, setting: RoundSetting) -> float:
         """The draft's seconds in plain steps, times the rate they could earn otherwise (``RATE``)."""
@@ -489,7 +537,11 @@ class ChanceControl:
         if setting.plain:
             return drafts, setting
         nodes, self.drafted = node_chances(drafts), setting
-        self.last = best_cut(nodes, setting.block, self.share(), self.costs, self.rate, self.cut_drafts)
+        shares = self.shares()
+        weighed = [(depth, shares[depth - 1] * chance) for depth, chance in nodes]
+        cut = best_cut(weighed, setting.block, 1.0, self.costs, self.rate, self.cut_drafts)
+        self.kept = kept_by_depth(nodes, cut)
+        self.last = replace(cut, expects=sum(self.kept))
         self.plain_run = 0
         self.drafts = min(max(self.cut_drafts), next_drafts(setting.drafts, self.last.setting))
         return apply_cut(drafts, nodes, self.last), self.last.setting
@@ -498,15 +550,14 @@ class ChanceControl:
         if self.last is None:
             self.plain_run += 1
             return
-        cut = self.last
-        realised = accepted - self.rate * (self.costs.after_draft_s(cut.nodes) / self.costs.round_s(PLAIN_STEP) - 1.0)
-        gain = realised if cut.nodes else cut.gain
-        self.gains = GAIN_MEMORY * self.gains + gain
-        self.weight = GAIN_MEMORY * self.weight + 1.0
+        gain = self.round_gain(accepted)
+        self.gains = self.gain_memory * self.gains + gain
+        self.weight = self.gain_memory * self.weight + 1.0
         paid = gain > self.draft_price(self.drafted)
         if paid or self.probing:
             self.probe_after = PROBE_FIRST if paid else min(2 * self.probe_after, PROBE_MAX)
         if setting.plain:
             return
-        self.realised = MEMORY * self.realised + accepted
-        self.expected = MEMORY * self.expected + self.last.expects
+        for depth, kept in enumerate(self.kept):
+            self.realised[depth] = MEMORY * self.realised[depth] + (accepted > depth)
+            self.expected[depth] = MEMORY * self.expected[depth] + kept
