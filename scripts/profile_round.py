@@ -1,6 +1,7 @@
 """Per-round stage costs of the engine on the embedded pair: draft / verify / other ms per round against one plain step.
 
-    OMP_NUM_THREADS=1 python -m scripts.profile_round --dtype float32 [-K 1 -T 1 -L 8] [--profile] [--unpacked]
+    OMP_NUM_THREADS=1 python -m scripts.profile_round --dtype float32 [-K 1 -T 1 -L 8] [--drafter assets/drafter_dflash]
+        [--profile] [--unpacked]
 
 Runs a few chat requests at a fixed (K, T, L) and the same requests plainly (the "none" drafter through the same
 engine), and prints the mean stage times of the drafting rounds (the prefill excluded). The engine's clock reads
@@ -65,6 +66,7 @@ def stage_ms(models: Models, prompts: list[torch.Tensor], cfg: DecodeConfig, rep
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--drafter", default=None, help="a drafter folder (default: the embedded drafter)")
     parser.add_argument("-K", type=int, default=1)
     parser.add_argument("-T", type=int, default=1)
     parser.add_argument("-L", type=int, default=8)
@@ -80,7 +82,7 @@ def main() -> None:
         StageClock.host_time = staticmethod(time.thread_time)
     if args.unpacked:
         model_loading.pack_linears = lambda model: 0  # what loading did before it packed
-    models = load_models(device="cpu", dtype=args.dtype)
+    models = load_models(device="cpu", dtype=args.dtype, **({"drafter": args.drafter} if args.drafter else {}))
     plain = Models(models.target, models.tokenizer, NoDrafter())
     prompts = [encode_prompt(models.tokenizer, p, chat=True) for p in PROMPTS]
     cfg = DecodeConfig(drafts=args.K, steps=args.T, block=args.L, max_new_tokens=args.max_new_tokens)

@@ -18,6 +18,7 @@ from xpress_core.config import DecodeConfig
 from xpress_core.controller import CostModel
 from xpress_core.drafters.layer_masks import sees_everything
 from xpress_core.errors import XpressError
+from xpress_core.head import PLAIN_HEAD, HeadRows, check_head, plain_head
 from xpress_core.models import check_tree_attention, encode_prompt, load_models, load_target
 from xpress_core.sampling import TargetNoise, draw_token
 from xpress_core.trace import StageClock, peak_memory_mb
@@ -171,6 +172,49 @@ def test_the_prefill_and_the_autoregressive_drafter_compute_the_lm_head_at_the_l
         model.get_output_embeddings().register_forward_hook(lambda m, args, out: rows.append(args[0].shape[1]))
     engine.decode_to_end(models, ids, DecodeConfig(drafts=2, block=3, max_new_tokens=2))
     assert ids.shape[1] > 1 and rows[:2] == [1, 1]  # the prompt through the target, then the drafter: one position
+
+
+def test_a_verify_computes_the_lm_head_at_the_nodes_the_walk_reads_only(drafters, monkeypatch):
+    """On a CPU the walk reads a node's logits when it reaches it: the root and the first draft together, then each
+    node past them; the tree's other nodes never pass the head, and the forward itself runs it over no position. The
+    tokens are the full head's (a target left unmarked computes every node's logits)."""
+    models = load_models(*drafters["diffusion"], device="cpu", dtype="float32")
+    ids = encode_prompt(models.tokenizer, PROMPT, chat=True)
+    assert plain_head(models.target)
+    trees, computed = [], []  # per verify: (nodes, the first block's rows), rows its walk computed
+    original = HeadRows.__init__
+
+    def counted(self, target, hidden, first):
+        original(self, target, hidden, first)
+        trees.append((hidden.shape[0], first))
+        computed.append(0)
+        head = self.head
+
+        def counting_head(rows):
+            computed[-1] += rows.shape[0]
+            return head(rows)
+
+        self.head = counting_head
+
+    monkeypatch.setattr(HeadRows, "__init__", counted)
+    lazy = engine.decode_to_end(models, ids, TREE)
+    assert len(trees) == lazy.rounds
+    for (nodes, first), rows, accepted in zip(trees, computed, lazy.accept_lens):
+        assert first <= rows <= first + accepted + 1 and rows < nodes
+    assert sum(computed) < sum(nodes for nodes, _ in trees) / 2
+    monkeypatch.undo()
+    setattr(models.target, PLAIN_HEAD, False)
+    assert engine.decode_to_end(models, ids, TREE).token_ids == lazy.token_ids
+
+
+def test_a_target_whose_logits_are_transformed_after_the_head_keeps_its_full_head(zoo):
+    """Soft-capped or scaled logits are not the head's product: such a target computes its logits itself."""
+    target, _ = load_target(zoo["llama"], torch.device("cpu"), torch.float32)
+    assert plain_head(target)
+    target.config.final_logit_softcapping = 5.0
+    delattr(target, PLAIN_HEAD)
+    check_head(target)
+    assert not plain_head(target)
 
 
 def test_the_diffusion_lm_drafter_computes_logits_over_its_block_only_and_builds_no_cache(drafters):

@@ -51,6 +51,7 @@ class DecodeState:
     noise: TargetNoise  # the target's draws (sampling.py)
     drafter_rng: torch.Generator
     prompt_len: int
+    context: int | None  # the target's context (``context_limit``), looked up once: a config read costs a round
     forwards: int = 1  # target forwards so far (the prefill is the first)
     accept_lens: list[int] = field(default_factory=list)  # per drafting round
     settings: list[tuple[int, int, int]] = field(default_factory=list)  # per drafting round: (K, T, L)
@@ -98,7 +99,8 @@ def prefill(models: Models, prompt_ids: torch.Tensor, cfg: DecodeConfig) -> tupl
     drafter_rng = torch.Generator(device=device).manual_seed(cfg.seed + 1)
     first = draw_token(logits[0, -1], cfg, noise)
     draft_state = models.drafter.start(prompt_ids, None if features is None else features[0])
-    state = DecodeState(cache, draft_state, first, [], noise, drafter_rng, prompt_ids.shape[1])
+    context = context_limit(models.target)
+    state = DecodeState(cache, draft_state, first, [], noise, drafter_rng, prompt_ids.shape[1], context)
     return state, first
 
 
@@ -149,7 +151,7 @@ def commit(models: Models, state: DecodeState, tree: DraftTree, verified: Verifi
 
 def output_limit(models: Models, state: DecodeState, cfg: DecodeConfig) -> int:
     """The most new tokens this request may have: ``max_new_tokens``, or less where the target's context ends."""
-    room = context_limit(models.target)
+    room = state.context
     return cfg.max_new_tokens if room is None else min(cfg.max_new_tokens, room - state.prompt_len)
 
 
@@ -192,7 +194,7 @@ def accepted_with_fewer(
 
 def cut_drafts(drafts: tuple[tuple[int, ...], ...], models: Models, state: DecodeState) -> list[list[int]]:
     """Near the end of the target's context, shorten drafts so no position exceeds it."""
-    limit = context_limit(models.target)
+    limit = state.context
     room = None if limit is None else limit - (kv.cache_length(state.cache) + 1)
     return [list(d[:room]) for d in drafts]
 

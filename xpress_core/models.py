@@ -34,6 +34,7 @@ from .drafters.diffusion import TargetConditionedDrafter, diffusion_drafter
 from .drafters.diffusion_lm import FAMILIES, DiffusionLMDrafter, family_convention, resolve_mask_token_id
 from .drafters.diffusion_model import XpressDrafter, XpressDrafterConfig, default_tapped_layers
 from .errors import XpressError
+from .head import check_head
 from .hub import ModelSpec, frozen_config, is_local, read_config_json
 from .needs import check_loadable
 from .packing import pack_linears, warm_packed
@@ -103,7 +104,7 @@ class Models:
     costs: CostModel | None = None  # stage costs the controller auto plans with; None: measured for each request
     dtype_choice: DtypeChoice | None = None  # the dtype they run in and why
 
-    @property
+    @cached_property  # transformers finds a model's device by its parameters: each round asks
     def device(self) -> torch.device:
         return self.target.device
 
@@ -226,6 +227,7 @@ def load_target(spec: str | Path | ModelSpec, device: torch.device, dtype: torch
     target = load_causal_lm("target", spec, device, dtype, device_map, access)
     check_target_layers(target.config)
     check_tree_attention(target.config)
+    check_head(target)
     return target, load_tokenizer(spec.name)
 
 

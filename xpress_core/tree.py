@@ -16,6 +16,7 @@ from types import MappingProxyType
 import torch
 
 from .config import DecodeConfig
+from .head import HeadRows, every_row
 from .sampling import TargetNoise, draw_token, noisy_logits
 
 
@@ -310,12 +311,13 @@ def draws_at_once(device: torch.device) -> bool:
 
 def accept(
     tree: DraftTree,
-    node_logits: torch.Tensor,
+    node_logits: torch.Tensor | HeadRows,
     cfg: DecodeConfig,
     noise: TargetNoise,
     depths: torch.Tensor | None = None,
 ) -> Acceptance:
-    """The exact acceptance walk (docs/DESIGN.md §2.4) over (N+1, V) logits, one target draw per emitted token.
+    """The exact acceptance walk (docs/DESIGN.md §2.4) over (N+1, V) logits (or ``HeadRows``, computed as the walk
+    reads them), one target draw per emitted token.
 
     At node u draw y ~ p_u; if y is a child of u accept it and move there, else emit y and stop. Each emitted token is
     a genuine draw from the target given the emitted prefix, so the output distribution is the target's. On a GPU
@@ -326,7 +328,7 @@ def accept(
     if at_once:
         if depths is None and not cfg.greedy:
             depths = to_device(list(tree.depths), node_logits.device)
-        draws = target_draws(node_logits, cfg, noise, depths, max(tree.depths)).tolist()  # the round's one read
+        draws = target_draws(every_row(node_logits), cfg, noise, depths, max(tree.depths)).tolist()  # one read
     node, path = 0, []
     while True:
         y = draws[node] if at_once else draw_token(node_logits[node], cfg, noise)

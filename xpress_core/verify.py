@@ -11,13 +11,14 @@ from dataclasses import dataclass
 import torch
 
 from . import cache as kv
+from .head import HeadRows, headless_forward, plain_head
 from .models import Models, tapped_forward
 from .tree import DraftTree, to_device, tree_attention_mask, tree_tensors, windowed_mask
 
 
 @dataclass(frozen=True)
 class Verified:
-    node_logits: torch.Tensor  # (N+1, V): the target's logits after each tree node (root first)
+    node_logits: torch.Tensor | HeadRows  # (N+1, V): the target's logits after each tree node (root first)
     node_features: torch.Tensor | None  # (N+1, F): tapped hidden states of each node, for the drafter
     past: int  # target cache length before the forward
     depths: torch.Tensor  # (N+1,) each node's depth, on the device (the sampled acceptance reads it)
@@ -52,12 +53,28 @@ class TreeVerifier:
         # A chain is what causal attention over the new tokens gives anyway: without a mask the attention takes its
         # causal path (bf16, a 9-token verify: 5.9 ms against 6.0 ms with the tree mask; the same logits).
         mask = None if tree.is_chain else tree_attention_mask(tensors, models.target.dtype)
-        window = kv.sliding_window(models.target.config)
-        if mask is not None and window is not None:  # per layer kind, as HF's own mask mapping
+        window = None if mask is None else kv.sliding_window(models.target.config)
+        if window is not None:  # per layer kind, as HF's own mask mapping
             mask = {"full_attention": mask, "sliding_attention": windowed_mask(mask, tensors, window)}
-        logits, features = target_forward(models, tensors.ids, tensors.positions, mask, state.cache)
+        # The LM head where the walk reads it only (head.py); a chain's rows are all computed at once anyway.
+        if not tree.is_chain and plain_head(models.target):
+            # the root and the first draft: nodes 0 to its length (build_tree numbers the first draft first)
+            first = 1 + len(tree.draft_paths[0])
+            logits, features = headless_forward(
+                models.target,
+                models.drafter.tapped_layers,
+                first,
+                input_ids=tensors.ids,
+                position_ids=tensors.positions,
+                attention_mask=mask,
+                cache=state.cache,
+                use_cache=True,
+            )
+        else:
+            logits, features = target_forward(models, tensors.ids, tensors.positions, mask, state.cache)
+            logits = logits[0]
         features = None if features is None else features[0]
-        return TreeVerified(logits[0], features, tensors.past, tensors.depths, tensors.ancestors)
+        return TreeVerified(logits, features, tensors.past, tensors.depths, tensors.ancestors)
 
     def keep(self, cache, verified: TreeVerified, kept_nodes: list[int]) -> torch.Tensor | None:
         """Keep the root and the accepted nodes in the cache (the rejected siblings leave it) -> their features.
