@@ -6,8 +6,9 @@ before the head (``logits_to_keep``: no position), and a node's logits are compu
 (``HeadRows``). A GPU draws at every node at once and computes every row, as before.
 
 That is the model's own logits only where its logits are the output embedding of its last hidden state, nothing after
-it: ``check_head`` decides at load, by the config (no logit softcapping or scaling) and a probe forward, and a target
-it does not mark keeps its full head.
+it: ``check_head`` decides, by the config (no logit softcapping or scaling) and a probe forward, and a target it does
+not mark keeps its full head. It runs at the first tree verify (``plain_head``), not at load: a ZeroGPU Space loads
+its models in the web process, where no forward may run.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import inspect
 
 import torch
 
-# A target ``check_head`` found to take its logits from its last hidden state alone carries this attribute, True.
+# What ``check_head`` found of a target, kept on it: True where its logits come from its last hidden state alone.
 PLAIN_HEAD = "xpress_plain_head"
 # Config fields of families that transform the head's output (Gemma's softcapping, Cohere's and Granite's scaling).
 HEAD_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
@@ -30,8 +31,9 @@ def last_hidden_index(target) -> int:
 
 @torch.no_grad()
 def check_head(target) -> None:
-    """Mark the target (``PLAIN_HEAD``) where its logits are its output embedding of its last hidden state: no head
-    transform in its config, and a probe forward's logits within rounding of that product."""
+    """Mark the target (``PLAIN_HEAD``) True where its logits are its output embedding of its last hidden state (no
+    head transform in its config, and a probe forward's logits within rounding of that product), else False."""
+    setattr(target, PLAIN_HEAD, False)
     text = target.config.get_text_config()
     if any(getattr(text, name, None) not in (None, 0, 1, 1.0) for name in HEAD_TRANSFORMS):
         return
@@ -50,7 +52,10 @@ def check_head(target) -> None:
 
 
 def plain_head(target) -> bool:
-    return getattr(target, PLAIN_HEAD, False)
+    """``check_head``'s finding, checked on the first call (the first tree verify, inside a GPU call on ZeroGPU)."""
+    if not hasattr(target, PLAIN_HEAD):
+        check_head(target)
+    return getattr(target, PLAIN_HEAD)
 
 
 class HeadRows:

@@ -34,7 +34,6 @@ from .drafters.diffusion import TargetConditionedDrafter, diffusion_drafter
 from .drafters.diffusion_lm import FAMILIES, DiffusionLMDrafter, family_convention, resolve_mask_token_id
 from .drafters.diffusion_model import XpressDrafter, XpressDrafterConfig, default_tapped_layers
 from .errors import XpressError
-from .head import check_head
 from .hub import ModelSpec, frozen_config, is_local, read_config_json
 from .needs import check_loadable
 from .packing import pack_linears, warm_packed
@@ -227,7 +226,6 @@ def load_target(spec: str | Path | ModelSpec, device: torch.device, dtype: torch
     target = load_causal_lm("target", spec, device, dtype, device_map, access)
     check_target_layers(target.config)
     check_tree_attention(target.config)
-    check_head(target)
     return target, load_tokenizer(spec.name)
 
 
