@@ -24,19 +24,15 @@ class Verified:
     depths: torch.Tensor  # (N+1,) each node's depth, on the device (the sampled acceptance reads it)
 
 
-def target_forward(models: Models, ids, positions, mask, cache, last_only: bool = False):
+def target_forward(models: Models, ids, positions, mask, cache, last_only: bool = False, read_first: int | None = None):
     """One target forward -> (B, Q, V) logits and (B, Q, F) tapped features (or None). ``last_only``: the logits of
-    the last position only, (B, 1, V) (the LM head over a long prompt would be the largest product of a request)."""
-    return tapped_forward(
-        models.target,
-        models.drafter.tapped_layers,
-        last_only=last_only,
-        input_ids=ids,
-        position_ids=positions,
-        attention_mask=mask,
-        cache=cache,
-        use_cache=True,
-    )
+    the last position only, (B, 1, V) (the LM head over a long prompt would be the largest product of a request).
+    ``read_first``: the forward stops before the LM head, whose rows are computed when read (``head.HeadRows`` of
+    row 0 in place of the logits, its first ``read_first`` rows together)."""
+    inputs = {"input_ids": ids, "position_ids": positions, "attention_mask": mask, "cache": cache, "use_cache": True}
+    if read_first is not None:
+        return headless_forward(models.target, models.drafter.tapped_layers, read_first, **inputs)
+    return tapped_forward(models.target, models.drafter.tapped_layers, last_only=last_only, **inputs)
 
 
 @dataclass(frozen=True)
@@ -56,23 +52,12 @@ class TreeVerifier:
         window = None if mask is None else kv.sliding_window(models.target.config)
         if window is not None:  # per layer kind, as HF's own mask mapping
             mask = {"full_attention": mask, "sliding_attention": windowed_mask(mask, tensors, window)}
-        # The LM head where the walk reads it only (head.py); a chain's rows are all computed at once anyway.
-        if not tree.is_chain and plain_head(models.target):
-            # the root and the first draft: nodes 0 to its length (build_tree numbers the first draft first)
-            first = 1 + len(tree.draft_paths[0])
-            logits, features = headless_forward(
-                models.target,
-                models.drafter.tapped_layers,
-                first,
-                input_ids=tensors.ids,
-                position_ids=tensors.positions,
-                attention_mask=mask,
-                cache=state.cache,
-                use_cache=True,
-            )
-        else:
-            logits, features = target_forward(models, tensors.ids, tensors.positions, mask, state.cache)
-            logits = logits[0]
+        # The LM head where the walk reads it only (head.py); a chain's rows are all computed at once anyway. The
+        # walk reads the root and the first draft most: nodes 0 to its length (build_tree numbers it first).
+        lazy = not tree.is_chain and plain_head(models.target)
+        first = 1 + len(tree.draft_paths[0]) if lazy else None
+        logits, features = target_forward(models, tensors.ids, tensors.positions, mask, state.cache, read_first=first)
+        logits = logits if lazy else logits[0]
         features = None if features is None else features[0]
         return TreeVerified(logits, features, tensors.past, tensors.depths, tensors.ancestors)
 
