@@ -167,7 +167,7 @@ class ProductsRun:
         for layer, x, out in self.products:
             rows = x.reshape(-1, layer.in_features)
             counts.add(rows.shape[0])
-            assert within_bf16_rounding(out.reshape(rows.shape[0], -1), rows, layer)
+            assert within_bf16_rounding(out.reshape(rows.shape[0], layer.out_features), rows, layer)
         probe = torch.Generator().manual_seed(1)
         with torch.no_grad():
             agree = all(
