@@ -3,16 +3,18 @@ scale").
 
     OMP_NUM_THREADS=1 bash scripts/serve_vllm.sh [--threads 1] [--repeats 1] [--drafter assets/drafter_dflash]
         [--prompts 24] [--max-new-tokens 64] [--concurrency 1 8 32] [--plain-dtypes float32 bfloat16]
-        [--drafts-of 0] [--out runs/serve_vllm.json]
+        [--dtype float32] [--drafts-of 0] [--out runs/serve_vllm.json]
 
 vLLM runs in a venv of its own (``scripts/serve_vllm.sh`` builds it; the product never needs it): this script encodes
 the held-out chats once with the target's chat template and hands the same token ids to ``scripts/vllm_side.py`` in
-that venv, which runs vLLM plain and with the drafter (greedy, fp32, eager). Here, in the project's environment, xPress
-decodes the same ids: the target's own ``generate``, the engine without a drafter, one chain draft of L tokens (the
-draft vLLM makes: one block, no tree), ``auto`` with that drafter, and xPress's default (``auto`` with the embedded
-drafter). Then it reports, side by side:
+that venv, which runs vLLM plain and with the drafter (greedy, ``--dtype``, eager). Here, in the project's environment,
+xPress decodes the same ids: the target's own ``generate``, the engine without a drafter, one chain draft of L tokens
+(the draft vLLM makes: one block, no tree), ``auto`` with that drafter (these in ``--dtype`` too), and xPress's
+default (``auto`` with the embedded drafter, in the dtype ``--dtype auto`` chooses on this machine, as the CLI and the
+app load it: ``precision.load_fastest``). Then it reports, side by side:
 
-- outputs: every engine's greedy tokens against ``generate``'s, prompt by prompt;
+- outputs: every engine's greedy tokens against fp32 ``generate``'s, prompt by prompt (in bf16 a near-tie may part
+  any engine from it: a forward over several tokens rounds differently from a one-token one);
 - acceptance of the same chain in both engines: draft tokens accepted per round, and per block position the share of
   rounds that accepted it (vLLM's own counters against xPress's rounds);
 - tokens/s one request at a time, and with 8 and 32 requests at once (vLLM batches them; xPress runs them in as
@@ -50,7 +52,8 @@ from xpress_core.config import DecodeConfig
 from xpress_core.data import evaluation_prompts, read_prompt_file
 from xpress_core.drafters.base import NoDrafter
 from xpress_core.engine import calibrated, decode
-from xpress_core.models import Models, load_models
+from xpress_core.models import EMBEDDED_DRAFTER, Models, load_models
+from xpress_core.precision import load_fastest
 from xpress_core.trace import DecodeResult, RoundTrace
 
 from .round_stages import round_stages
@@ -248,8 +251,10 @@ def process_group(proc: Path) -> int | None:
 def compare(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     # auto's stage costs measured once, as the app and the bench keep them (else every request measures them anew)
-    models = calibrated(load_models(args.target, args.drafter, device="cpu", dtype="float32"))
-    default = calibrated(load_models(args.target, device="cpu", dtype="float32"))  # the embedded drafter
+    models = calibrated(load_models(args.target, args.drafter, device="cpu", dtype=args.dtype))
+    # xPress's default: the embedded drafter, in the dtype the CLI and the app would run it in on this machine
+    default = calibrated(load_fastest(args.target, EMBEDDED_DRAFTER, device="cpu"))
+    exact = load_models(args.target, args.drafter, device="cpu", dtype="float32").target
     chats = read_prompt_file(args.prompts_file) if args.prompts_file else evaluation_prompts(["sgd_dev"])
     prompts = [p.ids(models.tokenizer) for p in chats[: args.prompts]]
     job = {
@@ -261,6 +266,7 @@ def compare(args: argparse.Namespace) -> dict:
         "concurrency": args.concurrency,
         "threads": args.threads,
         "repeats": args.repeats,
+        "dtype": args.dtype,
     }
     load = OtherLoad()
     theirs = vllm_side(args.vllm_python, job)  # first, and ended entirely before xPress is timed
@@ -274,7 +280,7 @@ def compare(args: argparse.Namespace) -> dict:
         "xpress auto": (models, auto),
         "xpress default": (default, auto),
     }
-    reference = generate_outputs_of(models.target, prompts, args.max_new_tokens)
+    reference = generate_outputs_of(exact, prompts, args.max_new_tokens)
     ours = {name: xpress_run(engine, prompts, cfg) for name, (engine, cfg) in engines.items()}
     outputs = {"vllm plain": theirs["plain"]["outputs"], "vllm + drafter": theirs["spec"]["outputs"]}
     outputs |= {name: run.outputs for name, run in ours.items()}
@@ -295,6 +301,8 @@ def compare(args: argparse.Namespace) -> dict:
         "max_new_tokens": args.max_new_tokens,
         "block": args.block,
         "threads": {"xpress": torch.get_num_threads(), "vllm": theirs["plain"]["threads"]},
+        "dtype": args.dtype,
+        "default_dtype": {"dtype": default.dtype_choice.dtype, "why": default.dtype_choice.reason},
         "vllm_processes_outlived_its_side": theirs["processes_outlived_it"],
         "vllm_busiest_threads": theirs["plain"].get("busiest_threads"),
         "other_jobs_cores": other_load,
@@ -312,13 +320,13 @@ def compare(args: argparse.Namespace) -> dict:
 
 
 def plain_dtypes(args: argparse.Namespace, chain: DecodeConfig) -> dict[str, Callable[[torch.Tensor], Request]]:
-    """Plain decoding in each of ``--plain-dtypes``: ``generate`` and xPress without a drafter (fp32's xPress is the
-    comparison's own "xpress plain")."""
+    """Plain decoding in each of ``--plain-dtypes``: ``generate`` and xPress without a drafter (``--dtype``'s xPress is
+    the comparison's own "xpress plain")."""
     found = {}
     for dtype in args.plain_dtypes:
         models = load_models(args.target, args.drafter, device="cpu", dtype=dtype)
         found[f"generate {dtype}"] = generate_request(models.target, args.max_new_tokens)
-        if dtype != "float32":
+        if dtype != args.dtype:
             found[f"xpress plain {dtype}"] = xpress_request(Models(models.target, models.tokenizer, NoDrafter()), chain)
     return found
 
@@ -344,11 +352,12 @@ def acceptance(spec: dict, chain: Run, reference: list[list[int]], block: int) -
 
 
 def report(result: dict) -> str:
-    head = f"{result['prompts']} held-out chats, {result['max_new_tokens']} new tokens, greedy fp32"
-    lines = [f"{head}, vLLM {result['vllm_version']}"]
+    head = f"{result['prompts']} held-out chats, {result['max_new_tokens']} new tokens, greedy {result['dtype']}"
+    chosen = result["default_dtype"]
+    lines = [f"{head}, vLLM {result['vllm_version']}; xPress's default in {chosen['dtype']} ({chosen['why']})"]
     for name, same in result["outputs_equal_generate"].items():
         differ = result["prompts_that_differ"][name]
-        lines.append(f"  {name:15s} equal to generate: {'yes' if same else f'no, prompts {differ}'}")
+        lines.append(f"  {name:15s} equal to fp32 generate: {'yes' if same else f'no, prompts {differ}'}")
     acc, pos, rounds = result["accepted_per_round"], result["accepted_per_position"], result["rounds"]
     lines.append(
         f"  one chain of {result['block']}: rounds whose drafts differ between the engines: "
@@ -374,9 +383,9 @@ def report(result: dict) -> str:
 
 def summary(result: dict) -> list[str]:
     """The compact table: tokens/s per concurrency; one request at a time: CPU ms a token (this engine's process,
-    all its threads), the ms of a step after the prefill, that step in fp32 plain steps of the same engine, and the
-    gain at one request over that engine's fastest plain decoding (``generate`` is xPress's baseline too: xPress's
-    plain decoding should reach it)."""
+    all its threads), the ms of a step after the prefill, that step in plain steps of the same engine (in --dtype),
+    and the gain at one request over that engine's fastest plain decoding (``generate`` is xPress's baseline too:
+    xPress's plain decoding should reach it)."""
     speed, steps = result["tokens_per_s"], result["one_at_a_time"]
     concurrency = list(next(iter(speed.values())))
     plains = {"vllm": ["vllm plain"], "xpress": [n for n in steps if n.startswith(("xpress plain", "generate"))]}
@@ -396,7 +405,7 @@ def summary(result: dict) -> list[str]:
         engine = {"vllm": "vllm", "xpress": "xpress", "generate": "xpress"}[name.split()[0]]
         at = " / ".join(f"{speed[name][c]:.1f}" for c in concurrency) if name in speed else f"{timing['tokens_per_s']}"
         step = timing.get("decode_ms_per_step")
-        # steps against the same engine's fp32 plain step, the gain against its fastest plain decoding
+        # steps against the same engine's plain step in --dtype, the gain against its fastest plain decoding
         base = steps[f"{engine} plain"]["decode_ms_per_step"]
         ratio = f"{step / base:.2f}" if step else ""
         gain = f"{timing['tokens_per_s'] / steps[fastest[engine]]['tokens_per_s']:.2f}x"
@@ -437,6 +446,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads for both engines")
     parser.add_argument(
         "--plain-dtypes", nargs="+", default=["float32", "bfloat16"], help="time plain decoding in these too"
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="both engines' dtype (vLLM plain and with the drafter; xPress plain, chain and auto with that drafter); "
+        "xPress's default always runs in the dtype --dtype auto chooses here",
     )
     parser.add_argument("--drafts-of", type=int, help="show this prompt's drafts round by round in both engines")
     parser.add_argument("--out", type=Path, help="write the figures here as JSON")

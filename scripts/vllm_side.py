@@ -3,7 +3,7 @@
     VLLM_TARGET_DEVICE=cpu python scripts/vllm_side.py JOB.json OUT.json
 
 JOB: the target and drafter folders, the prompts as token ids, max_new_tokens, the block (num_speculative_tokens),
-the concurrencies to time, the threads to run on and the timed passes. OUT, for vLLM plain and with the drafter (both
+the concurrencies to time, the threads to run on, the timed passes and the dtype. OUT, for vLLM plain and with the drafter (both
 engines built in this process, timed in turns one request at a time): the greedy outputs of the prompts one at a
 time, tokens/s per concurrency, the timed one-at-a-time run's CPU ms a token, its busiest threads, and its steps by
 the engine core's own timestamps of each request (decode seconds per step after its prefill) and, with the drafter,
@@ -32,7 +32,7 @@ def engine(job: dict, speculative: bool):
     spec = {"method": "dflash", "model": job["drafter"], "num_speculative_tokens": job["block"]}
     return LLM(
         model=job["target"],
-        dtype="float32",
+        dtype=job.get("dtype", "float32"),
         enforce_eager=True,
         seed=0,
         max_model_len=1024,

@@ -149,6 +149,14 @@ def test_bench_outputs_are_complete_and_valid(bench_run):
     assert doc["goals"]["auto"]["over_fastest_generate"] == pytest.approx(
         auto["tokens_per_s"] / fastest["tokens_per_s"], abs=1e-3
     )
+    # Every speedup is over the faster generate's (one repeat: tokens/s over its tokens/s), whichever dtype that is
+    for temperature in TEMPERATURES:
+        plain = max(
+            (s for s in doc["summaries"] if s["method"] == REFERENCE and s["temperature"] == temperature),
+            key=lambda s: s["tokens_per_s"],
+        )
+        for s in (s for s in doc["summaries"] if s["temperature"] == temperature):
+            assert s["speedup"] == pytest.approx(s["tokens_per_s"] / plain["tokens_per_s"], abs=1e-3)  # 3 decimals
     for row in doc["measurements"]:
         assert row["new_tokens"] == 12  # max_new_tokens: the tiny target writes past it
         assert row["tokens_per_s"] == pytest.approx(row["new_tokens"] / row["time_s"], rel=1e-4)

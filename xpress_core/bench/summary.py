@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ..records import json_record
 from ..trace import tokens_per_round
-from .methods import METHODS, Outcome, Setting
+from .methods import METHODS, REFERENCE, Outcome, Setting
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class Summary:
     tokens_per_s: float  # median over repeats of (tokens / seconds over all prompts)
     tokens_per_s_min: float
     tokens_per_s_max: float
-    speedup: float | None  # median over repeats of tokens/s over the reference's in the same repeat
+    speedup: float | None  # median over repeats of tokens/s over the fastest plain decoding's in the same repeat
     speedup_min: float | None
     speedup_max: float | None
     tau: float
@@ -132,13 +132,23 @@ def summarize(measurements: Sequence[Measurement]) -> tuple[Summary, ...]:
     groups: dict[tuple[Setting, float], list[Measurement]] = {}
     for m in measurements:
         groups.setdefault((m.setting, m.temperature), []).append(m)
-    reference = {
-        (t, r): throughput([m for m in ms if m.repeat == r])
-        for (s, t), ms in groups.items()
-        if s.is_reference
-        for r in {m.repeat for m in ms}
-    }
+    reference = fastest_plain(groups)
     return tuple(summarize_group(s, t, ms, reference) for (s, t), ms in groups.items())
+
+
+def fastest_plain(groups: dict[tuple[Setting, float], list[Measurement]]) -> dict[tuple[float, int], float]:
+    """(temperature, repeat) -> tokens/s of ``generate`` in the dtype that decoded faster at that temperature over all
+    repeats (the run's, or another it measured, ``--generate-dtypes``): every speedup is over the fastest plain
+    decoding on this machine, never over a baseline held to its slower dtype (a bf16 run on a CPU where fp32 plain
+    decoding is faster: issue 48)."""
+    generate = {key: ms for key, ms in groups.items() if key[0].method == REFERENCE}
+    faster: dict[float, list[Measurement]] = {}
+    for (_, t), ms in generate.items():
+        if t not in faster or throughput(ms) > throughput(faster[t]):
+            faster[t] = ms
+    return {
+        (t, r): throughput([m for m in ms if m.repeat == r]) for t, ms in faster.items() for r in {m.repeat for m in ms}
+    }
 
 
 def throughput(measurements: Sequence[Measurement]) -> float:
