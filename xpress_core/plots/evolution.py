@@ -79,13 +79,15 @@ def evolution_view(trace: RoundTrace, step: int | None) -> EvolutionView:
         states = [DenoiseStep(trace.drafts, tuple(tuple(1.0 for _ in row) for row in trace.drafts))]
     last = len(states) - 1
     shown = last if step is None else min(max(step, 0), last)
-    tokens = states[shown].tokens
+    tokens, confidence = states[shown].tokens, states[shown].confidence
+    if shown == last and trace.draft_accept_lens and len(tokens) != len(trace.draft_accept_lens):
+        tokens, confidence = verified_rows(states[shown], trace.drafts)
     accept_lens = trace.draft_accept_lens or (0,) * len(tokens)
     chosen = accept_lens.index(max(accept_lens))
     return EvolutionView(
         trace=trace,
         tokens=tokens,
-        confidence=states[shown].confidence,
+        confidence=confidence,
         noise_level=states[shown].noise_level,
         shown=shown,
         last=last,
@@ -97,6 +99,14 @@ def evolution_view(trace: RoundTrace, step: int | None) -> EvolutionView:
         kind=states[shown].kind,
         changed=pass_changes(states, shown),
     )
+
+
+def verified_rows(state: DenoiseStep, drafts: tuple[tuple[int, ...], ...]):
+    """The drafts the verifier saw, each with its cells' confidence at the drafter's last step: ``auto`` verifies a cut
+    of the drafted tree (``controller.apply_cut``: prefixes of its paths, fewer of them), so after the last step the
+    panel shows and frames those, the paths the target judged, not the tree they were cut from."""
+    rows = [next(k for k, row in enumerate(state.tokens) if tuple(row[: len(d)]) == tuple(d)) for d in drafts]
+    return drafts, tuple(tuple(state.confidence[k][: len(d)]) for k, d in zip(rows, drafts))
 
 
 def shown_rows(count: int, accept_lens: tuple[int, ...], chosen: int) -> tuple[int, ...]:
