@@ -110,3 +110,35 @@ def test_the_choice_is_cached_per_machine_and_models_and_a_changed_model_is_meas
     os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # new weights
     load_fastest(zoo["llama"], zoo["drafter_llama"], device="cpu")
     assert len(calls) == 3
+
+
+def test_the_app_the_cli_and_the_benchmark_run_in_one_cached_choice(zoo, monkeypatch, tmp_path):
+    """Measured once, then every load of the same models at the same threads reads it: a second app process (a new
+    ModelCache), the CLI's loader and the benchmark's dtype all run in the dtype the first load chose, without
+    timing again (issue 48: loads timed afresh flipped between the dtypes on one quiet machine)."""
+    import argparse
+
+    from xpress_app.config import AppConfig
+    from xpress_app.models import ModelCache
+    from xpress_core.bench.cli import bench_dtype
+    from xpress_core.presets import ModelPreset
+
+    monkeypatch.setattr("xpress_core.models.native_bf16", lambda: True)
+    monkeypatch.setenv(precision.CACHE_ENV, str(tmp_path / "cache"))
+    calls = []
+
+    def timed(candidates):
+        calls.append(sorted(candidates))
+        return {"float32": timing(4.0, 2.0), "bfloat16": timing(5.0, 1.0)}
+
+    monkeypatch.setattr(precision, "time_dtypes", timed)
+    preset = ModelPreset("tiny", str(zoo["llama"]), str(zoo["drafter_llama"]))
+    first = ModelCache(AppConfig((preset,), device="cpu")).get("tiny").speculative
+    again = ModelCache(AppConfig((preset,), device="cpu")).get("tiny").speculative
+    cli = load_fastest(zoo["llama"], zoo["drafter_llama"], device="cpu")
+    args = argparse.Namespace(dtype="auto", target=str(zoo["llama"]), drafter=str(zoo["drafter_llama"]))
+    bench = bench_dtype(args, torch.device("cpu"))
+    assert len(calls) == 1
+    assert first.target.dtype == again.target.dtype == cli.target.dtype == torch.bfloat16
+    assert bench.dtype == "bfloat16" and all("cached in" in m.reason for m in (again.dtype_choice, bench))
+    assert again.dtype_choice.timings["bfloat16"].round_token_s == pytest.approx(1.0e-3)

@@ -21,7 +21,7 @@ from xpress_core.controller import CostModel
 from xpress_core.drafters.base import NoDrafter
 from xpress_core.engine import decode_to_end
 from xpress_core.errors import XpressError
-from xpress_core.hub import is_local
+from xpress_core.hub import ModelSpec, is_local
 from xpress_core.models import (
     NO_DRAFTER,
     DrafterOptions,
@@ -31,11 +31,13 @@ from xpress_core.models import (
     load_target,
     measures_dtype,
     resolve_device,
+    resolve_drafter,
     resolve_dtype,
+    resolve_model,
     unmeasured,
     warm_kernels,
 )
-from xpress_core.precision import fastest
+from xpress_core.precision import chosen_dtype
 from xpress_core.presets import Access, ModelPreset
 from xpress_core.verdict import CALIBRATION_TOKENS, calibrate_plain_step
 
@@ -276,26 +278,29 @@ class ModelCache:
         """The preset's models: a target another preset loaded already keeps its dtype; else ``auto`` on a CPU with
         native bf16 loads and times both dtypes and keeps the faster (``precision.py``)."""
         device = resolve_device(self.device)
+        drafter = resolve_drafter(preset.drafter, DrafterOptions(kind=preset.drafter_kind), self.access)
         if preset.target in self._targets:
             target, tokenizer, choice = self._targets[preset.target]
-            drafter = self._drafter(preset, target, tokenizer, target.dtype)
-            models = Models(target, tokenizer, drafter, dtype_choice=choice)
-        elif measures_dtype(self.dtype, device):
-            models, choice = fastest(lambda name: self._fresh(preset, device, resolve_dtype(name, device)))
-            models = replace(models, dtype_choice=choice)
+            drafter_model = self._drafter(drafter, target, tokenizer, target.dtype)
+            models = Models(target, tokenizer, drafter_model, dtype_choice=choice)
         else:
-            dtype = resolve_dtype(self.dtype, device)
-            models = replace(self._fresh(preset, device, dtype), dtype_choice=unmeasured(self.dtype, dtype, device))
+            target = resolve_model("target", preset.target, self.access)
+            load = lambda name: self._fresh(target, drafter, device, resolve_dtype(name, device))
+            if measures_dtype(self.dtype, device):
+                choice, models = chosen_dtype(target, drafter, load)  # cached per machine and models
+                models = replace(models or load(choice.dtype), dtype_choice=choice)
+            else:
+                dtype = resolve_dtype(self.dtype, device)
+                models = replace(load(self.dtype), dtype_choice=unmeasured(self.dtype, dtype, device))
         self._targets[preset.target] = (models.target, models.tokenizer, models.dtype_choice)
         return Loaded(models, replace(models, drafter=NoDrafter()), TokenTexts(models.tokenizer), None, ready=False)
 
-    def _fresh(self, preset: ModelPreset, device, dtype) -> Models:
-        target, tokenizer = load_target(preset.target, device, dtype, self.device_map, self.access)
-        return Models(target, tokenizer, self._drafter(preset, target, tokenizer, dtype))
+    def _fresh(self, target: ModelSpec, drafter: ModelSpec, device, dtype) -> Models:
+        target_model, tokenizer = load_target(target, device, dtype, self.device_map, self.access)
+        return Models(target_model, tokenizer, self._drafter(drafter, target_model, tokenizer, dtype))
 
-    def _drafter(self, preset: ModelPreset, target, tokenizer, dtype):
-        options = DrafterOptions(kind=preset.drafter_kind)
-        return load_drafter(preset.drafter, target, tokenizer, target.device, dtype, options, self.access)
+    def _drafter(self, drafter: ModelSpec, target, tokenizer, dtype):
+        return load_drafter(drafter, target, tokenizer, target.device, dtype, access=self.access)
 
 
 def calibrated(speculative: Models, plain: Models, token_text: TokenTexts) -> Loaded:

@@ -131,15 +131,24 @@ def load_fastest(
         return load_models(target, drafter, device, dtype, device_map, options, access)
     access = access or Access.from_env()
     target, drafter = resolve_model("target", target, access), resolve_drafter(drafter, options, access)
+    load = lambda name: load_models(target, drafter, device, name, None, options, access)
+    choice, models = chosen_dtype(target, drafter, load)
+    return replace(models or load(choice.dtype), dtype_choice=choice)
+
+
+def chosen_dtype(target, drafter, load) -> tuple[DtypeChoice, Models | None]:
+    """``auto``'s dtype for these models (``ModelSpec``s) at this process's threads: the choice measured before on this
+    machine (``cached_choice``; no models loaded), or ``fastest``'s, then cached, with the models it kept. The CLI, the
+    app and the benchmark all choose so: two loads timed afresh, on one quiet machine, chose bf16 and fp32 in turn
+    (issue 48), and whatever the choice, every load of the same models here should run in the same dtype."""
     threads = torch.get_num_threads()
     key = choice_key(target, drafter, threads)
     cached = cached_choice(key)
     if cached is not None:
-        models = load_models(target, drafter, device, cached.dtype, None, options, access)
-        return replace(models, dtype_choice=cached)
-    models, choice = fastest(lambda name: load_models(target, drafter, device, name, None, options, access), threads)
+        return cached, None
+    models, choice = fastest(load, threads)
     store_choice(key, choice)
-    return replace(models, dtype_choice=choice)
+    return choice, models
 
 
 def with_costs(models):

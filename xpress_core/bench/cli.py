@@ -37,7 +37,7 @@ from ..models import (
     unmeasured,
 )
 from ..packing import warm_packed
-from ..precision import DTYPE_AUTO_HELP, fastest
+from ..precision import DTYPE_AUTO_HELP, chosen_dtype
 from ..presets import Access
 from .grid import FULL_GRID, QUICK_GRID, parse_grid
 from .measure import RunPlan
@@ -198,8 +198,8 @@ def generate_dtypes(raw: str, run_dtype: str, device) -> tuple[str, ...]:
 
 def bench_dtype(args: argparse.Namespace, device: torch.device) -> DtypeChoice:
     """The dtype the run measures in: ``--dtype``, or with ``auto`` on a CPU with native bf16 the one the app would
-    choose (``precision.fastest``: target and drafter timed in both at ``--threads``), so that the benchmark measures
-    what users run."""
+    choose (``precision.chosen_dtype``: the choice cached for these models at ``--threads``, else target and drafter
+    timed in both), so that the benchmark measures what users run."""
     if not measures_dtype(args.dtype, device):
         return unmeasured(args.dtype, resolve_dtype(args.dtype, device), device)
 
@@ -214,7 +214,7 @@ def bench_dtype(args: argparse.Namespace, device: torch.device) -> DtypeChoice:
         target, tokenizer = load_target(target_spec, device, dtype)
         return Models(target, tokenizer, load_drafter(drafter_spec, target, tokenizer, device, dtype))
 
-    return fastest(load)[1]
+    return chosen_dtype(target_spec, drafter_spec, load)[0]
 
 
 def load_bench_models(args: argparse.Namespace, settings: Sequence[Setting], choice: DtypeChoice) -> BenchModels:
