@@ -86,9 +86,9 @@ def test_time_dtypes_times_plain_steps_and_rounds_of_each_candidate(zoo):
         assert t.round_token_s <= t.round_s  # a round emits at least one token
 
 
-def test_the_choice_is_cached_per_machine_and_models_and_a_changed_model_is_measured_again(zoo, monkeypatch, tmp_path):
-    """The second load reads the cache and times nothing, says so and keeps the figures that chose; another drafter,
-    or new weights of the same target folder, are measured again; the cache lives where the environment says."""
+def bf16_cpu_with_counted_timings(monkeypatch, tmp_path) -> list:
+    """A CPU with native bf16 whose timings favour bf16, a cache of the test's own; returns the list each timing of
+    the dtypes appends to."""
     monkeypatch.setattr("xpress_core.models.native_bf16", lambda: True)
     monkeypatch.setenv(precision.CACHE_ENV, str(tmp_path / "cache"))
     calls = []
@@ -98,6 +98,13 @@ def test_the_choice_is_cached_per_machine_and_models_and_a_changed_model_is_meas
         return {"float32": timing(4.0, 2.0), "bfloat16": timing(5.0, 1.0)}
 
     monkeypatch.setattr(precision, "time_dtypes", timed)
+    return calls
+
+
+def test_the_choice_is_cached_per_machine_and_models_and_a_changed_model_is_measured_again(zoo, monkeypatch, tmp_path):
+    """The second load reads the cache and times nothing, says so and keeps the figures that chose; another drafter,
+    or new weights of the same target folder, are measured again; the cache lives where the environment says."""
+    calls = bf16_cpu_with_counted_timings(monkeypatch, tmp_path)
     first = load_fastest(zoo["llama"], zoo["drafter_llama"], device="cpu")
     again = load_fastest(zoo["llama"], zoo["drafter_llama"], device="cpu")
     assert len(calls) == 1 and precision.cache_file() == tmp_path / "cache" / "dtype_choice.json"
@@ -123,15 +130,7 @@ def test_the_app_the_cli_and_the_benchmark_run_in_one_cached_choice(zoo, monkeyp
     from xpress_core.bench.cli import bench_dtype
     from xpress_core.presets import ModelPreset
 
-    monkeypatch.setattr("xpress_core.models.native_bf16", lambda: True)
-    monkeypatch.setenv(precision.CACHE_ENV, str(tmp_path / "cache"))
-    calls = []
-
-    def timed(candidates):
-        calls.append(sorted(candidates))
-        return {"float32": timing(4.0, 2.0), "bfloat16": timing(5.0, 1.0)}
-
-    monkeypatch.setattr(precision, "time_dtypes", timed)
+    calls = bf16_cpu_with_counted_timings(monkeypatch, tmp_path)
     preset = ModelPreset("tiny", str(zoo["llama"]), str(zoo["drafter_llama"]))
     first = ModelCache(AppConfig((preset,), device="cpu")).get("tiny").speculative
     again = ModelCache(AppConfig((preset,), device="cpu")).get("tiny").speculative
