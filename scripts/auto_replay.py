@@ -2,7 +2,7 @@
 the machine's noise.
 
     OMP_NUM_THREADS=1 python -m scripts.auto_replay --costs /tmp/costs.json [--split tune] [--methods auto,auto-counts,
-        4x1x8,1x1x8] [--sets sgd_dev,sgd_short,stories] [--temperatures 0,0.7] [--set GAIN_PRIOR=1.0]
+        4x1x8,1x1x8] [--sets sgd_dev,sgd_short,stories] [--temperatures 0,0.7] [--set GAIN_PRIOR=1.0] [--dtype bfloat16]
 
 Each request is decoded for real with each method (so the acceptance is real), then every round is charged a fixed
 price instead of its measured time: a plain round ``--plain-charge`` times the calibrated plain step, a drafting round
@@ -117,12 +117,13 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=2, help="seeds per prompt when sampling")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--dtype", default="float32", help="the models' dtype (the costs file should be of the same)")
     args = parser.parse_args()
     for change in args.set:
         name, value = change.split("=")
         setattr(controller, name, type(getattr(controller, name))(float(value)))
     torch.set_num_threads(1)
-    models = load_models(dtype="float32", device="cpu")
+    models = load_models(dtype=args.dtype, device="cpu")
     costs = fixed_prices(models, args.costs)
     watched = Watched()
     engine.control = watched
