@@ -193,6 +193,9 @@ class FixedControl:
     def observe(self, setting: RoundSetting, accepted: int, with_fewer: tuple[int, ...] = ()) -> None:
         pass
 
+    def timed(self, measured) -> None:
+        pass
+
 
 class AutoControl:
     """The controller ``auto``: the setting with the most expected tokens per second (module docstring)."""
@@ -321,6 +324,9 @@ class AutoControl:
             if k < setting.drafts and k <= len(with_fewer) and (k, setting.steps) in self.reached:
                 self.count((k, setting.steps), setting.block, with_fewer[k - 1])
 
+    def timed(self, measured) -> None:
+        """The counting model plans at the calibrated prices only."""
+
     def count(self, pair: tuple[int, int], block: int, accepted: int) -> None:
         """One round of a pair in its counts: positions 1..accepted accepted, the next one (if drafted) reached."""
         reached, hits = self.reached[pair], self.accepted[pair]
@@ -379,6 +385,59 @@ FIRST_DRAFTS = 2
 # over plain, K up to 8 / 2 / 1: chats 1.181 / 1.211 / 1.232x, short chats 1.281 / 1.323 / 1.378x, stories 0.962 /
 # 0.957 / 0.965x; realised/expected 0.78 -> 0.83 on chats); greedy they lost (chats 1.442 -> 1.375x).
 CUT_DRAFTS, CUT_DRAFTS_SAMPLED = AUTO_DRAFTS, (1,)
+# The calibrated prices are corrected by what this request's rounds measured: per stage, the measured seconds over the
+# calibrated ones, over a prior of ``MEASURED_WEIGHT`` rounds at par, each round's ratio clipped to ``MEASURED_CLIP`` (a
+# round on a shared machine can take several times its price once, which says nothing of the next). Measured in one
+# process on 8 tune prompts, 1 thread, against that process's calibration: a verify over 8 / 32 drafted nodes took 0.93
+# / 0.89x its price in bf16 and 0.89 / 0.85x in fp32, the draft 0.89-1.0x in bf16 but 1.1-1.36x in fp32, a drafting
+# round's walk and commit 0.73-1.0x, a plain step 1.0-1.05x.
+MEASURED_WEIGHT, MEASURED_CLIP = 4.0, (0.5, 2.0)
+
+
+@dataclass(frozen=True)
+class MeasuredCosts:
+    """The calibrated costs of the stages ``ChanceControl`` weighs, each times what the request measured against it
+    (``StagePrices.ratios``): the draft, a drafting round past its draft (verify, walk, commit) and a plain round."""
+
+    costs: CostModel
+    draft: float = 1.0
+    rest: float = 1.0
+    plain: float = 1.0
+
+    def round_s(self, setting: RoundSetting) -> float:
+        if setting.plain:
+            return self.plain * self.costs.round_s(PLAIN_STEP)
+        return self.tree_draft(setting) + self.after_draft_s(setting.drafts * setting.block)
+
+    def after_draft_s(self, nodes: int) -> float:
+        return self.rest * self.costs.after_draft_s(nodes)
+
+    def tree_draft(self, setting: RoundSetting) -> float:
+        return self.draft * self.costs.tree_draft(setting)
+
+
+class StagePrices:
+    """Per stage of a round (draft, rest of a drafting round, plain round): the decayed (``MEMORY``) sums of measured
+    and calibrated seconds and of rounds, whose ratio corrects the calibrated price (``MEASURED_WEIGHT``)."""
+
+    STAGES = ("draft", "rest", "plain")
+
+    def __init__(self):
+        self.sums = {stage: [0.0, 0.0] for stage in self.STAGES}  # (rounds, ratios summed)
+
+    def add(self, stage: str, measured_s: float, priced_s: float) -> None:
+        if priced_s <= 0.0:
+            return
+        low, high = MEASURED_CLIP
+        rounds, ratios = self.sums[stage]
+        self.sums[stage] = [MEMORY * rounds + 1.0, MEMORY * ratios + min(high, max(low, measured_s / priced_s))]
+
+    def ratios(self) -> dict[str, float]:
+        """Per stage: the rounds' mean ratio over a prior of ``MEASURED_WEIGHT`` rounds at 1."""
+        return {
+            stage: (ratios + MEASURED_WEIGHT) / (rounds + MEASURED_WEIGHT)
+            for stage, (rounds, ratios) in self.sums.items()
+        }
 
 
 @dataclass(frozen=True)
@@ -407,7 +466,7 @@ def best_cut(
     nodes: list[tuple[int, float]],
     longest: int,
     share: float,
-    costs: CostModel,
+    costs: CostModel | MeasuredCosts,
     rate: float,
     drafts: tuple[int, ...] = CUT_DRAFTS,
 ) -> TreeCut:
@@ -480,7 +539,9 @@ class ChanceControl:
     and more."""
 
     def __init__(self, costs: CostModel, max_block: int | None, sampled: bool = False):
-        self.costs, self.max_block = costs, auto_longest_block(max_block)
+        self.calibrated, self.max_block = costs, auto_longest_block(max_block)
+        self.prices = StagePrices()
+        self.costs = MeasuredCosts(costs)  # the calibrated costs as this request's rounds measured them (``timed``)
         decline = SHARE_DECLINE_SAMPLED if sampled else SHARE_DECLINE
         self.share_priors = [SHARE_PRIOR * decline**depth for depth in range(self.max_block)]
         self.rate = RATE_SAMPLED if sampled else RATE
@@ -561,3 +622,15 @@ class ChanceControl:
         for depth, kept in enumerate(self.kept):
             self.realised[depth] = MEMORY * self.realised[depth] + (accepted > depth)
             self.expected[depth] = MEMORY * self.expected[depth] + kept
+
+    def timed(self, measured) -> None:
+        """Correct the prices by the round's measured seconds (``engine.Timings``: its draft, verify and the rest): the
+        draft against the drafted tree's price, the verify, walk and commit against the cut's or a plain round's."""
+        rest_s = measured.verify_s + measured.other_s
+        if self.last is None or not self.last.nodes:  # a plain round, or a draft cut to the root alone
+            self.prices.add("plain", rest_s, self.calibrated.round_s(PLAIN_STEP))
+        else:
+            self.prices.add("rest", rest_s, self.calibrated.after_draft_s(self.last.nodes))
+        if self.last is not None:
+            self.prices.add("draft", measured.draft_s, self.calibrated.tree_draft(self.drafted))
+        self.costs = MeasuredCosts(self.calibrated, **self.prices.ratios())
