@@ -107,7 +107,8 @@ def method_config(method: str, cfg: DecodeConfig) -> DecodeConfig:
 
 def replay(models, costs: CostModel, prompt, cfg: DecodeConfig, charges: tuple[float, float], watched) -> dict:
     """One request's charged seconds, tokens, rounds and the chance control's figures."""
-    out = {"charged": 0.0, "tokens": 0, "rounds": 0, "drafted": 0, "verified": 0, "expects": 0.0, "accepted": 0}
+    out = {"charged": 0.0, "tokens": 0, "rounds": 0, "drafted": 0, "verified": 0, "nodes": 0, "expects": 0.0}
+    out["accepted"] = 0
     for event in engine.decode(models, prompt, cfg, costs=costs):
         if not isinstance(event, RoundTrace) or event.index == 0:
             continue
@@ -120,6 +121,7 @@ def replay(models, costs: CostModel, prompt, cfg: DecodeConfig, charges: tuple[f
         out["rounds"] += 1
         out["drafted"] += draft_s > 0.0
         out["verified"] += not setting.plain
+        out["nodes"] += nodes
         out["accepted"] += len(event.accepted)
         out["expects"] += cut.expects if cut is not None else 0.0
     return out
@@ -175,7 +177,9 @@ def main() -> None:
         extra = ""
         if method == "auto":
             share = t["accepted"] / t["expects"] if t["expects"] else float("nan")
-            extra = f", drafted {t['drafted']}/{t['rounds']} verified {t['verified']}, realised/expected {share:.2f}"
+            nodes = t["nodes"] / max(1, t["verified"])
+            extra = f", drafted {t['drafted']}/{t['rounds']} verified {t['verified']} ({nodes:.1f} nodes)"
+            extra += f", realised/expected {share:.2f}"
         tau = t["tokens"] / t["rounds"]
         print(f"{name:11s} {temperature:.1f} {method:12s} over plain {ratio:.3f}  tokens/round {tau:.2f}{extra}")
 
