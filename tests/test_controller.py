@@ -45,6 +45,15 @@ COSTS = CostModel(
 AUTO = DecodeConfig(auto=True, max_new_tokens=48)
 
 
+@dataclass(frozen=True)
+class Took:
+    """A round's measured seconds as the engine hands them over (``engine.Timings``' stages)."""
+
+    draft_s: float
+    verify_s: float
+    other_s: float
+
+
 @pytest.fixture(scope="module")
 def llama(zoo):
     models = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu", dtype="float32")
@@ -321,8 +330,11 @@ def test_auto_drafts_long_blocks_and_as_many_drafts_as_it_takes_to_be_right(llam
         assert result.tau > 6
 
 
-def test_auto_choices_are_deterministic_for_a_seed_and_history(llama):
+def test_auto_choices_are_deterministic_for_a_seed_history_and_measured_times(llama, monkeypatch):
+    """Settings follow the times measured (``ChanceControl.timed``), so both runs are told the same ones."""
     models, prompts = llama
+    timed = ChanceControl.timed
+    monkeypatch.setattr(ChanceControl, "timed", lambda self, measured: timed(self, Took(1e-3, 4e-3, 1e-3)))
     for cfg in (AUTO, DecodeConfig(auto=True, temperature=0.7, seed=5, max_new_tokens=48)):
         first, second = (run(models, prompts[1], cfg, costs=COSTS)[1] for _ in range(2))
         assert first.settings == second.settings and first.token_ids == second.token_ids
@@ -488,15 +500,6 @@ def test_the_greedy_rate_follows_the_prices_and_the_sampled_one_does_not():
     assert ChanceControl(UNIT_COSTS, max_block=3).rate() == pytest.approx(3 / 2.7)
     assert ChanceControl(CHEAP_DRAFT, 3, sampled=True).rate() == ChanceControl(UNIT_COSTS, 3, sampled=True).rate()
     assert ChanceControl(UNIT_COSTS, 3, sampled=True).rate() == pytest.approx(1.15)
-
-
-@dataclass(frozen=True)
-class Took:
-    """A round's measured seconds as the engine hands them over (``engine.Timings``' stages)."""
-
-    draft_s: float
-    verify_s: float
-    other_s: float
 
 
 def test_measured_stage_times_correct_the_prices_a_round_at_a_time():

@@ -8,9 +8,10 @@
 - seconds of a round from a ``CostModel``: stage costs measured on the models at hand (the engine calibrates them).
 
 When plain steps win it still drafts now and then (a probe, after 16, 32 and 64 plain rounds), so that it notices when
-the text becomes predictable again. Every choice is a pure function of the costs and the request's acceptance so far:
-the same seed and history give the same settings. Whatever it picks, the output is the target's: the controller only
-changes what is drafted, and the acceptance walk decides what is kept.
+the text becomes predictable again. Every choice is a pure function of the costs and the request so far (its
+acceptance, and for ``ChanceControl`` the stage times its rounds measured): the same seed, history and times give the
+same settings. Whatever it picks, the output is the target's: the controller only changes what is drafted, and the
+acceptance walk decides what is kept.
 """
 
 from __future__ import annotations
