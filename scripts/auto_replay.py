@@ -13,7 +13,10 @@ after, so that variants are replayed at the same prices. ``--split`` keeps the p
 constants are chosen on "tune" only; "held" is reported). Methods: ``auto`` (by the trees' chances,
 ``controller.ChanceControl``), ``auto-counts`` (the counting model, ``AutoControl``), ``KxTxL`` a fixed setting.
 ``--set`` changes one of the controller's constants for the run. For ``auto`` it also prints the draft tokens the
-verified cuts' chances expected against those accepted (the share), and how often it drafted and verified.
+verified cuts' chances expected against those accepted (the share), how often it drafted and verified, and the nodes
+it verified a round. ``auto`` corrects its prices by the stage times its rounds measure (``ChanceControl.timed``):
+here it is told the seconds each round is charged instead, so that it plans at the prices it is charged. ``--dtype``:
+the models' dtype, which the costs file should have been calibrated in.
 """
 
 from __future__ import annotations

@@ -410,8 +410,8 @@ CUT_DRAFTS, CUT_DRAFTS_SAMPLED = (1, 2), (1,)
 # calibrated ones, over a prior of ``MEASURED_WEIGHT`` rounds at par, each round's ratio clipped to ``MEASURED_CLIP`` (a
 # round on a shared machine can take several times its price once, which says nothing of the next). Measured in one
 # process on 8 tune prompts, 1 thread, against that process's calibration: a verify over 8 / 32 drafted nodes took 0.93
-# / 0.89x its price in bf16 and 0.89 / 0.85x in fp32, the draft 0.89-1.0x in bf16 but 1.1-1.36x in fp32, a drafting
-# round's walk and commit 0.73-1.0x, a plain step 1.0-1.05x.
+# / 0.89x its price in bf16 and 0.89 / 0.85x in fp32, the draft 0.89-1.04x in bf16 but 1.10-1.36x in fp32, a
+# drafting round's walk and commit 0.73-1.06x, a plain step 1.0-1.04x.
 MEASURED_WEIGHT, MEASURED_CLIP = 4.0, (0.5, 2.0)
 
 
