@@ -2,7 +2,7 @@
 the machine's noise.
 
     OMP_NUM_THREADS=1 python -m scripts.auto_replay --costs /tmp/costs.json [--split tune] [--methods auto,auto-counts,
-        4x1x8,1x1x8] [--sets sgd_dev,sgd_short,stories] [--temperatures 0,0.7] [--set GAIN_PRIOR=1.0]
+        4x1x8,1x1x8] [--sets sgd_dev,sgd_short,stories] [--temperatures 0,0.7] [--set GAIN_PRIOR=1.0] [--dtype bfloat16]
 
 Each request is decoded for real with each method (so the acceptance is real), then every round is charged a fixed
 price instead of its measured time: a plain round ``--plain-charge`` times the calibrated plain step, a drafting round
@@ -13,7 +13,10 @@ after, so that variants are replayed at the same prices. ``--split`` keeps the p
 constants are chosen on "tune" only; "held" is reported). Methods: ``auto`` (by the trees' chances,
 ``controller.ChanceControl``), ``auto-counts`` (the counting model, ``AutoControl``), ``KxTxL`` a fixed setting.
 ``--set`` changes one of the controller's constants for the run. For ``auto`` it also prints the draft tokens the
-verified cuts' chances expected against those accepted (the share), and how often it drafted and verified.
+verified cuts' chances expected against those accepted (the share), how often it drafted and verified, and the nodes
+it verified a round. ``auto`` corrects its prices by the stage times its rounds measure (``ChanceControl.timed``):
+here it is told the seconds each round is charged instead, so that it plans at the prices it is charged. ``--dtype``:
+the models' dtype, which the costs file should have been calibrated in.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from xpress_core import controller, engine
 from xpress_core.config import DecodeConfig
 from xpress_core.controller import PLAIN_STEP, ChanceControl, CostModel, RoundSetting
 from xpress_core.data import evaluation_prompts, prompt_class, split_of
+from xpress_core.engine import Timings
 from xpress_core.models import load_models
 from xpress_core.trace import RoundTrace
 
@@ -58,15 +62,43 @@ def fixed_prices(models, path: Path) -> CostModel:
 
 
 class Watched:
-    """``engine.control`` that keeps the control it makes, so a replay reads a round's cut after its event."""
+    """``engine.control`` that keeps the control it makes, so a replay reads a round's cut after its event, and that
+    tells a chance control its rounds took the seconds they are charged (``charged``), not what they measured: the
+    replay's controller plans at the fixed prices it is charged."""
 
-    def __init__(self):
+    def __init__(self, costs: CostModel, charges: tuple[float, float]):
         self.made = None
         self.original = engine.control
+        self.costs, self.charges = costs, charges
 
     def __call__(self, *args, **kwargs):
-        self.made = self.original(*args, **kwargs)
-        return self.made
+        made = self.made = self.original(*args, **kwargs)
+        if isinstance(made, ChanceControl):
+            timed = made.timed
+
+            def charged_instead(measured) -> None:
+                nodes = made.last.nodes if made.last is not None else 0
+                timed(Timings(*charged(made, self.costs, self.charges, PLAIN_STEP, nodes), 0.0, 0.0))
+
+            made.timed = charged_instead
+        return made
+
+
+def charged(control, costs: CostModel, charges: tuple[float, float], setting: RoundSetting, nodes: int) -> tuple:
+    """A round's charged seconds, (its draft, the rest): a plain round ``plain_charge`` times the calibrated plain
+    step, a drafting round ``draft_charge`` times its calibrated draft (a chance control's drafted tree, else the
+    round's ``setting``) and verify over the ``nodes`` it verified (none: a plain step's)."""
+    plain_charge, draft_charge = charges
+    plain_s = plain_charge * costs.round_s(PLAIN_STEP)
+    if isinstance(control, ChanceControl):
+        drafted = control.last is not None
+        draft_s = costs.tree_draft(control.drafted) if drafted else 0.0
+    else:
+        drafted = not setting.plain
+        draft_s = costs.drafting_s(setting) if drafted else 0.0
+    if not drafted:
+        return 0.0, plain_s
+    return draft_charge * draft_s, draft_charge * costs.after_draft_s(nodes) if nodes else plain_s
 
 
 def method_config(method: str, cfg: DecodeConfig) -> DecodeConfig:
@@ -78,28 +110,21 @@ def method_config(method: str, cfg: DecodeConfig) -> DecodeConfig:
 
 def replay(models, costs: CostModel, prompt, cfg: DecodeConfig, charges: tuple[float, float], watched) -> dict:
     """One request's charged seconds, tokens, rounds and the chance control's figures."""
-    plain_charge, draft_charge = charges
-    plain_s = plain_charge * costs.round_s(PLAIN_STEP)
-    out = {"charged": 0.0, "tokens": 0, "rounds": 0, "drafted": 0, "verified": 0, "expects": 0.0, "accepted": 0}
+    out = {"charged": 0.0, "tokens": 0, "rounds": 0, "drafted": 0, "verified": 0, "nodes": 0, "expects": 0.0}
+    out["accepted"] = 0
     for event in engine.decode(models, prompt, cfg, costs=costs):
         if not isinstance(event, RoundTrace) or event.index == 0:
             continue
         setting, nodes = RoundSetting(*event.setting), max(0, len(event.tree_tokens) - 1)
         control = watched.made
         cut = control.last if isinstance(control, ChanceControl) else None
-        if isinstance(control, ChanceControl):
-            drafted = cut is not None
-            draft_s = costs.tree_draft(control.drafted) if drafted else 0.0
-        else:
-            drafted = not setting.plain
-            draft_s = costs.drafting_s(setting) if drafted else 0.0
-        rest = costs.after_draft_s(nodes) if nodes else plain_s / draft_charge
-        seconds = draft_charge * (draft_s + rest) if drafted else plain_s
-        out["charged"] += seconds
+        draft_s, rest_s = charged(control, costs, charges, setting, nodes)
+        out["charged"] += draft_s + rest_s
         out["tokens"] += len(event.emitted)
         out["rounds"] += 1
-        out["drafted"] += drafted
+        out["drafted"] += draft_s > 0.0
         out["verified"] += not setting.plain
+        out["nodes"] += nodes
         out["accepted"] += len(event.accepted)
         out["expects"] += cut.expects if cut is not None else 0.0
     return out
@@ -117,14 +142,15 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=2, help="seeds per prompt when sampling")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--dtype", default="float32", help="the models' dtype (the costs file should be of the same)")
     args = parser.parse_args()
     for change in args.set:
         name, value = change.split("=")
         setattr(controller, name, type(getattr(controller, name))(float(value)))
     torch.set_num_threads(1)
-    models = load_models(dtype="float32", device="cpu")
+    models = load_models(dtype=args.dtype, device="cpu")
     costs = fixed_prices(models, args.costs)
-    watched = Watched()
+    watched = Watched(costs, (args.plain_charge, args.draft_charge))
     engine.control = watched
     prompts = [p for p in evaluation_prompts(args.sets.split(",")) if args.split in ("all", split_of(p))]
     totals: dict = {}
@@ -154,7 +180,9 @@ def main() -> None:
         extra = ""
         if method == "auto":
             share = t["accepted"] / t["expects"] if t["expects"] else float("nan")
-            extra = f", drafted {t['drafted']}/{t['rounds']} verified {t['verified']}, realised/expected {share:.2f}"
+            nodes = t["nodes"] / max(1, t["verified"])
+            extra = f", drafted {t['drafted']}/{t['rounds']} verified {t['verified']} ({nodes:.1f} nodes)"
+            extra += f", realised/expected {share:.2f}"
         tau = t["tokens"] / t["rounds"]
         print(f"{name:11s} {temperature:.1f} {method:12s} over plain {ratio:.3f}  tokens/round {tau:.2f}{extra}")
 

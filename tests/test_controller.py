@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -43,6 +43,15 @@ COSTS = CostModel(
     draft_forward_s=1.7e-3, draft_position_s=0.065e-3, verify_forward_s=3.0e-3, verify_token_s=0.1e-3, other_s=0.4e-3
 )
 AUTO = DecodeConfig(auto=True, max_new_tokens=48)
+
+
+@dataclass(frozen=True)
+class Took:
+    """A round's measured seconds as the engine hands them over (``engine.Timings``' stages)."""
+
+    draft_s: float
+    verify_s: float
+    other_s: float
 
 
 @pytest.fixture(scope="module")
@@ -321,8 +330,11 @@ def test_auto_drafts_long_blocks_and_as_many_drafts_as_it_takes_to_be_right(llam
         assert result.tau > 6
 
 
-def test_auto_choices_are_deterministic_for_a_seed_and_history(llama):
+def test_auto_choices_are_deterministic_for_a_seed_history_and_measured_times(llama, monkeypatch):
+    """Settings follow the times measured (``ChanceControl.timed``), so both runs are told the same ones."""
     models, prompts = llama
+    timed = ChanceControl.timed
+    monkeypatch.setattr(ChanceControl, "timed", lambda self, measured: timed(self, Took(1e-3, 4e-3, 1e-3)))
     for cfg in (AUTO, DecodeConfig(auto=True, temperature=0.7, seed=5, max_new_tokens=48)):
         first, second = (run(models, prompts[1], cfg, costs=COSTS)[1] for _ in range(2))
         assert first.settings == second.settings and first.token_ids == second.token_ids
@@ -469,11 +481,53 @@ def round_gain_after(sampled: bool, accepted: int) -> tuple[float, float]:
     return promise, control.gains - control.gain_memory * before
 
 
-def test_a_round_counts_what_it_realised_where_greedy_that_is_more_and_sampled_where_it_is_less():
-    """The chain of three costs 0.3 plain steps past a plain step: greedy (rate 1.4, shares 1) it promises 2.16 - 0.42
-    = 1.74 and three accepted tokens realise 3 - 0.42 = 2.58; sampled (rate 1.15, shares 1, 0.8, 0.64) it promises
-    1.8216 - 0.345 = 1.4766, and none accepted realise -0.345."""
-    assert round_gain_after(False, 3) == (pytest.approx(1.74), pytest.approx(2.58))
-    assert round_gain_after(False, 0) == (pytest.approx(1.74), pytest.approx(1.74))
+def test_a_round_counts_what_it_realised_the_larger_one_greedy_and_alone_when_sampled():
+    """The chain of three costs 0.3 plain steps past a plain step: greedy (rate 2: a chain round of 1.5 plain steps
+    yields CHAIN_TOKENS = 3; shares 1) it promises 2.16 - 0.6 = 1.56 and three accepted tokens realise 3 - 0.6 = 2.4;
+    sampled (rate 1.15, shares 1, 0.8, 0.64) it counts what it realised, whatever it promised (1.8216 - 0.345 =
+    1.4766): 3 - 0.345 = 2.655 and -0.345 for none."""
+    assert round_gain_after(False, 3) == (pytest.approx(1.56), pytest.approx(2.4))
+    assert round_gain_after(False, 0) == (pytest.approx(1.56), pytest.approx(1.56))
     assert round_gain_after(True, 0) == (pytest.approx(1.4766), pytest.approx(-0.345))
-    assert round_gain_after(True, 3) == (pytest.approx(1.4766), pytest.approx(1.4766))
+    assert round_gain_after(True, 3) == (pytest.approx(1.4766), pytest.approx(2.655))
+
+
+def test_the_greedy_rate_follows_the_prices_and_the_sampled_one_does_not():
+    """Greedy: CHAIN_TOKENS per the plain steps of a round of one chain of the longest block. CHEAP_DRAFT: a plain
+    step 1 s, the chain of 3 a draft of 0.2 s and a verify of 1.3 s: 3 / 1.5 = 2. UNIT_COSTS: the draft 1 + 0.1 x 4 s,
+    3 / 2.7. Sampled: 1.15 at both."""
+    assert ChanceControl(CHEAP_DRAFT, max_block=3).rate() == pytest.approx(2.0)
+    assert ChanceControl(UNIT_COSTS, max_block=3).rate() == pytest.approx(3 / 2.7)
+    assert ChanceControl(CHEAP_DRAFT, 3, sampled=True).rate() == ChanceControl(UNIT_COSTS, 3, sampled=True).rate()
+    assert ChanceControl(UNIT_COSTS, 3, sampled=True).rate() == pytest.approx(1.15)
+
+
+def test_measured_stage_times_correct_the_prices_a_round_at_a_time():
+    """At CHEAP_DRAFT a drafting round's chain of three is priced 0.2 s of draft and 1.3 s after it. Measured 0.4 s
+    (2x) and 0.65 s (0.5x): each stage's ratio over a prior of 4 rounds at 1, (2 + 4) / 5 and (0.5 + 4) / 5; the plain
+    step's stays. A plain round that took 10 times its price counts as 2 (the clip), (2 + 4) / (1 + 4), and leaves the
+    draft's ratio as it was; a stage's earlier rounds decay by MEMORY when it is measured again: a draft at its price,
+    (0.9 x 2 + 1 + 4) / (0.9 + 1 + 4)."""
+    control = ChanceControl(CHEAP_DRAFT, max_block=3)
+    _, cut = control.cut(CHAIN, control.choose(remaining=100))
+    control.observe(cut, 3)
+    control.timed(Took(0.4, 0.6, 0.05))
+    assert (control.costs.draft, control.costs.rest, control.costs.plain) == pytest.approx((1.2, 0.9, 1.0))
+    assert control.costs.tree_draft(RoundSetting(1, 1, 3)) == pytest.approx(1.2 * 0.2)
+    assert control.costs.after_draft_s(3) == pytest.approx(0.9 * 1.3)
+    assert control.rate() == pytest.approx(3 * 1.0 / (0.24 + 1.17))  # the greedy rate follows the measured prices
+    control.last = None  # a plain round
+    control.timed(Took(0.0, 9.0, 1.0))
+    assert (control.costs.plain, control.costs.draft) == pytest.approx((6 / 5, 1.2))
+    control.cut(CHAIN, control.choose(remaining=100))
+    control.timed(Took(0.2, 1.3, 0.0))
+    assert control.costs.draft == pytest.approx((MEMORY * 2 + 1 + 4) / (MEMORY + 1 + 4))
+
+
+def test_the_engine_hands_each_round_s_measured_times_to_the_control(llama, monkeypatch):
+    models, prompts = llama
+    took = []
+    for kind in (ChanceControl, AutoControl):
+        monkeypatch.setattr(kind, "timed", lambda self, measured: took.append(measured))
+    events = [e for e in decode(models, prompts[0], AUTO, costs=COSTS) if isinstance(e, RoundTrace) and e.index]
+    assert [(t.draft_s, t.verify_s, t.other_s) for t in took] == [(e.draft_s, e.verify_s, e.other_s) for e in events]

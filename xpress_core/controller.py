@@ -8,9 +8,10 @@
 - seconds of a round from a ``CostModel``: stage costs measured on the models at hand (the engine calibrates them).
 
 When plain steps win it still drafts now and then (a probe, after 16, 32 and 64 plain rounds), so that it notices when
-the text becomes predictable again. Every choice is a pure function of the costs and the request's acceptance so far:
-the same seed and history give the same settings. Whatever it picks, the output is the target's: the controller only
-changes what is drafted, and the acceptance walk decides what is kept.
+the text becomes predictable again. Every choice is a pure function of the costs and the request so far (its
+acceptance, and for ``ChanceControl`` the stage times its rounds measured): the same seed, history and times give the
+same settings. Whatever it picks, the output is the target's: the controller only changes what is drafted, and the
+acceptance walk decides what is kept.
 """
 
 from __future__ import annotations
@@ -193,6 +194,9 @@ class FixedControl:
     def observe(self, setting: RoundSetting, accepted: int, with_fewer: tuple[int, ...] = ()) -> None:
         pass
 
+    def timed(self, measured) -> None:
+        pass
+
 
 class AutoControl:
     """The controller ``auto``: the setting with the most expected tokens per second (module docstring)."""
@@ -321,6 +325,9 @@ class AutoControl:
             if k < setting.drafts and k <= len(with_fewer) and (k, setting.steps) in self.reached:
                 self.count((k, setting.steps), setting.block, with_fewer[k - 1])
 
+    def timed(self, measured) -> None:
+        """The counting model plans at the calibrated prices only."""
+
     def count(self, pair: tuple[int, int], block: int, accepted: int) -> None:
         """One round of a pair in its counts: positions 1..accepted accepted, the next one (if drafted) reached."""
         reached, hits = self.reached[pair], self.accepted[pair]
@@ -344,8 +351,16 @@ SHARE_PRIOR, SHARE_DECLINE, SHARE_DECLINE_SAMPLED = 1.0, 1.0, 0.8
 # The rate a round's time could earn otherwise, in plain steps' tokens per plain step: a cut is worth its tokens less
 # this rate times its seconds (what the same time earns at the decoding's own pace, not at plain decoding's). At 1 the
 # cut took every node worth its own verify time and ran below one fixed chain (tune half, greedy chats: auto 1.37x
-# plain, (1, 1, 8) 1.45x, (4, 1, 8) 1.34x): the best fixed settings' rates on the tune half, greedy / at 0.7.
-RATE, RATE_SAMPLED = 1.4, 1.15
+# plain, (1, 1, 8) 1.45x, (4, 1, 8) 1.34x). Greedy, the rate is what a round of one chain of the longest block earns at
+# the prices at hand when it yields ``CHAIN_TOKENS`` tokens, so that it follows the prices: the constant 1.4 chosen at
+# fp32 prices (the best fixed settings' rates there) kept nodes and drafts that bf16 prices do not pay for, where a
+# draft is cheaper against a plain step and every fixed setting earns more (tune half, bf16 prices, 1.4 / 1.78: chats
+# 1.882 / 1.919x, short chats 2.046 / 2.093x, stories 1.581 / 1.679x). 3.0 is 1.4 times that chain's round at the fp32
+# prices 1.4 was chosen at (2.14 plain steps, docs/replay_costs48.json), near (1, 1, 8)'s 3.1 tokens a round on tune
+# chats. Sampled, 1.15 at any prices: the same rule (2.45 tokens, 1.45 at bf16 prices) drafted less where drafting paid
+# (tune half, bf16 prices, at 0.7: chats 1.492 / 1.484x, short chats 1.762 / 1.719x, stories 1.170 / 1.122x), and at
+# fp32 prices 1.15 did as well as a lower rate (0.91: chats 1.208 / 1.223x, stories 0.991 / 0.976x).
+CHAIN_TOKENS, RATE_SAMPLED = 3.0, 1.15
 SHARE_WEIGHT = 1.0  # expected draft tokens of one depth the share's prior counts as
 # What a drafting round gains over plain steps in the same time (plain steps) before a request drafts: the draft is
 # taken when the expected gain beats the draft's own price. A round counts what its cut's chances promise, weighed by
@@ -360,13 +375,21 @@ SHARE_WEIGHT = 1.0  # expected draft tokens of one depth the share's prior count
 # floor of 0.56 plain steps whatever the rounds said: drafting every round once a draft costs less (tune half, greedy,
 # floor / decaying: stories 1.517 / 1.419x, chats 1.439 / 1.470x; lab log, "auto held out, again").
 GAIN_PRIOR, GAIN_WEIGHT, GAIN_WEIGHT_SAMPLED, GAIN_MEMORY, GAIN_MEMORY_SAMPLED = 1.5, 3.0, 1.0, 0.8, 0.5
-# A drafting round's gain counts its cut's promise or what it realised (accepted tokens less the same price), the larger
-# greedy, the smaller when sampling: greedy chances understate predictable stretches (stories, realised/expected 1.3),
-# and a few low promises stopped drafting on stories that (1, 1, 8) drafts at 1.0-1.3x; sampled ones overstate (0.7),
-# and every draft that an overstated promise asked for cost more than it returned. Tune half, 64 tokens, over plain,
-# promise only / so: greedy stories 1.419 / 1.517x, chats 1.470 / 1.467x, short chats 1.744 / 1.744x; at 0.7 stories
-# 0.965 / 0.989x, chats 1.222 / 1.206x, short chats 1.351 / 1.347x (lab log, "auto held out, again").
-GAIN_BY, GAIN_BY_SAMPLED = max, min
+
+
+# A drafting round's gain counts its cut's promise or what it realised (accepted tokens less the same price): greedy the
+# larger, since greedy chances understate predictable stretches (stories, realised/expected 1.3) and a few low promises
+# stopped drafting on stories that (1, 1, 8) drafts at 1.0-1.3x (tune half, fp32 prices, promise only / the larger:
+# stories 1.419 / 1.517x, chats 1.470 / 1.467x). Sampled, what it realised alone: the promises overstate (0.7), the
+# shares per depth already carry what rounds realised, and the smaller of the two is biased low, so that one round
+# that accepted little in a short reply stopped drafting for the next two (tune half, bf16 prices, the smaller / the
+# realised: chats 1.494 / 1.492x, short chats 1.756 / 1.762x, stories 1.111 / 1.170x; fp32 prices 1.206 / 1.208x,
+# 1.347 / 1.356x, 0.989 / 0.991x).
+def realised_gain(promised: float, realised: float) -> float:
+    return realised
+
+
+GAIN_BY, GAIN_BY_SAMPLED = max, realised_gain
 # Plain rounds before a draft that the expected gain does not ask for (a probe), doubling after each probe that did not
 # pay, back to the first after one that did: a bad start costs a few rounds of a chat reply, never the rest of it.
 PROBE_FIRST, PROBE_MAX = 2, 16
@@ -377,8 +400,66 @@ FIRST_DRAFTS = 2
 # K a cut may keep, greedy and sampled. When sampling, a cut keeps L nodes at most (K = 1): the coupled drafts' other
 # branches are accepted far less often than their chances say, and such cuts got the most on the tune half (64 tokens,
 # over plain, K up to 8 / 2 / 1: chats 1.181 / 1.211 / 1.232x, short chats 1.281 / 1.323 / 1.378x, stories 0.962 /
-# 0.957 / 0.965x; realised/expected 0.78 -> 0.83 on chats); greedy they lost (chats 1.442 -> 1.375x).
-CUT_DRAFTS, CUT_DRAFTS_SAMPLED = AUTO_DRAFTS, (1,)
+# 0.957 / 0.965x; realised/expected 0.78 -> 0.83 on chats); greedy they lost (chats 1.442 -> 1.375x). Greedy, two
+# drafts at most: the side branches of wider cuts are each worth little, and their nodes and wider trees' search cost
+# more than they returned (tune half, K up to 8 / 2, bf16 prices: chats 1.919 / 1.887x, short chats 2.093 / 2.198x,
+# stories 1.679 / 1.678x; fp32 prices: 1.467 / 1.470x, 1.745 / 1.821x, 1.508 / 1.539x; the best fixed setting (2, 1, 8)
+# on chats at both).
+CUT_DRAFTS, CUT_DRAFTS_SAMPLED = (1, 2), (1,)
+# The calibrated prices are corrected by what this request's rounds measured: per stage, the measured seconds over the
+# calibrated ones, over a prior of ``MEASURED_WEIGHT`` rounds at par, each round's ratio clipped to ``MEASURED_CLIP`` (a
+# round on a shared machine can take several times its price once, which says nothing of the next). Measured in one
+# process on 8 tune prompts, 1 thread, against that process's calibration: a verify over 8 / 32 drafted nodes took 0.93
+# / 0.89x its price in bf16 and 0.89 / 0.85x in fp32, the draft 0.89-1.04x in bf16 but 1.10-1.36x in fp32, a
+# drafting round's walk and commit 0.73-1.06x, a plain step 1.0-1.04x.
+MEASURED_WEIGHT, MEASURED_CLIP = 4.0, (0.5, 2.0)
+
+
+@dataclass(frozen=True)
+class MeasuredCosts:
+    """The calibrated costs of the stages ``ChanceControl`` weighs, each times what the request measured against it
+    (``StagePrices.ratios``): the draft, a drafting round past its draft (verify, walk, commit) and a plain round."""
+
+    costs: CostModel
+    draft: float = 1.0
+    rest: float = 1.0
+    plain: float = 1.0
+
+    def round_s(self, setting: RoundSetting) -> float:
+        if setting.plain:
+            return self.plain * self.costs.round_s(PLAIN_STEP)
+        return self.tree_draft(setting) + self.after_draft_s(setting.drafts * setting.block)
+
+    def after_draft_s(self, nodes: int) -> float:
+        return self.rest * self.costs.after_draft_s(nodes)
+
+    def tree_draft(self, setting: RoundSetting) -> float:
+        return self.draft * self.costs.tree_draft(setting)
+
+
+class StagePrices:
+    """Per stage of a round (draft, rest of a drafting round, plain round): the rounds that measured it and their
+    ratios of measured to calibrated seconds summed, decayed by ``MEMORY`` each time the stage is measured; their mean
+    over a prior (``MEASURED_WEIGHT``) corrects the calibrated price."""
+
+    STAGES = ("draft", "rest", "plain")
+
+    def __init__(self):
+        self.sums = {stage: [0.0, 0.0] for stage in self.STAGES}  # (rounds, ratios summed)
+
+    def add(self, stage: str, measured_s: float, priced_s: float) -> None:
+        if priced_s <= 0.0:
+            return
+        low, high = MEASURED_CLIP
+        rounds, ratios = self.sums[stage]
+        self.sums[stage] = [MEMORY * rounds + 1.0, MEMORY * ratios + min(high, max(low, measured_s / priced_s))]
+
+    def ratios(self) -> dict[str, float]:
+        """Per stage: the rounds' mean ratio over a prior of ``MEASURED_WEIGHT`` rounds at 1."""
+        return {
+            stage: (ratios + MEASURED_WEIGHT) / (rounds + MEASURED_WEIGHT)
+            for stage, (rounds, ratios) in self.sums.items()
+        }
 
 
 @dataclass(frozen=True)
@@ -388,7 +469,7 @@ class TreeCut:
     setting: RoundSetting  # (K, 1, L); PLAIN_STEP: the root alone
     nodes: int
     expects: float  # draft tokens the kept nodes' chances expect (before the shares)
-    gain: float  # expected tokens less ``RATE`` x the rest of the round's time (plain steps), over a plain step's
+    gain: float  # over a plain step's: expected tokens less the rate (``ChanceControl.rate``) x the rest's plain steps
 
 
 def node_chances(drafts) -> list[tuple[int, float]]:
@@ -407,7 +488,7 @@ def best_cut(
     nodes: list[tuple[int, float]],
     longest: int,
     share: float,
-    costs: CostModel,
+    costs: CostModel | MeasuredCosts,
     rate: float,
     drafts: tuple[int, ...] = CUT_DRAFTS,
 ) -> TreeCut:
@@ -480,10 +561,12 @@ class ChanceControl:
     and more."""
 
     def __init__(self, costs: CostModel, max_block: int | None, sampled: bool = False):
-        self.costs, self.max_block = costs, auto_longest_block(max_block)
+        self.calibrated, self.max_block = costs, auto_longest_block(max_block)
+        self.prices = StagePrices()
+        self.costs = MeasuredCosts(costs)  # the calibrated costs as this request's rounds measured them (``timed``)
         decline = SHARE_DECLINE_SAMPLED if sampled else SHARE_DECLINE
         self.share_priors = [SHARE_PRIOR * decline**depth for depth in range(self.max_block)]
-        self.rate = RATE_SAMPLED if sampled else RATE
+        self.sampled = sampled
         self.gain_weight = GAIN_WEIGHT_SAMPLED if sampled else GAIN_WEIGHT
         self.gain_memory = GAIN_MEMORY_SAMPLED if sampled else GAIN_MEMORY
         self.cut_drafts = CUT_DRAFTS_SAMPLED if sampled else CUT_DRAFTS
@@ -510,6 +593,12 @@ class ChanceControl:
     def expected_gain(self) -> float:
         return self.gains / self.weight
 
+    def rate(self) -> float:
+        """The rate a round's time could earn otherwise, tokens per plain step (``CHAIN_TOKENS``, ``RATE_SAMPLED``)."""
+        if self.sampled:
+            return RATE_SAMPLED
+        return CHAIN_TOKENS * self.costs.round_s(PLAIN_STEP) / self.costs.round_s(RoundSetting(1, 1, self.max_block))
+
     def round_gain(self, accepted: int) -> float:
         """The gain a drafting round counts towards the next draft: its cut's promise and what the cut realised (its
         accepted tokens less the same price), the larger one greedy, the smaller one when sampling (``GAIN_BY``)."""
@@ -517,11 +606,11 @@ class ChanceControl:
         if self.last.setting.plain:
             return promised
         spent = self.costs.after_draft_s(self.last.nodes) / self.costs.round_s(PLAIN_STEP) - 1.0
-        return self.gain_by(promised, accepted - self.rate * spent)
+        return self.gain_by(promised, accepted - self.rate() * spent)
 
     def draft_price(self, setting: RoundSetting) -> float:
-        """The draft's seconds in plain steps, times the rate they could earn otherwise (``RATE``)."""
-        return self.rate * self.costs.tree_draft(setting) / self.costs.round_s(PLAIN_STEP)
+        """The draft's seconds in plain steps, times the rate they could earn otherwise (``rate``)."""
+        return self.rate() * self.costs.tree_draft(setting) / self.costs.round_s(PLAIN_STEP)
 
     def choose(self, remaining: int) -> RoundSetting:
         self.last = None
@@ -539,7 +628,7 @@ class ChanceControl:
         nodes, self.drafted = node_chances(drafts), setting
         shares = self.shares()
         weighed = [(depth, shares[depth - 1] * chance) for depth, chance in nodes]
-        cut = best_cut(weighed, setting.block, 1.0, self.costs, self.rate, self.cut_drafts)
+        cut = best_cut(weighed, setting.block, 1.0, self.costs, self.rate(), self.cut_drafts)
         self.kept = kept_by_depth(nodes, cut)
         self.last = replace(cut, expects=sum(self.kept))
         self.plain_run = 0
@@ -561,3 +650,15 @@ class ChanceControl:
         for depth, kept in enumerate(self.kept):
             self.realised[depth] = MEMORY * self.realised[depth] + (accepted > depth)
             self.expected[depth] = MEMORY * self.expected[depth] + kept
+
+    def timed(self, measured) -> None:
+        """Correct the prices by the round's measured seconds (``engine.Timings``: its draft, verify and the rest): the
+        draft against the drafted tree's price, the verify, walk and commit against the cut's or a plain round's."""
+        rest_s = measured.verify_s + measured.other_s
+        if self.last is None or not self.last.nodes:  # a plain round, or a draft cut to the root alone
+            self.prices.add("plain", rest_s, self.calibrated.round_s(PLAIN_STEP))
+        else:
+            self.prices.add("rest", rest_s, self.calibrated.after_draft_s(self.last.nodes))
+        if self.last is not None:
+            self.prices.add("draft", measured.draft_s, self.calibrated.tree_draft(self.drafted))
+        self.costs = MeasuredCosts(self.calibrated, **self.prices.ratios())

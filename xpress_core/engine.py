@@ -250,6 +250,7 @@ def decode(
             emitted = [tree.tokens[n] for n in acceptance.path] + [acceptance.bonus]
             kept, reason = finish(models, state, emitted, cfg, eos)
             timings = Timings(*clock.seconds(t0, t1, t2, clock.mark()), clock.now() - start)
+            settings.timed(timings)  # auto corrects its prices by what the round took
         with clock.paused():
             yield record(models, state, kept, timings, drafts, tree, acceptance, setting)
     yield result(models, state, cfg, prefill_s, reason, clock.now() - start)
