@@ -17,6 +17,8 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelF
 from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
 from . import validation
+from .attention import IMPLEMENTATION as ATTENTION_IMPLEMENTATION
+from .attention import use_grouped_attention
 from .cache import check_target_layers
 from .chat import encode_chat, encode_text
 from .controller import CostModel
@@ -226,13 +228,14 @@ def load_target(spec: str | Path | ModelSpec, device: torch.device, dtype: torch
     target = load_causal_lm("target", spec, device, dtype, device_map, access)
     check_target_layers(target.config)
     check_tree_attention(target.config)
+    use_grouped_attention(target)  # a CPU's verify forwards (attention.py)
     return target, load_tokenizer(spec.name)
 
 
 # Attention implementations that apply a custom 4-D additive mask: the tree mask (docs/DESIGN.md §2.3). Others
 # (flash_attention_2/3, paged variants, kernels from the Hub) take a causal or padding mask at most and would verify
 # every node against its siblings without a word.
-TREE_MASK_ATTENTION = ("sdpa", "eager")
+TREE_MASK_ATTENTION = ("sdpa", "eager", ATTENTION_IMPLEMENTATION)
 
 
 def check_tree_attention(config) -> None:
