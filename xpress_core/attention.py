@@ -57,6 +57,7 @@ def grouped_products(query, key, value, mask, scale: float) -> torch.Tensor:
     probs = scores.softmax(-1).view(batch, kv_heads, group * queries, -1)
     return torch.matmul(probs, value.float()).view(batch, heads, queries, dim).to(query.dtype)
 
+
 def use_grouped_attention(model) -> bool:
     """Switch a CPU model whose attention is ``sdpa`` to ``IMPLEMENTATION`` (registered here, once); True if it was."""
     if model.device.type != "cpu" or model.config._attn_implementation != "sdpa":
@@ -65,4 +66,3 @@ def use_grouped_attention(model) -> bool:
     AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
     model.set_attn_implementation(IMPLEMENTATION)
     return model.config._attn_implementation == IMPLEMENTATION
-
