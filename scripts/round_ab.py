@@ -8,9 +8,8 @@ plainly (the "none" drafter through the same engine) and at the fixed (K, T, L),
 over turns of its plain step and its round's draft / verify / other, in ms and in that turn's plain steps. On a
 machine shared with other jobs only figures from one process, taken in turns, compare (docs/experiments.md).
 
-Variants (``VARIANTS``): ``sdpa`` (the target's attention as transformers loads it, the drafter's SDPA),
-``grouped-target`` (the target's masked forwards over several tokens in xPress's grouped attention,
-``xpress_core/attention.py``) and ``grouped`` (the drafter's block attention too: what loading sets on a CPU).
+Variants (``VARIANTS``): ``sdpa`` (the target's attention as transformers loads it) and ``grouped`` (its masked
+forwards over several tokens in xPress's grouped attention, ``xpress_core/attention.py``: what loading sets on a CPU).
 """
 
 from __future__ import annotations
@@ -20,32 +19,22 @@ import statistics
 import time
 
 import torch
-import torch.nn.functional as F
 
 from scripts.profile_round import PROMPTS, stage_ms
 from xpress_core import engine
-from xpress_core.attention import IMPLEMENTATION, block_attention
+from xpress_core.attention import IMPLEMENTATION
 from xpress_core.config import DecodeConfig
-from xpress_core.drafters import diffusion_model
 from xpress_core.drafters.base import NoDrafter
 from xpress_core.engine import Models
 from xpress_core.models import encode_prompt, load_models
 from xpress_core.trace import StageClock
 
-# Per variant: the target's attention implementation, and whether the drafter's block attention is SDPA's.
-VARIANTS = {"sdpa": ("sdpa", True), "grouped-target": (IMPLEMENTATION, True), "grouped": (IMPLEMENTATION, False)}
+# Per variant, the target's attention implementation.
+VARIANTS = {"sdpa": "sdpa", "grouped": IMPLEMENTATION}
 
 
 def use_variant(models: Models, variant: str) -> None:
-    implementation, drafter_sdpa = VARIANTS[variant]
-    models.target.set_attn_implementation(implementation)
-    diffusion_model.block_attention = sdpa_block_attention if drafter_sdpa else block_attention
-
-
-def sdpa_block_attention(query, key, value, mask) -> torch.Tensor:
-    """The drafter's block attention as it was: SDPA everywhere."""
-    gqa = query.shape[1] != key.shape[1]
-    return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, enable_gqa=gqa)
+    models.target.set_attn_implementation(VARIANTS[variant])
 
 
 def turn(models: Models, prompts, cfg: DecodeConfig, repeats: int) -> dict[str, float]:
