@@ -1,15 +1,18 @@
-"""Paired A/B of a round's stage costs: variants of the engine in one process, in turns, medians of paired figures.
+"""Paired before/after of a round's stage costs: the engine's models as loaded before issue 47's stop 53 and as
+loaded now, in one process, in turns, medians of per-turn figures.
 
     OMP_NUM_THREADS=1 python -m scripts.round_ab --dtype bfloat16 -K 4 -T 1 -L 8 [--drafter assets/drafter_dflash]
-        [--variants sdpa,grouped] [--turns 4] [--wall]
+        [--turns 6] [--wall]
 
-Each turn runs every variant (in an order that alternates from turn to turn) over ``profile_round``'s chat prompts:
-plainly (the "none" drafter through the same engine) and at the fixed (K, T, L), and prints per variant the median
-over turns of its plain step and its round's draft / verify / other, in ms and in that turn's plain steps. On a
-machine shared with other jobs only figures from one process, taken in turns, compare (docs/experiments.md).
+Each turn runs both (in an order that alternates from turn to turn) over ``profile_round``'s chat prompts: plainly
+(the "none" drafter through the same engine) and at the fixed (K, T, L), and prints per variant the median over turns
+of its plain step and its round's draft / verify / other, in ms and in that turn's plain steps. On a machine shared
+with other jobs only figures from one process, taken in turns, compare (docs/experiments.md).
 
-Variants (``VARIANTS``): ``sdpa`` (the target's attention as transformers loads it) and ``grouped`` (its masked
-forwards over several tokens in xPress's grouped attention, ``xpress_core/attention.py``: what loading sets on a CPU).
+``before``: the target's attention transformers' sdpa, the drafter in the target's dtype, the walk's head rows by the
+head itself. ``after``: as ``load_models`` loads now (on a CPU: grouped attention for masked forwards over several
+tokens, ``xpress_core/attention.py``; beside an fp32 target on a CPU with native bf16, a bf16 drafter and the walk's
+rows through oneDNN, ``models.drafter_dtype`` and ``keep_rows_head``).
 """
 
 from __future__ import annotations
@@ -22,19 +25,25 @@ import torch
 
 from scripts.profile_round import PROMPTS, stage_ms
 from xpress_core import engine
-from xpress_core.attention import IMPLEMENTATION
+from xpress_core import models as model_loading
 from xpress_core.config import DecodeConfig
 from xpress_core.drafters.base import NoDrafter
 from xpress_core.engine import Models
 from xpress_core.models import encode_prompt, load_models
 from xpress_core.trace import StageClock
 
-# Per variant, the target's attention implementation.
-VARIANTS = {"sdpa": "sdpa", "grouped": IMPLEMENTATION}
 
-
-def use_variant(models: Models, variant: str) -> None:
-    models.target.set_attn_implementation(VARIANTS[variant])
+def load_before(**options) -> Models:
+    """The models as loaded before: no native bf16 seen at load (the drafter keeps the target's dtype, the walk the
+    head itself), the target's attention sdpa."""
+    native = model_loading.native_bf16
+    model_loading.native_bf16 = lambda: False
+    try:
+        models = load_models(**options)
+    finally:
+        model_loading.native_bf16 = native
+    models.target.set_attn_implementation("sdpa")
+    return models
 
 
 def turn(models: Models, prompts, cfg: DecodeConfig, repeats: int) -> dict[str, float]:
@@ -54,25 +63,22 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=1, help="passes over the prompts per variant and turn")
     parser.add_argument("--turns", type=int, default=4)
-    parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--wall", action="store_true", help="time the stages by the wall clock, not CPU time")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if not args.wall:
         engine.Clock.raw = lambda self: time.thread_time()
         StageClock.host_time = staticmethod(time.thread_time)
-    models = load_models(device="cpu", dtype=args.dtype, **({"drafter": args.drafter} if args.drafter else {}))
-    prompts = [encode_prompt(models.tokenizer, p, chat=True) for p in PROMPTS]
+    options = {"device": "cpu", "dtype": args.dtype, **({"drafter": args.drafter} if args.drafter else {})}
+    variants = {"before": load_before(**options), "after": load_models(**options)}
+    prompts = [encode_prompt(variants["after"].tokenizer, p, chat=True) for p in PROMPTS]
     cfg = DecodeConfig(drafts=args.K, steps=args.T, block=args.L, max_new_tokens=args.max_new_tokens)
-    variants = args.variants.split(",")
-    figures: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
-    for variant in variants:  # warm-up: every variant's shapes built once
-        use_variant(models, variant)
+    figures: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
+    for models in variants.values():  # warm-up: each variant's shapes built once
         stage_ms(models, prompts[:1], cfg, 1)
     for number in range(args.turns):
-        for variant in variants if number % 2 == 0 else variants[::-1]:
-            use_variant(models, variant)
-            figures[variant].append(turn(models, prompts, cfg, args.repeats))
+        for name in list(variants) if number % 2 == 0 else list(variants)[::-1]:
+            figures[name].append(turn(variants[name], prompts, cfg, args.repeats))
     print(f"dtype {args.dtype}, (K, T, L) = ({args.K}, {args.T}, {args.L}); {args.turns} turns, medians")
     for variant, turns in figures.items():
         stages = " / ".join(f"{median(turns, k):.2f}" for k in ("draft", "verify", "other"))
