@@ -66,8 +66,12 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):  # the packed one has no backward
             return F.linear(x, self.weight, self.bias)
+        count = x.numel() // self.in_features
+        if count <= EXACT_ROWS and x.is_contiguous():
+            # The op takes (..., in) as it is and flattens it itself, the same product: the rows' own reshape, slice
+            # and view cost a tensor call each, a third of a small product (1 x 256 x 256: 24 against 15 us).
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         rows = x.reshape(-1, self.in_features)
-        count = rows.shape[0]
         padded = bucket_rows(count)
         if padded > count:
             rows = torch.cat([rows, rows.new_zeros(padded - count, self.in_features)])
