@@ -22,7 +22,7 @@ PLAIN_HEAD = "xpress_plain_head"
 # Config fields of families that transform the head's output (Gemma's softcapping, Cohere's and Granite's scaling).
 HEAD_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 PROBE_TOKENS = 4
-# Where loading keeps the module the walk computes its rows with, when not the head itself (models.rows_head).
+# Where loading keeps the module the walk computes its rows with, when not the head itself (models.keep_rows_head).
 ROWS_HEAD = "xpress_rows_head"
 
 

@@ -422,7 +422,7 @@ def drafter_dtype(target_dtype: torch.dtype, device: torch.device) -> torch.dtyp
     """The dtype a target-conditioned drafter runs in: bf16 beside an fp32 target on a CPU with native bf16, else the
     target's. Why: a draft's precision never reaches the output (the target's walk decides every token, §2.4), and
     its products over a dozen rows cost a half to a third in packed bf16 there (packing.py: 13 x 256 x 1280 in 55 us
-    against 138 us in fp32, the drafter's head over 8 rows 106 against 368 us), where the fp32 target keeps plain
+    against 138 us in fp32, the head over 9 rows 106 against 368 us), where the fp32 target keeps plain
     decoding's tokens exactly."""
     if target_dtype == torch.float32 and device.type == "cpu" and native_bf16():
         return torch.bfloat16
