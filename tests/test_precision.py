@@ -52,8 +52,8 @@ def test_fastest_keeps_the_chosen_models_and_says_how_long_choosing_took(monkeyp
 
 
 def test_load_fastest_times_both_dtypes_on_a_native_bf16_cpu_and_keeps_the_faster(zoo, monkeypatch):
-    """The loader's wiring, with the timings injected: each way the choice goes, the models returned are in that
-    dtype (target and drafter), and carry the choice; pinned, untimed and emulated-bf16 loads say why."""
+    """The loader's wiring, with the timings injected: each way the choice goes, the target returned is in that
+    dtype, and carries the choice; pinned, untimed and emulated-bf16 loads say why."""
     monkeypatch.setattr("xpress_core.models.native_bf16", lambda: True)
     for timings, want in (
         ({"float32": timing(4.0, 2.0), "bfloat16": timing(5.0, 1.0)}, torch.bfloat16),
@@ -62,7 +62,8 @@ def test_load_fastest_times_both_dtypes_on_a_native_bf16_cpu_and_keeps_the_faste
         monkeypatch.setattr(precision, "time_dtypes", lambda candidates, timings=timings: timings)
         precision.cache_file().unlink(missing_ok=True)  # measured afresh each way
         models = load_fastest(zoo["llama"], zoo["drafter_llama"], device="cpu")
-        assert models.target.dtype == want and next(models.drafter.model.parameters()).dtype == want
+        # The drafter drafts in bf16 beside either target on such a CPU (models.drafter_dtype)
+        assert models.target.dtype == want and next(models.drafter.model.parameters()).dtype == torch.bfloat16
         assert models.dtype_choice.dtype == str(want).removeprefix("torch.")
         assert models.dtype_choice.reason.startswith("measured at load")
     pinned = load_fastest(zoo["llama"], "none", device="cpu", dtype="float32")
@@ -141,3 +142,36 @@ def test_the_app_the_cli_and_the_benchmark_run_in_one_cached_choice(zoo, monkeyp
     assert first.target.dtype == again.target.dtype == cli.target.dtype == torch.bfloat16
     assert bench.dtype == "bfloat16" and all("cached in" in m.reason for m in (again.dtype_choice, bench))
     assert again.dtype_choice.timings["bfloat16"].round_token_s == pytest.approx(1.0e-3)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_an_fp32_target_on_a_native_bf16_cpu_drafts_in_bf16_and_decodes_generates_tokens(zoo, monkeypatch, kind):
+    """models.drafter_dtype: the drafter (and its copy of the target's head) in bf16, the target in fp32; the walk's
+    head rows through oneDNN (models.keep_rows_head); and the output still fp32 generate's, token for token, in a tree
+    and in a chain."""
+    from tests.oracles import PROMPTS, hf_greedy, run
+    from xpress_core.config import DecodeConfig
+    from xpress_core.head import HeadRows
+    from xpress_core.models import encode_prompt
+    from xpress_core.packing import PackedLinear
+
+    monkeypatch.setattr("xpress_core.models.native_bf16", lambda: True)
+    models = load_models(zoo[kind], zoo[f"drafter_{kind}"], device="cpu", dtype="float32")
+    drafter = models.drafter.model
+    assert models.target.dtype == torch.float32 and drafter.dtype == torch.bfloat16
+    head = drafter.shared[1]
+    assert head is not models.target.get_output_embeddings() and head.weight.dtype == torch.bfloat16
+    assert torch.equal(head.weight, models.target.get_output_embeddings().weight.bfloat16())
+    # The walk's rows through oneDNN's fp32 kernels (models.keep_rows_head): the head's logits within fp32 rounding
+    hidden = torch.randn(9, models.target.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    rows = HeadRows(models.target, hidden, first=5)
+    assert isinstance(rows.head, PackedLinear)
+    with torch.no_grad():
+        expected = models.target.get_output_embeddings()(hidden)
+    got = torch.stack([rows[node] for node in range(9)])
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    for prompt in PROMPTS:
+        ids = encode_prompt(models.tokenizer, prompt, chat=True)
+        for drafts in (4, 1):
+            _, result = run(models, ids, DecodeConfig(drafts=drafts, steps=1, block=8, max_new_tokens=24))
+            assert list(result.token_ids) == hf_greedy(models, ids)

@@ -22,6 +22,8 @@ PLAIN_HEAD = "xpress_plain_head"
 # Config fields of families that transform the head's output (Gemma's softcapping, Cohere's and Granite's scaling).
 HEAD_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 PROBE_TOKENS = 4
+# Where loading keeps the module the walk computes its rows with, when not the head itself (models.keep_rows_head).
+ROWS_HEAD = "xpress_rows_head"
 
 
 def last_hidden_index(target) -> int:
@@ -68,7 +70,8 @@ class HeadRows:
     them are computed one at a time."""
 
     def __init__(self, target, hidden: torch.Tensor, first: int):
-        self.head, self.hidden, self.device, self.first = target.get_output_embeddings(), hidden, hidden.device, first
+        head = getattr(target, ROWS_HEAD, None) or target.get_output_embeddings()
+        self.head, self.hidden, self.device, self.first = head, hidden, hidden.device, first
         self.rows: dict[int, torch.Tensor] = {}
 
     def __getitem__(self, node: int) -> torch.Tensor:

@@ -17,6 +17,8 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelF
 from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
 from . import validation
+from .attention import IMPLEMENTATION as ATTENTION_IMPLEMENTATION
+from .attention import use_grouped_attention
 from .cache import check_target_layers
 from .chat import encode_chat, encode_text
 from .controller import CostModel
@@ -34,9 +36,10 @@ from .drafters.diffusion import TargetConditionedDrafter, diffusion_drafter
 from .drafters.diffusion_lm import FAMILIES, DiffusionLMDrafter, family_convention, resolve_mask_token_id
 from .drafters.diffusion_model import XpressDrafter, XpressDrafterConfig, default_tapped_layers
 from .errors import XpressError
+from .head import ROWS_HEAD
 from .hub import ModelSpec, frozen_config, is_local, read_config_json
 from .needs import check_loadable
-from .packing import pack_linears, warm_packed
+from .packing import fp32_rows_linear, pack_linears, packed_linear, warm_packed
 from .presets import Access, check_known, remote_code_allowed
 from .records import json_record
 from .trace import cuda_devices
@@ -226,13 +229,26 @@ def load_target(spec: str | Path | ModelSpec, device: torch.device, dtype: torch
     target = load_causal_lm("target", spec, device, dtype, device_map, access)
     check_target_layers(target.config)
     check_tree_attention(target.config)
+    use_grouped_attention(target)  # a CPU's verify forwards (attention.py)
+    if target.dtype == torch.float32 and target.device.type == "cpu" and native_bf16():
+        keep_rows_head(target)
     return target, load_tokenizer(spec.name)
+
+
+def keep_rows_head(target) -> None:
+    """On a CPU with native bf16 (AVX-512: oneDNN's kernels use it, where MKL's fp32 products at a few rows did not,
+    measured on such an EPYC), the fp32 head the tree walk computes its rows with (head.py ``ROWS_HEAD``): packed for
+    oneDNN (``packing.fp32_rows_linear``). Plain steps and ``generate`` keep the head itself."""
+    head = target.get_output_embeddings()
+    rows = fp32_rows_linear(head) if type(head) is torch.nn.Linear else None
+    if rows is not None:
+        object.__setattr__(target, ROWS_HEAD, rows)  # not a submodule: never saved, moved or counted
 
 
 # Attention implementations that apply a custom 4-D additive mask: the tree mask (docs/DESIGN.md §2.3). Others
 # (flash_attention_2/3, paged variants, kernels from the Hub) take a causal or padding mask at most and would verify
 # every node against its siblings without a word.
-TREE_MASK_ATTENTION = ("sdpa", "eager")
+TREE_MASK_ATTENTION = ("sdpa", "eager", ATTENTION_IMPLEMENTATION)
 
 
 def check_tree_attention(config) -> None:
@@ -383,6 +399,7 @@ def load_conditioned_drafter(
     """Our target-conditioned drafter, from its own checkpoint or (``dflash`` = its config.json) a DFlash one."""
     check_tokenizer_match("drafter", spec, tokenizer)
     extra = {} if dflash is None else {"config": dflash_drafter_config(dflash, spec), "key_mapping": DFLASH_KEY_MAPPING}
+    dtype = drafter_dtype(dtype, device)
     try:
         model = freeze(XpressDrafter.from_pretrained(spec, dtype=dtype, **extra).fuse_projections().to(device))
     except (OSError, ValueError) as error:
@@ -398,7 +415,35 @@ def load_conditioned_drafter(
         raise XpressError(
             f"drafter {spec!r} taps layers {cfg.tapped_layers}; the target has only {target.config.num_hidden_layers}"
         )
-    return diffusion_drafter(model.bind(target), banned)
+    return diffusion_drafter(model.bind(target, drafter_head(target, dtype)), banned)
+
+
+def drafter_dtype(target_dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype a target-conditioned drafter runs in: bf16 beside an fp32 target on a CPU with native bf16, else the
+    target's. Why: a draft's precision never reaches the output (the target's walk decides every token, §2.4), and
+    its products over a dozen rows cost a half to a third in packed bf16 there (packing.py: 13 x 256 x 1280 in 55 us
+    against 138 us in fp32, the head over 9 rows 106 against 368 us), where the fp32 target keeps plain
+    decoding's tokens exactly."""
+    if target_dtype == torch.float32 and device.type == "cpu" and native_bf16():
+        return torch.bfloat16
+    return target_dtype
+
+
+def drafter_head(target, dtype: torch.dtype) -> torch.nn.Module | None:
+    """The target's LM head for a drafter in ``dtype``: None (the head itself) where its dtype is the same, else a
+    frozen copy in ``dtype``, packed where that keeps its outputs (packing.py)."""
+    head = target.get_output_embeddings()
+    if head is None or head.weight.dtype == dtype:
+        return None
+    bias = getattr(head, "bias", None)
+    rows, columns = head.weight.shape
+    copy = torch.nn.Linear(columns, rows, bias=bias is not None, device=head.weight.device, dtype=dtype)
+    copy.requires_grad_(False)
+    with torch.no_grad():
+        copy.weight.copy_(head.weight)
+        if bias is not None:
+            copy.bias.copy_(bias)
+    return packed_linear(copy) or copy.eval()
 
 
 def read_conditioned_drafter(spec: str | Path, dtype: torch.dtype = torch.float32) -> XpressDrafter:

@@ -438,9 +438,10 @@ class XpressDrafter(PreTrainedModel):
             self.refiner.float()
         return self
 
-    def bind(self, target: PreTrainedModel) -> XpressDrafter:
-        """Attach the target's (frozen) embedding and LM head; a plain tuple keeps them out of the state dict."""
-        embed, head = target.get_input_embeddings(), target.get_output_embeddings()
+    def bind(self, target: PreTrainedModel, head: nn.Module | None = None) -> XpressDrafter:
+        """Attach the target's (frozen) embedding and LM head (``head``: a copy of it in the drafter's dtype, where
+        that differs from the target's); a plain tuple keeps them out of the state dict."""
+        embed, head = target.get_input_embeddings(), head or target.get_output_embeddings()
         if embed.weight.shape[0] < self.config.vocab_size or embed.weight.shape[1] != self.config.hidden_size:
             raise ValueError(
                 f"drafter expects vocabulary {self.config.vocab_size} x hidden {self.config.hidden_size}, "

@@ -1,0 +1,98 @@
+"""Paired before/after of a round's stage costs: the engine's models as loaded before issue 47's stop 53 and as
+loaded now, in one process, in turns, medians of per-turn figures.
+
+    OMP_NUM_THREADS=1 python -m scripts.round_ab --dtype bfloat16 -K 4 -T 1 -L 8 [--drafter assets/drafter_dflash]
+        [--turns 6] [--wall]
+
+Each turn runs both (in an order that alternates from turn to turn) over ``profile_round``'s chat prompts: plainly
+(the "none" drafter through the same engine) and at the fixed (K, T, L), and prints per variant the median over turns
+of its plain step and its round's draft / verify / other, in ms and in that turn's plain steps. On a machine shared
+with other jobs only figures from one process, taken in turns, compare (docs/experiments.md).
+
+``before``: the target's attention transformers' sdpa, the drafter in the target's dtype, the walk's head rows by the
+head itself. ``after``: as ``load_models`` loads now (on a CPU: grouped attention for masked forwards over several
+tokens, ``xpress_core/attention.py``; beside an fp32 target on a CPU with native bf16, a bf16 drafter and the walk's
+rows through oneDNN, ``models.drafter_dtype`` and ``keep_rows_head``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from scripts.profile_round import PROMPTS, stage_ms
+from xpress_core import engine
+from xpress_core import models as model_loading
+from xpress_core.config import DecodeConfig
+from xpress_core.drafters.base import NoDrafter
+from xpress_core.engine import Models
+from xpress_core.models import encode_prompt, load_models
+from xpress_core.trace import StageClock
+
+
+def load_before(**options) -> Models:
+    """The models as loaded before: no native bf16 seen at load (the drafter keeps the target's dtype, the walk the
+    head itself), the target's attention sdpa."""
+    native = model_loading.native_bf16
+    model_loading.native_bf16 = lambda: False
+    try:
+        models = load_models(**options)
+    finally:
+        model_loading.native_bf16 = native
+    models.target.set_attn_implementation("sdpa")
+    return models
+
+
+def turn(models: Models, prompts, cfg: DecodeConfig, repeats: int) -> dict[str, float]:
+    """One variant's figures: its plain step and its round's stages (ms), tau and tokens/s."""
+    plain = stage_ms(Models(models.target, models.tokenizer, NoDrafter()), prompts, cfg, repeats)
+    spec = stage_ms(models, prompts, cfg, repeats)
+    return {"plain": plain["round"], **{k: spec[k] for k in ("draft", "verify", "other", "round", "tau")}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--drafter", default=None, help="a drafter folder (default: the embedded drafter)")
+    parser.add_argument("-K", type=int, default=4)
+    parser.add_argument("-T", type=int, default=1)
+    parser.add_argument("-L", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--repeats", type=int, default=1, help="passes over the prompts per variant and turn")
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--wall", action="store_true", help="time the stages by the wall clock, not CPU time")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    if not args.wall:
+        engine.Clock.raw = lambda self: time.thread_time()
+        StageClock.host_time = staticmethod(time.thread_time)
+    options = {"device": "cpu", "dtype": args.dtype, **({"drafter": args.drafter} if args.drafter else {})}
+    variants = {"before": load_before(**options), "after": load_models(**options)}
+    prompts = [encode_prompt(variants["after"].tokenizer, p, chat=True) for p in PROMPTS]
+    cfg = DecodeConfig(drafts=args.K, steps=args.T, block=args.L, max_new_tokens=args.max_new_tokens)
+    figures: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
+    for models in variants.values():  # warm-up: each variant's shapes built once
+        stage_ms(models, prompts[:1], cfg, 1)
+    for number in range(args.turns):
+        for name in list(variants) if number % 2 == 0 else list(variants)[::-1]:
+            figures[name].append(turn(variants[name], prompts, cfg, args.repeats))
+    print(f"dtype {args.dtype}, (K, T, L) = ({args.K}, {args.T}, {args.L}); {args.turns} turns, medians")
+    for variant, turns in figures.items():
+        stages = " / ".join(f"{median(turns, k):.2f}" for k in ("draft", "verify", "other"))
+        steps = " / ".join(f"{median(turns, k, True):.2f}" for k in ("draft", "verify", "other"))
+        print(
+            f"{variant:10s} plain step {median(turns, 'plain'):.2f} ms; draft / verify / other {stages} ms = {steps} "
+            f"(round {median(turns, 'round', True):.2f}) plain steps; tau {median(turns, 'tau'):.2f}"
+        )
+
+
+def median(turns: list[dict[str, float]], key: str, per_step: bool = False) -> float:
+    """The median over turns of a figure, in ms or (``per_step``) in that turn's plain steps."""
+    return statistics.median(t[key] / (t["plain"] if per_step else 1.0) for t in turns)
+
+
+if __name__ == "__main__":
+    main()
