@@ -24,8 +24,14 @@ def free_port() -> int:
 
 
 def zoo_env(zoo) -> dict[str, str]:
-    """The app on the tiny models: the custom preset (first, so selected) is the llama target + diffusion drafter."""
-    return {"XPRESS_TARGET": str(zoo["llama"]), "XPRESS_DRAFTER": str(zoo["drafter_llama"]), "XPRESS_DEVICE": "cpu"}
+    """The app on the tiny models: the custom preset (first, so selected) is the llama target + diffusion drafter, in
+    fp32 (a dtype timed at start could be either on a CPU with native bf16, and the tests compare with fp32 runs)."""
+    return {
+        "XPRESS_TARGET": str(zoo["llama"]),
+        "XPRESS_DRAFTER": str(zoo["drafter_llama"]),
+        "XPRESS_DEVICE": "cpu",
+        "XPRESS_DTYPE": "float32",
+    }
 
 
 @contextmanager

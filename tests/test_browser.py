@@ -39,6 +39,7 @@ from xpress_core.bench.methods import XPRESS
 from xpress_core.config import DecodeConfig
 from xpress_core.engine import decode
 from xpress_core.models import encode_prompt, load_models
+from xpress_core.models import native_bf16 as cpu_native_bf16  # imported before conftest hides the CPU's answer
 from xpress_core.plots import MAX_ROWS
 
 pytestmark = pytest.mark.browser
@@ -59,7 +60,12 @@ def page(zoo):
 
 @pytest.fixture(scope="module")
 def models(zoo):
-    return load_models(zoo["llama"], zoo["drafter_llama"], device="cpu")
+    """The tiny pair as the app's server loads it (fp32 by ``zoo_env``; beside it the drafter in bf16 where this CPU
+    computes bf16 natively, ``models.drafter_dtype``, which the tests' own process otherwise hides): its drafts, and
+    so its rounds, are the server's."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("xpress_core.models.native_bf16", cpu_native_bf16)
+        return load_models(zoo["llama"], zoo["drafter_llama"], device="cpu", dtype="float32")
 
 
 def engine_events(models, message: str | list[dict], **changes):
