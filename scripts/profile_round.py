@@ -63,16 +63,22 @@ def stage_ms(models: Models, prompts: list[torch.Tensor], cfg: DecodeConfig, rep
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def round_arguments(description: str, drafts: int, repeats: int, repeats_help: str = "") -> argparse.ArgumentParser:
+    """The options this script and ``round_ab`` share: the models' dtype and drafter, the round, the requests."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--drafter", default=None, help="a drafter folder (default: the embedded drafter)")
-    parser.add_argument("-K", type=int, default=1)
+    parser.add_argument("-K", type=int, default=drafts)
     parser.add_argument("-T", type=int, default=1)
     parser.add_argument("-L", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=repeats, help=repeats_help or None)
     parser.add_argument("--wall", action="store_true", help="time the stages by the wall clock, not CPU time")
+    return parser
+
+
+def main() -> None:
+    parser = round_arguments(__doc__, drafts=1, repeats=2)
     parser.add_argument("--profile", action="store_true", help="print the cProfile table of the speculative runs")
     parser.add_argument("--unpacked", action="store_true", help="bf16 linear layers as transformers loads them")
     args = parser.parse_args()

@@ -17,13 +17,12 @@ rows through oneDNN, ``models.drafter_dtype`` and ``keep_rows_head``).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import torch
 
-from scripts.profile_round import PROMPTS, stage_ms
+from scripts.profile_round import PROMPTS, round_arguments, stage_ms
 from xpress_core import engine
 from xpress_core import models as model_loading
 from xpress_core.config import DecodeConfig
@@ -54,16 +53,8 @@ def turn(models: Models, prompts, cfg: DecodeConfig, repeats: int) -> dict[str, 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--drafter", default=None, help="a drafter folder (default: the embedded drafter)")
-    parser.add_argument("-K", type=int, default=4)
-    parser.add_argument("-T", type=int, default=1)
-    parser.add_argument("-L", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--repeats", type=int, default=1, help="passes over the prompts per variant and turn")
+    parser = round_arguments(__doc__, drafts=4, repeats=1, repeats_help="passes over the prompts per variant and turn")
     parser.add_argument("--turns", type=int, default=4)
-    parser.add_argument("--wall", action="store_true", help="time the stages by the wall clock, not CPU time")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if not args.wall:
