@@ -121,5 +121,9 @@ def test_vllm_serves_our_drafter_with_generates_outputs_and_xpress_acceptance(tm
     per_round, per_position = result["accepted_per_round"], result["accepted_per_position"]
     ours, theirs = per_round["xpress, one rule"], per_round["vllm, one rule"]
     assert abs(theirs - ours) <= 0.05 * ours, per_round
+    # On a CPU with native bf16 xPress's drafter runs in bf16 beside the fp32 target (models.drafter_dtype) where
+    # vLLM's runs in fp32: a few rounds draft other tokens, so each engine's share of a position may move by one of
+    # its own rounds
+    one_round = 1 / result["rounds"]["xpress"] + 1 / result["rounds"]["vllm"]
     for a, b in zip(per_position["xpress, one rule"], per_position["vllm, one rule"], strict=True):
-        assert abs(a - b) <= 0.05 * max(a, 0.05), per_position
+        assert abs(a - b) <= max(0.05 * max(a, 0.05), one_round + 1e-9), per_position
