@@ -95,6 +95,12 @@ def packed_linear(linear: nn.Linear) -> PackedLinear | None:
     """``linear`` packed, or None where packing is unavailable or would change any output."""
     if not packing_available(linear.weight.dtype, linear.weight.device):
         return None
+    return checked_packing(linear, torch.equal)
+
+
+def checked_packing(linear: nn.Linear, agree) -> PackedLinear | None:
+    """``linear``'s weight packed for oneDNN, kept where ``agree(packed output, F.linear's)`` at every row count of
+    ``CHECK_TOKENS`` (random rows in the weight's dtype), else None."""
     packed = PackedLinear(linear, torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), LAYOUT_TOKENS))
     probe = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -102,7 +108,7 @@ def packed_linear(linear: nn.Linear) -> PackedLinear | None:
             x = torch.randn(tokens, linear.in_features, generator=probe).to(linear.weight.dtype)
             # ``forward``, not a module call: a check of the op on CPU weights at load, which no GPU runs (a ZeroGPU
             # web process runs no model forward; tests/zerogpu_standin.py watches module calls).
-            if not torch.equal(packed.forward(x), F.linear(x, linear.weight, linear.bias)):
+            if not agree(packed.forward(x), F.linear(x, linear.weight, linear.bias)):
                 return None
     return packed
 
@@ -148,12 +154,4 @@ def fp32_rows_linear(linear: nn.Linear) -> PackedLinear | None:
     usable = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
     if not usable or linear.weight.dtype != torch.float32 or linear.weight.device.type != "cpu":
         return None
-    weight = linear.weight.detach()
-    packed = PackedLinear(linear, torch.ops.mkldnn._reorder_linear_weight(weight, LAYOUT_TOKENS))
-    probe = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for tokens in CHECK_TOKENS:
-            x = torch.randn(tokens, linear.in_features, generator=probe)
-            if not torch.allclose(packed.forward(x), F.linear(x, weight, linear.bias), rtol=1e-5, atol=1e-5):
-                return None
-    return packed
+    return checked_packing(linear, lambda got, want: torch.allclose(got, want, rtol=1e-5, atol=1e-5))
