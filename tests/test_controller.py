@@ -471,6 +471,25 @@ def test_a_bad_start_does_not_stop_drafting_and_drafts_that_keep_failing_do():
     assert sum(picks[10:]) <= 6, picks
 
 
+PRICEY_DRAFT = CostModel(0.6, 0.0, 0.9, 0.1, 0.0)  # a draft 0.6 plain steps: priced 1.15 x 0.6 = 0.69 when sampling
+
+
+def test_sampled_drafting_stops_after_two_misses_in_a_row_not_after_one():
+    """Sampled at PRICEY_DRAFT: one round that accepts nothing leaves the gain estimate below the draft's price
+    ((0.5 x 1.5 - 0.345) / 1.5 = 0.27 < 0.69), yet the next round drafts; the second miss in a row stops drafting
+    until the probe after two plain rounds, whose draft pays (3 accepted) and clears the misses: the next miss is
+    again a first one, and the round after it drafts."""
+    control = ChanceControl(PRICEY_DRAFT, 3, sampled=True)
+    accepts, picks = iter((0, 0, 3, 0, 0)), []
+    for _ in range(7):
+        setting = control.choose(remaining=100)
+        if not setting.plain:
+            _, setting = control.cut(CHAIN, setting)
+        picks.append(control.last is not None)
+        control.observe(setting, next(accepts) if control.last is not None else 0)
+    assert picks == [True, True, False, False, True, True, True]
+
+
 def round_gain_after(sampled: bool, accepted: int) -> tuple[float, float]:
     """One drafting round of CHAIN at CHEAP_DRAFT's prices: (the cut's promise, the gain the round counts)."""
     control = ChanceControl(CHEAP_DRAFT, 3, sampled=sampled)
