@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import time
 from dataclasses import dataclass, replace
 
@@ -28,6 +29,7 @@ from xpress_core.controller import (
     apply_cut,
     best_cut,
     denoise_work,
+    kept_paths,
     next_drafts,
     node_chances,
 )
@@ -37,6 +39,7 @@ from xpress_core.drafters.masked import MaskedDiffusionDrafter
 from xpress_core.engine import Models, calibrate, calibrated, control, decode
 from xpress_core.models import encode_prompt, load_models
 from xpress_core.trace import RoundTrace, write_jsonl
+from xpress_core.tree import best_first_paths
 
 # Stage costs like the embedded pair's in bf16 (ms), fixed so that every choice below is reproducible.
 COSTS = CostModel(
@@ -420,6 +423,22 @@ def test_node_chances_and_the_cut_drafts_keep_the_best_first_nodes():
     assert nodes == [(1, 0.9), (2, pytest.approx(0.72)), (3, pytest.approx(0.54)), (2, pytest.approx(0.45))]
     cut = apply_cut(drafts, nodes, TreeCut(RoundSetting(2, 1, 2), 3, 2.07, 0.0))
     assert (cut.tokens, cut.order, cut.chances) == (((5, 6), (5, 8)), ((0, 1), (0, 2)), ((0.9, 0.8), (0.9, 0.5)))
+
+
+def test_a_cut_that_keeps_the_whole_tree_keeps_the_drafts_as_the_general_cut_makes_them():
+    """``apply_cut`` returns a whole tree's drafts as drafted; the general cut (``kept_paths``) of the same nodes is
+    the oracle, over trees of random chances (``best_first_paths``, the drafters' tree search)."""
+    rng = random.Random(0)
+    for _ in range(200):
+        length, width, budget = rng.randint(1, 8), rng.randint(1, 4), rng.randint(1, 24)
+        probs = [sorted((rng.random() for _ in range(width)), reverse=True) for _ in range(length)]
+        tokens = [rng.sample(range(100), width) for _ in range(length)]
+        tree = best_first_paths(probs, tokens, budget)
+        drafts = Drafts(tree.tokens, (), tree.order, chances=tree.chances)
+        nodes = node_chances(drafts)
+        whole = TreeCut(RoundSetting(budget, 1, length), len(nodes), 0.0, 0.0)
+        assert apply_cut(drafts, nodes, whole) is drafts
+        assert kept_paths(drafts, nodes, whole) == drafts
 
 
 def test_the_next_tree_keeps_the_branches_its_cut_kept_and_grows_where_it_kept_them_all():

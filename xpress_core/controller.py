@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from itertools import accumulate
+from itertools import accumulate, islice
 
 from .config import DecodeConfig
 
@@ -169,7 +169,8 @@ class CostModel:
         seconds past the declared work of ``CHANCE_DRAFTS`` x L), in proportion to its nodes."""
         if not self.tree_draft_s:
             return self.drafting_s(setting)
-        search_s = max(0.0, self.tree_draft_s - self.drafting_s(replace(setting, drafts=CHANCE_DRAFTS)))
+        widest = RoundSetting(CHANCE_DRAFTS, setting.steps, setting.block)
+        search_s = max(0.0, self.tree_draft_s - self.drafting_s(widest))
         return self.drafting_s(setting) + search_s * setting.drafts / CHANCE_DRAFTS
 
 
@@ -380,8 +381,8 @@ GAIN_PRIOR, GAIN_WEIGHT, GAIN_WEIGHT_SAMPLED, GAIN_MEMORY, GAIN_MEMORY_SAMPLED =
 # next round: over the tune half's (1, 1, 8) rounds at 0.7 (4 seeds, 1,020 rounds; 19 % accepted none) the next round
 # accepted 0.79 tokens after one that accepted none and 0.70 after two, against 1.47 overall, where a drafting round
 # (7.4 ms, one thread, bf16) pays over a plain one (4.3 ms) from about 0.72. The estimate alone stopped drafting after
-# a single miss (26 % of the held chats' rounds plain) and ran 0.94-0.97x (1, 1, 8) on the tune half's classes and
-# stories; two misses: lab log, "Sampled auto: what a round of the controller costs, and one miss" (stop 54).
+# a single miss (26 % of the held chats' rounds plain) and ran 0.94-0.97x (1, 1, 8) on the tune half's classes at 0.7;
+# two misses: lab log, "Sampled auto: what a round of the controller costs, and one miss" (stop 54).
 MISSES_SAMPLED = 2
 
 
@@ -505,8 +506,10 @@ def best_cut(
     x (the round's rest, its verify, walk and commit, in plain steps - 1). The draft is paid already: it does not
     enter."""
     plain_s, best = costs.round_s(PLAIN_STEP), TreeCut(PLAIN_STEP, 0, 0.0, 0.0)
+    widest = max(drafts)
     for block in range(1, longest + 1):
-        sums = list(accumulate(p for d, p in nodes if d <= block))
+        # The first K x L nodes are all a cut reads: a round runs this search, so it sums no further.
+        sums = list(accumulate(islice((p for d, p in nodes if d <= block), widest * block)))
         for k in drafts:
             count = min(k * block, len(sums))
             if count == 0:
@@ -524,6 +527,13 @@ def apply_cut(drafts, nodes: list[tuple[int, float]], cut: TreeCut):
     in their best-first order (``engine.accepted_with_fewer`` reads it)."""
     if cut.setting.plain:
         return replace(drafts, tokens=(), order=(), chances=())
+    if cut.nodes == len(nodes):  # the whole tree: its paths and best-first numbers as drafted (``kept_paths``'s)
+        return drafts
+    return kept_paths(drafts, nodes, cut)
+
+
+def kept_paths(drafts, nodes: list[tuple[int, float]], cut: TreeCut):
+    """``apply_cut`` of a cut that keeps some of the tree's nodes: the paths through them, renumbered."""
     kept = [node for node, (depth, _) in enumerate(nodes) if depth <= cut.setting.block][: cut.nodes]
     rank = {node: r for r, node in enumerate(kept)}
     paths: dict[tuple[int, ...], tuple] = {}
