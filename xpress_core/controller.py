@@ -358,10 +358,13 @@ SHARE_PRIOR, SHARE_DECLINE, SHARE_DECLINE_SAMPLED = 1.0, 1.0, 0.8
 # draft is cheaper against a plain step and every fixed setting earns more (tune half, bf16 prices, 1.4 / 1.78: chats
 # 1.882 / 1.919x, short chats 2.046 / 2.093x, stories 1.581 / 1.679x). 3.0 is 1.4 times that chain's round at the fp32
 # prices 1.4 was chosen at (2.14 plain steps, docs/replay_costs48.json), near (1, 1, 8)'s 3.1 tokens a round on tune
-# chats. Sampled, 1.15 at any prices: the same rule (2.45 tokens, 1.45 at bf16 prices) drafted less where drafting paid
-# (tune half, bf16 prices, at 0.7: chats 1.492 / 1.484x, short chats 1.762 / 1.719x, stories 1.170 / 1.122x), and at
-# fp32 prices 1.15 did as well as a lower rate (0.91: chats 1.208 / 1.223x, stories 0.991 / 0.976x).
-CHAIN_TOKENS, RATE_SAMPLED = 3.0, 1.15
+# chats. Sampled, plain decoding's own rate, 1: a sampled cut keeps one chain (``CUT_DRAFTS_SAMPLED``), whose length
+# costs little, so the rate mostly decides between a draft and a plain round, and the time a plain round takes earns
+# one token. 1.15 (chosen when one miss stopped drafting) asked a draft for 15 % more than it pays over a plain round;
+# with ``MISSES_SAMPLED`` at 2, tune half, 4 seeds, over plain, 1.15 / 1: bf16 prices chats 1.517 / 1.516x, short
+# chats 1.657 / 1.664x, stories 1.159 / 1.178x ((1, 1, 8): 1.529, 1.673, 1.190x); fp32 prices 1.208 / 1.230x, 1.293 /
+# 1.299x, 0.974 / 0.987x ((1, 1, 8): 1.234, 1.314, 0.931x).
+CHAIN_TOKENS, RATE_SAMPLED = 3.0, 1.0
 SHARE_WEIGHT = 1.0  # expected draft tokens of one depth the share's prior counts as
 # What a drafting round gains over plain steps in the same time (plain steps) before a request drafts: the draft is
 # taken when the expected gain beats the draft's own price. A round counts what its cut's chances promise, weighed by
