@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import cached_property
 from itertools import accumulate, islice
 
 from .config import DecodeConfig
@@ -437,9 +438,13 @@ class MeasuredCosts:
     rest: float = 1.0
     plain: float = 1.0
 
+    @cached_property
+    def plain_s(self) -> float:  # read several times a round, by every price against a plain step
+        return self.plain * self.costs.round_s(PLAIN_STEP)
+
     def round_s(self, setting: RoundSetting) -> float:
         if setting.plain:
-            return self.plain * self.costs.round_s(PLAIN_STEP)
+            return self.plain_s
         return self.tree_draft(setting) + self.after_draft_s(setting.drafts * setting.block)
 
     def after_draft_s(self, nodes: int) -> float:
@@ -584,10 +589,10 @@ class ChanceControl:
     def __init__(self, costs: CostModel, max_block: int | None, sampled: bool = False):
         self.calibrated, self.max_block = costs, auto_longest_block(max_block)
         self.prices = StagePrices()
-        self.costs = MeasuredCosts(costs)  # the calibrated costs as this request's rounds measured them (``timed``)
         decline = SHARE_DECLINE_SAMPLED if sampled else SHARE_DECLINE
         self.share_priors = [SHARE_PRIOR * decline**depth for depth in range(self.max_block)]
         self.sampled = sampled
+        self.reprice(MeasuredCosts(costs))  # the calibrated costs as this request's rounds measured them (``timed``)
         self.gain_weight = GAIN_WEIGHT_SAMPLED if sampled else GAIN_WEIGHT
         self.gain_memory = GAIN_MEMORY_SAMPLED if sampled else GAIN_MEMORY
         self.cut_drafts = CUT_DRAFTS_SAMPLED if sampled else CUT_DRAFTS
@@ -615,11 +620,15 @@ class ChanceControl:
     def expected_gain(self) -> float:
         return self.gains / self.weight
 
+    def reprice(self, costs: MeasuredCosts) -> None:
+        """Plan at ``costs`` from now on; the rate follows them (read several times a round, so computed once)."""
+        self.costs = costs
+        chain = RoundSetting(1, 1, self.max_block)
+        self.rate_now = RATE_SAMPLED if self.sampled else CHAIN_TOKENS * costs.plain_s / costs.round_s(chain)
+
     def rate(self) -> float:
         """The rate a round's time could earn otherwise, tokens per plain step (``CHAIN_TOKENS``, ``RATE_SAMPLED``)."""
-        if self.sampled:
-            return RATE_SAMPLED
-        return CHAIN_TOKENS * self.costs.round_s(PLAIN_STEP) / self.costs.round_s(RoundSetting(1, 1, self.max_block))
+        return self.rate_now
 
     def round_gain(self, accepted: int) -> float:
         """The gain a drafting round counts towards the next draft: its cut's promise and what the cut realised (its
@@ -685,4 +694,4 @@ class ChanceControl:
             self.prices.add("rest", rest_s, self.calibrated.after_draft_s(self.last.nodes))
         if self.last is not None:
             self.prices.add("draft", measured.draft_s, self.calibrated.tree_draft(self.drafted))
-        self.costs = MeasuredCosts(self.calibrated, **self.prices.ratios())
+        self.reprice(MeasuredCosts(self.calibrated, **self.prices.ratios()))
