@@ -143,19 +143,21 @@ def pack_linears(model: nn.Module) -> int:
 
 
 def warm_packed(models: Iterable[nn.Module], rows: int) -> int:
-    """Build oneDNN's kernels for every row count up to ``rows`` (``bucket_rows``) of every distinct packed layer
-    shape in ``models``, so that no forward pays for a first shape later: at load, before any request. Returns the
-    products run (0 where nothing is packed)."""
-    shapes = {}
+    """Build oneDNN's kernels for every row count up to ``rows`` (``bucket_rows``) of every distinct packed product
+    shape in ``models`` (packed layers', and shared products', ``fuse_shared_inputs``), so that no forward pays for a
+    first shape later: at load, before any request. Returns the products run (0 where nothing is packed)."""
+    shapes = {}  # (in, out, bias or not) -> (packed weight, bias, weights' dtype)
     for model in models:
         for module in model.modules():
-            if isinstance(module, PackedLinear):
-                shapes.setdefault((module.in_features, module.out_features, module.bias is not None), module)
+            if isinstance(module, PackedLinear | SharedPart):
+                product = module.product if isinstance(module, SharedPart) else module
+                key = (module.in_features, product.out_features, module.bias is not None)
+                shapes.setdefault(key, (product.packed, product.bias, module.weight.dtype))
     counts = sorted({bucket_rows(count) for count in range(1, rows + 1)})
     with torch.no_grad():
-        for layer in shapes.values():
+        for (features, out_features, _), (packed, bias, dtype) in shapes.items():
             for count in counts:
-                layer(torch.zeros(count, layer.in_features, dtype=layer.weight.dtype))
+                packed_product(torch.zeros(count, features, dtype=dtype), packed, bias, out_features)
     return len(shapes) * len(counts)
 
 
