@@ -319,10 +319,12 @@ def first_features(models, prompt_ids):
     return (features[0],)
 
 
-def masked(root: int, length: int):
-    from xpress_core.drafters.diffusion import masked_block
-
-    return masked_block(root, length, torch.device("cpu"))
+def masked(root: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One row's ``[root, MASK x L]``: (1, L+1) token ids and (1, L+1) masked flags (``embed_block``'s inputs)."""
+    block = torch.full((1, length + 1), root)
+    flags = torch.ones((1, length + 1), dtype=torch.bool)
+    flags[:, 0] = False
+    return block, flags
 
 
 def test_the_training_loss_is_the_hand_computed_one(zoo):
