@@ -327,6 +327,21 @@ def masked(root: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
     return block, flags
 
 
+@pytest.mark.parametrize("learned_mask", [True, False])
+def test_a_drafts_first_block_is_the_embedded_root_and_masks(zoo, learned_mask):
+    """``first_block`` (a draft's first forward) gives ``embed_block``'s embeddings of ``[root, MASK x L]`` bit for
+    bit: a learned mask vector (ours), or the target's row of the mask token scaled (DFlash's)."""
+    from xpress_core.models import load_target
+
+    target, _ = load_target(zoo["llama"], torch.device("cpu"), torch.float32)
+    drafter = XpressDrafter.from_pretrained(zoo["drafter_llama"]).bind(target).eval()
+    if not learned_mask:
+        drafter.mask_embedding, drafter.config.input_embedding_scale = None, 1.5
+    with torch.no_grad():
+        for root, length in ((5, 4), (0, 1), (41, 8)):
+            assert torch.equal(drafter.first_block(root, length), drafter.embed_block(*masked(root, length)))
+
+
 def test_the_training_loss_is_the_hand_computed_one(zoo):
     """One block, L = 2, greedy soft labels off (CE on the tokens): the teacher-forced pass, one free pass and its
     weights, computed position by position."""

@@ -482,11 +482,12 @@ class XpressDrafter(PreTrainedModel):
         selection: a few small ops a draft, each a fixed cost on a CPU)."""
         device = self.norm.weight.device
         if self.mask_embedding is None:  # the target's raw rows of the root and the mask token, scaled by the config
-            ids = torch.tensor([[root] + [self.config.mask_token_id] * length], device=device)
+            ids = torch.full((1, length + 1), self.config.mask_token_id, device=device)
+            ids[:, 0] = root
             embeds = F.embedding(ids, self.shared[0].weight).to(self.norm.weight.dtype)
             scale = self.config.input_embedding_scale
             return embeds if scale == 1.0 else embeds * scale
-        root_row = self.shared[0](torch.tensor([[max(root, 0)]], device=device)).to(self.mask_embedding.dtype)
+        root_row = self.shared[0](torch.full((1, 1), root, device=device)).to(self.mask_embedding.dtype)
         return torch.cat([root_row, self.mask_embedding.expand(1, length, -1)], dim=1)
 
     def token_embeddings(self, tokens: torch.Tensor) -> torch.Tensor:
