@@ -12,7 +12,7 @@ taken in turns, compare (docs/experiments.md).
 
 ``before`` (stop 53): the target's attention transformers' sdpa, the drafter in the target's dtype, the walk's head
 rows by the head itself; ``--before stop54``: as loaded now but each packed layer its own product (no shared
-products, ``packing.fuse_shared_inputs``). ``after``: as ``load_models`` loads now (on a CPU: grouped attention for
+products, ``packing.fuse_shared_inputs``) and a draft's first block embedded through ids and flags. ``after``: as ``load_models`` loads now (on a CPU: grouped attention for
 masked forwards over several tokens, ``xpress_core/attention.py``; beside an fp32 target on a CPU with native bf16, a
 bf16 drafter and the walk's rows through oneDNN, ``models.drafter_dtype`` and ``keep_rows_head``; in bf16 on a CPU,
 q/k/v and gate/up as one packed product each).
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from functools import partial
 
 import torch
 
@@ -30,6 +31,7 @@ from xpress_core import engine
 from xpress_core import models as model_loading
 from xpress_core.config import DecodeConfig
 from xpress_core.drafters.base import NoDrafter
+from xpress_core.drafters.masked import MaskedDiffusionDrafter
 from xpress_core.engine import Models
 from xpress_core.models import encode_prompt, load_models
 from xpress_core.trace import StageClock
@@ -49,13 +51,17 @@ def load_before(**options) -> Models:
 
 
 def load_unshared(**options) -> Models:
-    """The models as loaded before stop 54: every packed layer its own product."""
+    """The models as loaded before stop 54: every packed layer its own product, and a draft's first block embedded
+    through ids and flags (``MaskedDiffusionDrafter.first_denoise``, not the drafter's ``first_block``)."""
     fuse = model_loading.fuse_shared_inputs
     model_loading.fuse_shared_inputs = lambda model: 0
     try:
-        return load_models(**options)
+        models = load_models(**options)
     finally:
         model_loading.fuse_shared_inputs = fuse
+    if isinstance(models.drafter, MaskedDiffusionDrafter):
+        models.drafter.first_denoise = partial(MaskedDiffusionDrafter.first_denoise, models.drafter)
+    return models
 
 
 BEFORE = {"stop53": load_before, "stop54": load_unshared}
