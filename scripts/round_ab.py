@@ -12,10 +12,11 @@ taken in turns, compare (docs/experiments.md).
 
 ``before`` (stop 53): the target's attention transformers' sdpa, the drafter in the target's dtype, the walk's head
 rows by the head itself; ``--before stop54``: as loaded now but each packed layer its own product (no shared
-products, ``packing.fuse_shared_inputs``) and a draft's first block embedded through ids and flags. ``after``: as ``load_models`` loads now (on a CPU: grouped attention for
-masked forwards over several tokens, ``xpress_core/attention.py``; beside an fp32 target on a CPU with native bf16, a
-bf16 drafter and the walk's rows through oneDNN, ``models.drafter_dtype`` and ``keep_rows_head``; in bf16 on a CPU,
-q/k/v and gate/up as one packed product each).
+products, ``packing.fuse_shared_inputs``) and a draft's first block embedded through ids and flags; both run their
+requests' work with no grad, not in inference mode. ``after``: as ``load_models`` loads now (on a CPU: grouped
+attention for masked forwards over several tokens, ``xpress_core/attention.py``; beside an fp32 target on a CPU with
+native bf16, a bf16 drafter and the walk's rows through oneDNN, ``models.drafter_dtype`` and ``keep_rows_head``; in
+bf16 on a CPU, q/k/v and gate/up as one packed product each), its requests' work in inference mode.
 """
 
 from __future__ import annotations
@@ -64,13 +65,20 @@ def load_unshared(**options) -> Models:
     return models
 
 
+# Per stop, how its ``before`` models load; both ran a request's work with autograd off (no grad), not in inference
+# mode (``engine.WORK_MODE``, stop 54).
 BEFORE = {"stop53": load_before, "stop54": load_unshared}
 
 
-def turn(models: Models, prompts, cfg: DecodeConfig, repeats: int) -> dict[str, float]:
-    """One variant's figures: its plain step and its round's stages (ms), tau and tokens/s."""
-    plain = stage_ms(Models(models.target, models.tokenizer, NoDrafter()), prompts, cfg, repeats)
-    spec = stage_ms(models, prompts, cfg, repeats)
+def turn(models: Models, prompts, cfg: DecodeConfig, repeats: int, mode=engine.WORK_MODE) -> dict[str, float]:
+    """One variant's figures: its plain step and its round's stages (ms), tau and tokens/s; its requests' work in
+    ``mode`` (``engine.WORK_MODE`` as the engine has it now, or ``torch.no_grad`` as before)."""
+    kept, engine.WORK_MODE = engine.WORK_MODE, mode
+    try:
+        plain = stage_ms(Models(models.target, models.tokenizer, NoDrafter()), prompts, cfg, repeats)
+        spec = stage_ms(models, prompts, cfg, repeats)
+    finally:
+        engine.WORK_MODE = kept
     figures = {k: spec[k] for k in ("draft", "verify", "other", "round", "tau", "tokens_per_s")}
     return {"plain": plain["round"], "plain_tokens_per_s": plain["tokens_per_s"], **figures}
 
@@ -93,7 +101,8 @@ def main() -> None:
         stage_ms(models, prompts[:1], cfg, 1)
     for number in range(args.turns):
         for name in list(variants) if number % 2 == 0 else list(variants)[::-1]:
-            figures[name].append(turn(variants[name], prompts, cfg, args.repeats))
+            mode = torch.no_grad if name == "before" else engine.WORK_MODE
+            figures[name].append(turn(variants[name], prompts, cfg, args.repeats, mode))
     print(f"dtype {args.dtype}, (K, T, L) = ({args.K}, {args.T}, {args.L}); {args.turns} turns, medians")
     for variant, turns in figures.items():
         stages = " / ".join(f"{median(turns, k):.2f}" for k in ("draft", "verify", "other"))
