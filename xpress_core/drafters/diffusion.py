@@ -282,7 +282,10 @@ class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
         tree = trees[-1]
         return Drafts(tree.tokens, steps, tree.order, Refinement(trees[0].tokens, tree.tokens), tree.chances)
 
-    def first_denoise(self, state: DiffusionState, root: int, tokens: torch.Tensor, committed: torch.Tensor):
+    def first_denoise(
+        self, state: DiffusionState, root: int, tokens: torch.Tensor, committed: torch.Tensor
+    ) -> torch.Tensor:
+        """The first step's block from the root's row and the mask's (``XpressDrafter.first_block``)."""
         return self.block_logits(state, self.model.first_block(root, tokens.shape[1]))
 
     def denoise(self, state: DiffusionState, root: int, tokens: torch.Tensor, committed: torch.Tensor) -> torch.Tensor:
