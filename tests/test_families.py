@@ -21,6 +21,7 @@ from transformers.models.gemma4 import Gemma4ForCausalLM, Gemma4TextConfig
 from transformers.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
 from tests.oracles import check_invariants, hf_greedy, run
+from tests.test_packing import ProductsRun, needs_bf16_packing, shared_count, unpacked_models
 from tests.tiny import _common, make_tokenizer
 from xpress_core.config import DecodeConfig
 from xpress_core.errors import XpressError
@@ -101,6 +102,27 @@ def test_family_is_exact(family, tok, tmp_path):
             check_invariants(traces, prompt_ids.shape[1], result)
         sampled = DecodeConfig(drafts=2, block=4, temperature=0.9, seed=7, max_new_tokens=NEW)
         assert run(models, prompt_ids, sampled)[1].token_ids == run(plain, prompt_ids, sampled)[1].token_ids
+
+
+@needs_bf16_packing
+@pytest.mark.parametrize("family", FAMILIES)
+def test_family_in_bf16_shares_its_projections_products_and_decodes_as_unpacked(family, tok, tmp_path, monkeypatch):
+    """bf16 on a CPU: each layer's q/k/v and gate/up read one packed product (``packing.fuse_shared_inputs``; qk-norm,
+    biases, experts, layers that reuse another's keys/values), and greedy ``generate`` and the engine's tokens are the
+    unpacked models' wherever every product a run made gives ``F.linear``'s outputs bit for bit (``ProductsRun``)."""
+    target = make_family_target(*FAMILIES[family], tok, tmp_path / family)
+    init_drafter(target, tmp_path / "drafter", layers=1, block=4)
+    models = load_models(target, tmp_path / "drafter", device="cpu", dtype="bfloat16")
+    plain = unpacked_models(monkeypatch, target, tmp_path / "drafter", device="cpu", dtype="bfloat16")
+    assert shared_count(models.target) > 0
+    prompt_ids = encode_prompt(models.tokenizer, PROMPTS[1], chat=True)
+    with ProductsRun([models.target]) as run_products:
+        got = hf_greedy(models, prompt_ids, new=NEW)
+    run_products.check(lambda: got == hf_greedy(plain, prompt_ids, new=NEW))
+    cfg = DecodeConfig(drafts=3, block=4, max_new_tokens=NEW)
+    with ProductsRun([models.target, models.drafter.model]) as run_products:
+        got = run(models, prompt_ids, cfg)[1].token_ids
+    run_products.check(lambda: got == run(plain, prompt_ids, cfg)[1].token_ids)
 
 
 @pytest.mark.parametrize("family", REFUSED)

@@ -19,8 +19,11 @@ from xpress_core.models import EMBEDDED_DRAFTER, EMBEDDED_TARGET, encode_prompt,
 from xpress_core.packing import (
     CHECK_TOKENS,
     EXACT_ROWS,
+    SHARED_INPUT_GROUPS,
     PackedLinear,
+    SharedPart,
     bucket_rows,
+    fuse_shared_inputs,
     pack_linears,
     packed_linear,
     packing_available,
@@ -33,7 +36,12 @@ needs_bf16_packing = pytest.mark.skipif(not BF16_CPU, reason="this CPU's oneDNN 
 
 
 def packed_count(model: nn.Module) -> int:
-    return sum(isinstance(m, PackedLinear) for m in model.modules())
+    """Linear layers whose products are packed: alone, or in a shared product (``fuse_shared_inputs``)."""
+    return sum(isinstance(m, PackedLinear | SharedPart) for m in model.modules())
+
+
+def shared_count(model: nn.Module) -> int:
+    return sum(isinstance(m, SharedPart) for m in model.modules())
 
 
 def unpacked_models(monkeypatch, *args, **kwargs):
@@ -149,8 +157,8 @@ class ProductsRun:
     ``packed_linear`` probes), so that the unpacked run computes the same numbers. Returns whether it was."""
 
     def __init__(self, models):
-        self.layers = [m for model in models for m in model.modules() if isinstance(m, PackedLinear)]
-        self.products: list[tuple[PackedLinear, torch.Tensor, torch.Tensor]] = []
+        self.layers = [m for model in models for m in model.modules() if isinstance(m, PackedLinear | SharedPart)]
+        self.products: list[tuple[PackedLinear | SharedPart, torch.Tensor, torch.Tensor]] = []
 
     def __enter__(self):
         record = lambda layer, args, out: self.products.append((layer, args[0].detach(), out.detach()))
@@ -265,8 +273,9 @@ def test_a_long_prompt_padded_to_its_bucket_decodes_the_tokens_of_the_unpacked_m
     plain = unpacked_models(monkeypatch, zoo["llama"], zoo["drafter_llama"], device="cpu", dtype="bfloat16")
     prompt_ids = encode_prompt(packed.tokenizer, PROMPT * 4, chat=False)[:, : EXACT_ROWS + 13]
     assert bucket_rows(prompt_ids.shape[1]) > prompt_ids.shape[1]
-    layers = [m for m in packed.target.modules() if isinstance(m, PackedLinear)]
-    shapes = {(m.in_features, m.out_features, m.bias is not None) for m in layers}
+    layers = [m for m in packed.target.modules() if isinstance(m, PackedLinear | SharedPart)]
+    widths = [m.product.out_features if isinstance(m, SharedPart) else m.out_features for m in layers]
+    shapes = {(m.in_features, width, m.bias is not None) for m, width in zip(layers, widths)}
     assert warm_packed([packed.target], 100) == len(shapes) * len({bucket_rows(c) for c in range(1, 101)})
     with ProductsRun([packed.target]) as run, torch.no_grad():
         logits = packed.target(prompt_ids).logits
@@ -275,3 +284,63 @@ def test_a_long_prompt_padded_to_its_bucket_decodes_the_tokens_of_the_unpacked_m
     with ProductsRun([packed.target, packed.drafter.model]) as run:
         got = decode_to_end(packed, prompt_ids, cfg).token_ids
     run.check(lambda: got == decode_to_end(plain, prompt_ids, cfg).token_ids)
+
+
+def projection_group(bias: bool = False) -> nn.Module:
+    """A module with a family's sibling projections (``SHARED_INPUT_GROUPS``), bf16, packed."""
+    torch.manual_seed(0)
+    module = nn.Module()
+    for name, out in (("q_proj", 256), ("k_proj", 128), ("v_proj", 128), ("gate_proj", 640), ("up_proj", 640)):
+        setattr(module, name, nn.Linear(256, out, bias=bias).to(torch.bfloat16))
+    assert pack_linears(module) == 5
+    return module
+
+
+@needs_bf16_packing
+@pytest.mark.parametrize("bias", [False, True])
+def test_sibling_projections_read_one_product_with_each_layers_outputs(bias):
+    """q, k and v (and gate and up) become parts of one packed product where its columns are each layer's
+    ``F.linear`` outputs bit for bit at the counts checked (``shared_product``); then every part gives exactly its
+    layer's outputs, whichever part a forward calls first, for a new input, after the input changed in place, and
+    under autograd (``F.linear`` itself, for gradients)."""
+    module = projection_group(bias)
+    layers = {name: getattr(module, name) for group in SHARED_INPUT_GROUPS for name in group}
+    if fuse_shared_inputs(module) == 0:
+        pytest.skip("this CPU's kernels round the fused products otherwise: the layers stay as they were (checked)")
+    assert all(isinstance(getattr(module, name), SharedPart) for name in layers)
+    assert module.q_proj.weight is layers["q_proj"].weight  # the parameters stay, shared
+
+    def separate(name: str, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, layers[name].weight, layers[name].bias)
+
+    with torch.no_grad():
+        for count in CHECK_TOKENS:
+            x = torch.randn(1, count, 256).to(torch.bfloat16)
+            for order in (("q_proj", "k_proj", "v_proj"), ("v_proj", "q_proj", "k_proj", "q_proj")):
+                for name in order:
+                    assert torch.equal(getattr(module, name)(x), separate(name, x))
+            x.mul_(2)  # in place: the product of the input before no longer applies
+            assert torch.equal(module.k_proj(x), separate("k_proj", x))
+            assert torch.equal(module.q_proj(x), separate("q_proj", x))
+            y = torch.randn(1, count, 256).to(torch.bfloat16)  # another input between two parts' calls
+            assert torch.equal(module.gate_proj(x), separate("gate_proj", x))
+            assert torch.equal(module.up_proj(y), separate("up_proj", y))
+            assert torch.equal(module.up_proj(x), separate("up_proj", x))
+    x = torch.randn(3, 256).to(torch.bfloat16).requires_grad_()
+    with torch.enable_grad():
+        module.up_proj(x).float().sum().backward()
+        grad, x.grad = x.grad, None
+        separate("up_proj", x).float().sum().backward()
+    assert grad is not None and torch.equal(grad, x.grad)
+
+
+@needs_bf16_packing
+def test_a_group_whose_shared_product_differs_keeps_its_layers(monkeypatch):
+    """The check at fusing time: were the fused product's columns ever to differ from a layer's ``F.linear`` outputs,
+    the group keeps its own packed products (here the fused weight is made wrong on purpose)."""
+    module = projection_group()
+    reorder = torch.ops.mkldnn._reorder_linear_weight
+    wrong = lambda w, tokens: reorder(w * 2 if w.shape[0] in (512, 1280) else w, tokens)  # the fused weights only
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", wrong)
+    assert fuse_shared_inputs(module) == 0
+    assert all(type(getattr(module, name)) is PackedLinear for group in SHARED_INPUT_GROUPS for name in group)

@@ -319,10 +319,27 @@ def first_features(models, prompt_ids):
     return (features[0],)
 
 
-def masked(root: int, length: int):
-    from xpress_core.drafters.diffusion import masked_block
+def masked(root: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One row's ``[root, MASK x L]``: (1, L+1) token ids and (1, L+1) masked flags (``embed_block``'s inputs)."""
+    block = torch.full((1, length + 1), root)
+    flags = torch.ones((1, length + 1), dtype=torch.bool)
+    flags[:, 0] = False
+    return block, flags
 
-    return masked_block(root, length, torch.device("cpu"))
+
+@pytest.mark.parametrize("learned_mask", [True, False])
+def test_a_drafts_first_block_is_the_embedded_root_and_masks(zoo, learned_mask):
+    """``first_block`` (a draft's first forward) gives ``embed_block``'s embeddings of ``[root, MASK x L]`` bit for
+    bit: a learned mask vector (ours), or the target's row of the mask token scaled (DFlash's)."""
+    from xpress_core.models import load_target
+
+    target, _ = load_target(zoo["llama"], torch.device("cpu"), torch.float32)
+    drafter = XpressDrafter.from_pretrained(zoo["drafter_llama"]).bind(target).eval()
+    if not learned_mask:
+        drafter.mask_embedding, drafter.config.input_embedding_scale = None, 1.5
+    with torch.no_grad():
+        for root, length in ((5, 4), (0, 1), (41, 8)):
+            assert torch.equal(drafter.first_block(root, length), drafter.embed_block(*masked(root, length)))
 
 
 def test_the_training_loss_is_the_hand_computed_one(zoo):

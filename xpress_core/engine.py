@@ -36,6 +36,11 @@ from .trace import DecodeResult, RoundTrace, StageClock, peak_memory_mb
 from .tree import Acceptance, DraftTree, accept, build_tree
 from .verify import VERIFIERS, Verified, target_forward
 
+# The grad mode a request's work runs in: inference mode, whose tensors track no versions or views (a fixed cost of
+# every op; the ops of a small model's forward are mostly fixed cost on a CPU). Their tensors stay in the request:
+# the events carry Python values.
+WORK_MODE = torch.inference_mode
+
 
 @dataclass
 class DecodeState:
@@ -228,7 +233,9 @@ def decode(
         torch.cuda.reset_peak_memory_stats(device)
     # Autograd is off for each stretch of work, not across the yields: the consumer keeps its own mode between events,
     # and whichever thread resumes the generator (the app resumes it on Gradio's worker threads) runs without it.
-    with torch.no_grad():
+    # Inference mode, not only no grad: the request's tensors (caches, drafter state) then keep no version counters or
+    # view records, a fixed cost of every small op (``WORK_MODE``).
+    with WORK_MODE():
         start, begun = clock.now(), clock.mark()
         state, first = prefill(models, prompt_ids, cfg)
         kept, reason = finish(models, state, [first], cfg, eos)
@@ -236,7 +243,7 @@ def decode(
     with clock.paused():
         yield record(models, state, kept, Timings(0.0, prefill_s, 0.0, clock.now() - start))
     while reason is None:  # a round waits for the device three times: the drafts, the target's draws, the clock
-        with torch.no_grad():
+        with WORK_MODE():
             t0 = clock.mark()
             setting = settings.choose(output_limit(models, state, cfg) - len(state.output))
             drafts, setting = settings.cut(draft(models, state, cfg, setting, watch), setting)
@@ -357,7 +364,7 @@ def calibrate(models: Models, repeats: int = 5) -> CostModel:
     The stages are timed in turns (``timed_in_turns``): what the controller weighs is one stage against another, and
     on a shared machine whose speed drifts, stages timed one after the other can be off against each other by more
     than the choices they decide (measured: a plain step priced 1.3x its cost against the drafting rounds)."""
-    with torch.no_grad():
+    with WORK_MODE():  # as decoding runs them
         run = CalibrationRun(models)
         stages = run.verify_stages() | run.draft_stages() | run.round_stages()
         seconds = timed_in_turns(run.clock, stages, repeats)

@@ -39,7 +39,7 @@ from .errors import XpressError
 from .head import ROWS_HEAD
 from .hub import ModelSpec, frozen_config, is_local, read_config_json
 from .needs import check_loadable
-from .packing import fp32_rows_linear, pack_linears, packed_linear, warm_packed
+from .packing import fp32_rows_linear, fuse_shared_inputs, pack_linears, packed_linear, warm_packed
 from .presets import Access, check_known, remote_code_allowed
 from .records import json_record
 from .trace import cuda_devices
@@ -518,10 +518,12 @@ def load_diffusion_lm(
 
 def freeze(model: torch.nn.Module) -> torch.nn.Module:
     """Inference only: no parameter needs a gradient, so no caller builds autograd graphs through it, whatever its
-    grad mode. On a CPU in bf16 its linear layers are packed for oneDNN (``packing.py``: the same outputs, sooner)."""
+    grad mode. On a CPU in bf16 its linear layers are packed for oneDNN, and sibling projections of one input become
+    one product (``packing.py``: the same outputs, sooner)."""
     for parameter in model.parameters():
         parameter.requires_grad_(False)
     pack_linears(model)
+    fuse_shared_inputs(model)
     return model.eval()
 
 

@@ -20,6 +20,12 @@ Only frozen inference models are packed (``models.freeze``), only on a CPU and o
 multiply faster through MKL on the plain layout (5 x 256 x 640: 22 us plain, 37 us packed), and a packed layer has
 no backward. The packed copy is kept beside the original weight (tied embeddings and every reader of ``.weight``
 still see the parameter), so a packed model holds its linear weights twice.
+
+Projections a layer computes from one input (attention's q, k and v; the MLP's gate and up) are then one packed
+product (``fuse_shared_inputs``), where its outputs are each layer's ``F.linear`` outputs bit for bit at the counts
+checked: a small product's cost is mostly fixed. Family-agnostic: the layers stay in place (``SharedPart``), and the
+first of a group a forward calls computes the group's product, which the others read as long as their input is the
+same tensor; any other call computes its own.
 """
 
 from __future__ import annotations
@@ -66,20 +72,27 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):  # the packed one has no backward
             return F.linear(x, self.weight, self.bias)
-        count = x.numel() // self.in_features
-        if count <= EXACT_ROWS and x.is_contiguous():
-            # The op takes (..., in) as it is and flattens it itself, the same product: the rows' own reshape, slice
-            # and view cost a tensor call each, a third of a small product (1 x 256 x 256: 24 against 15 us).
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-        rows = x.reshape(-1, self.in_features)
-        padded = bucket_rows(count)
-        if padded > count:
-            rows = torch.cat([rows, rows.new_zeros(padded - count, self.in_features)])
-        out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
-        return out[:count].reshape(*x.shape[:-1], self.out_features)
+        return packed_product(x, self.packed, self.bias, self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """(..., in) rows times a packed weight (``_reorder_linear_weight``) plus ``bias`` -> (..., out_features), at the
+    row count ``bucket_rows`` says."""
+    in_features = x.shape[-1]
+    count = x.numel() // in_features
+    if count <= EXACT_ROWS and x.is_contiguous():
+        # The op takes (..., in) as it is and flattens it itself, the same product: the rows' own reshape, slice
+        # and view cost a tensor call each, a third of a small product (1 x 256 x 256: 24 against 15 us).
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    rows = x.reshape(-1, in_features)
+    padded = bucket_rows(count)
+    if padded > count:
+        rows = torch.cat([rows, rows.new_zeros(padded - count, in_features)])
+    out = torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
+    return out[:count].reshape(*x.shape[:-1], out_features)
 
 
 def bucket_rows(count: int) -> int:
@@ -130,20 +143,118 @@ def pack_linears(model: nn.Module) -> int:
 
 
 def warm_packed(models: Iterable[nn.Module], rows: int) -> int:
-    """Build oneDNN's kernels for every row count up to ``rows`` (``bucket_rows``) of every distinct packed layer
-    shape in ``models``, so that no forward pays for a first shape later: at load, before any request. Returns the
-    products run (0 where nothing is packed)."""
-    shapes = {}
+    """Build oneDNN's kernels for every row count up to ``rows`` (``bucket_rows``) of every distinct packed product
+    shape in ``models`` (packed layers', and shared products', ``fuse_shared_inputs``), so that no forward pays for a
+    first shape later: at load, before any request. Returns the products run (0 where nothing is packed)."""
+    shapes = {}  # (in, out, bias or not) -> (packed weight, bias, weights' dtype)
     for model in models:
         for module in model.modules():
-            if isinstance(module, PackedLinear):
-                shapes.setdefault((module.in_features, module.out_features, module.bias is not None), module)
+            if isinstance(module, PackedLinear | SharedPart):
+                product = module.product if isinstance(module, SharedPart) else module
+                key = (module.in_features, product.out_features, module.bias is not None)
+                shapes.setdefault(key, (product.packed, product.bias, module.weight.dtype))
     counts = sorted({bucket_rows(count) for count in range(1, rows + 1)})
     with torch.no_grad():
-        for layer in shapes.values():
+        for (features, out_features, _), (packed, bias, dtype) in shapes.items():
             for count in counts:
-                layer(torch.zeros(count, layer.in_features, dtype=layer.weight.dtype))
+                packed_product(torch.zeros(count, features, dtype=dtype), packed, bias, out_features)
     return len(shapes) * len(counts)
+
+
+# Sibling projections of one module that a family computes from the same input, in the names transformers' families
+# give them (llama, qwen2/3, mistral, gemma, ...); a family that names them otherwise, or already fuses them, keeps its
+# products.
+SHARED_INPUT_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+class SharedProduct:
+    """The packed product of a group of linear layers side by side, over the input the group was last given: the
+    first of them a forward calls computes it, the others read their columns. Not a module: its weight is no
+    parameter of the model (the layers keep theirs; the side-by-side copy is the packed one alone)."""
+
+    def __init__(self, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int, parts: int):
+        self.packed, self.bias, self.out_features, self.parts = packed, bias, out_features, parts
+        # (input, its version, output, the parts that read this output): one tuple, swapped whole, so that a part
+        # reads an output with the input it was computed from even with forwards on several threads
+        self.last: tuple | None = None
+
+    def output(self, x: torch.Tensor, part: int) -> torch.Tensor:
+        last = self.last
+        if last is not None and last[0] is x and last[1] == version(x) and part not in last[3]:
+            read = last[3] | {part}
+            # Once every part read it, the group lets go of input and output (a long prompt's are large).
+            self.last = None if len(read) == self.parts else (x, last[1], last[2], read)
+            return last[2]
+        out = packed_product(x, self.packed, self.bias, self.out_features)
+        self.last = (x, version(x), out, frozenset((part,)))
+        return out
+
+
+def version(x: torch.Tensor) -> int:
+    """The tensor's version counter (bumped by an in-place change), 0 for an inference tensor (it has none)."""
+    return 0 if x.is_inference() else x._version
+
+
+class SharedPart(nn.Module):
+    """One layer of a ``SharedProduct``'s group: its columns of the group's product; ``weight`` and ``bias`` are the
+    layer's original parameters (shared, not copied)."""
+
+    def __init__(self, linear: nn.Module, product: SharedProduct, part: int, start: int):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+        self.product, self.part, self.start = product, part, start
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):  # the packed one has no backward
+            return F.linear(x, self.weight, self.bias)
+        return self.product.output(x, self.part)[..., self.start : self.start + self.out_features]
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, part={self.part}"
+
+
+def shared_product(layers: list[PackedLinear]) -> SharedProduct | None:
+    """``layers`` (packed, one input width, all with a bias or none) as one ``SharedProduct``, or None where its
+    columns differ from any layer's ``F.linear`` outputs at a row count of ``CHECK_TOKENS`` (random rows in the
+    weights' dtype)."""
+    first = layers[0]
+    if any(layer.in_features != first.in_features or (layer.bias is None) != (first.bias is None) for layer in layers):
+        return None
+    weight = torch.cat([layer.weight.detach() for layer in layers])
+    bias = None if first.bias is None else torch.cat([layer.bias.detach() for layer in layers])
+    product = SharedProduct(
+        torch.ops.mkldnn._reorder_linear_weight(weight, LAYOUT_TOKENS), bias, weight.shape[0], len(layers)
+    )
+    probe = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for tokens in CHECK_TOKENS:
+            x = torch.randn(tokens, first.in_features, generator=probe).to(weight.dtype)
+            out = packed_product(x, product.packed, bias, product.out_features)
+            parts = out.split([layer.out_features for layer in layers], dim=-1)
+            if not all(torch.equal(part, F.linear(x, l.weight, l.bias)) for part, l in zip(parts, layers)):
+                return None
+    return product
+
+
+def fuse_shared_inputs(model: nn.Module) -> int:
+    """Replace each group of packed sibling layers (``SHARED_INPUT_GROUPS``) by ``SharedPart``s of one product where
+    that keeps every output; the number of groups fused."""
+    count = 0
+    for parent in list(model.modules()):
+        for names in SHARED_INPUT_GROUPS:
+            layers = [getattr(parent, name, None) for name in names]
+            if not all(type(layer) is PackedLinear for layer in layers):
+                continue
+            product = shared_product(layers)
+            if product is None:
+                continue
+            start = 0
+            for part, (name, layer) in enumerate(zip(names, layers)):
+                setattr(parent, name, SharedPart(layer, product, part, start))
+                start += layer.out_features
+            count += 1
+    return count
 
 
 def fp32_rows_linear(linear: nn.Linear) -> PackedLinear | None:

@@ -30,15 +30,6 @@ from .diffusion_model import ContextKV, KVSlots, XpressDrafter, add_noise, signa
 from .masked import MaskedDiffusionDrafter, as_rows, row_gumbel, stacked
 from .refiner import PASS_CANDIDATES, RefinementPasses, previous_tokens, reads_between_passes
 
-
-def masked_block(root: int, length: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """One row's ``[root, MASK x L]``: (1, L+1) token ids and (1, L+1) masked flags."""
-    block = torch.full((1, length + 1), root, device=device)
-    masked = torch.ones((1, length + 1), dtype=torch.bool, device=device)
-    masked[:, 0] = False
-    return block, masked
-
-
 # Context slots a drafter state holds beyond the prompt before it must grow (it then doubles): a reply of up to this
 # many tokens never reallocates.
 CONTEXT_HEADROOM = 512
@@ -205,7 +196,7 @@ class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
         the tokens the pass before drafted (``refiner.py``); branch tokens stay. A pass that changes no token is a
         fixed point: the rest would change nothing (a CPU does not run them; a GPU does rather than wait to learn it). A draft tree is refined along its own paths
         instead (``refined_tree``)."""
-        hidden = self.block_hidden(state, self.model.embed_block(*masked_block(root, cfg.block, self.device)))
+        hidden = self.block_hidden(state, self.model.first_block(root, cfg.block))
         raw = self.model.raw_logits(hidden)
         first = logits = self.model.processed(raw).to(self.device)  # (1, L, V) pass 0
         allowed = allowed_logits(first[0], self.banned)
@@ -290,6 +281,12 @@ class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
         steps = tuple(DenoiseStep(t.tokens, t.chances, kind="tree") for t in trees) if watch else ()
         tree = trees[-1]
         return Drafts(tree.tokens, steps, tree.order, Refinement(trees[0].tokens, tree.tokens), tree.chances)
+
+    def first_denoise(
+        self, state: DiffusionState, root: int, tokens: torch.Tensor, committed: torch.Tensor
+    ) -> torch.Tensor:
+        """The first step's block from the root's row and the mask's (``XpressDrafter.first_block``)."""
+        return self.block_logits(state, self.model.first_block(root, tokens.shape[1]))
 
     def denoise(self, state: DiffusionState, root: int, tokens: torch.Tensor, committed: torch.Tensor) -> torch.Tensor:
         """One drafter forward on the rows' blocks ``[root, tokens or MASK]`` -> (R, L, V) logits."""

@@ -476,6 +476,20 @@ class XpressDrafter(PreTrainedModel):
         embeds = self.shared[0](tokens.clamp(min=0)).to(self.mask_embedding.dtype)
         return torch.where(masked[..., None], self.mask_embedding.expand_as(embeds), embeds)
 
+    def first_block(self, root: int, length: int) -> torch.Tensor:
+        """``embed_block`` of one row ``[root, MASK x length]`` (every draft's first forward) -> (1, L+1, H): the
+        root's row and the mask's, put side by side (the values ``embed_block`` selects, without its ids, flags and
+        selection: a few small ops a draft, each a fixed cost on a CPU)."""
+        device = self.norm.weight.device
+        if self.mask_embedding is None:  # the target's raw rows of the root and the mask token, scaled by the config
+            ids = torch.full((1, length + 1), self.config.mask_token_id, device=device)
+            ids[:, 0] = root
+            embeds = F.embedding(ids, self.shared[0].weight).to(self.norm.weight.dtype)
+            scale = self.config.input_embedding_scale
+            return embeds if scale == 1.0 else embeds * scale
+        root_row = self.shared[0](torch.full((1, 1), root, device=device)).to(self.mask_embedding.dtype)
+        return torch.cat([root_row, self.mask_embedding.expand(1, length, -1)], dim=1)
+
     def token_embeddings(self, tokens: torch.Tensor) -> torch.Tensor:
         """(B, Q) ids -> (B, Q, H) the target's embeddings rescaled to RMS ``clean_rms`` per coordinate (the clean
         signal of the gaussian drafter; its scale against the noise is the module docstring's SNR)."""

@@ -60,6 +60,11 @@ class MaskedDiffusionDrafter(Drafter):
     def denoise(self, state, root: int, tokens: torch.Tensor, committed: torch.Tensor) -> torch.Tensor:
         """One drafter forward on the rows' blocks ``[root, tokens or MASK]`` -> (R, L, V') logits, V' >= V."""
 
+    def first_denoise(self, state, root: int, tokens: torch.Tensor, committed: torch.Tensor) -> torch.Tensor:
+        """``denoise`` of one row ``[root, MASK x L]`` (the first step's: ``tokens`` (1, L) all MASKED, ``committed``
+        (1, L) all False); a family may build that block more directly."""
+        return self.denoise(state, root, tokens, committed)
+
     @torch.no_grad()
     def draft(self, state, root: int, cfg: DecodeConfig, randomness: DraftRandomness, watch: bool) -> Drafts:
         # A tree refines one row; its last step's distributions shape the tree (``tree_drafts``).
@@ -73,7 +78,7 @@ class MaskedDiffusionDrafter(Drafter):
         for step in range(1, cfg.steps + 1):
             # .to(device): with a target spread over GPUs, the shared LM head may sit on another GPU than the drafter.
             if step == 1:  # every row is still [root, MASK x L]: one row's forward and token choice serve all K
-                logits = self.denoise(state, root, tokens[:1], committed[:1]).to(device)
+                logits = self.first_denoise(state, root, tokens[:1], committed[:1]).to(device)
             else:
                 logits = stacked([self.denoise(state, root, tokens[r], committed[r]).to(device) for r in groups])
             if tree and step == cfg.steps:
