@@ -8,9 +8,11 @@ first ``--chats`` chats of the sets' ``--split`` half through ``xpress_app.chat.
 (Race off), each its own conversation: the earlier turns as history, the last user turn as the message. It reads the
 verdict's whole-reply figure from the line the app shows. Then, independently of the app's clock and plain-step
 figures, it times in turns, ``--repeats`` times after a warm-up: the engine decoding the same prompt at the same
-settings, and HF ``generate`` in float32 and in bfloat16 writing as many tokens (greedy, ``min_new_tokens`` =
-``max_new_tokens`` = the reply's length), each by the wall clock from the prompt's ids to the last token. The measured
-speedup is the faster ``generate``'s median over the engine's median. Issue 48's goal: the verdict within 15 % of it.
+settings, the engine's own plain decoding (no drafter) and HF ``generate`` in float32 and in bfloat16 writing as
+many tokens (greedy; ``generate`` with ``min_new_tokens`` = ``max_new_tokens`` = the reply's length, the engine's plain
+decoding up to it, its time scaled to the reply's length where it stopped sooner), each by the wall clock from the
+prompt's ids to the last token. The measured speedup is the fastest plain decoding's median over the engine's median.
+Issue 48's goal: the verdict within 15 % of it.
 Run it on a quiet machine, at the threads the app would use (the default).
 """
 
@@ -30,6 +32,7 @@ from xpress_app.models import ModelCache
 from xpress_app.settings import DEFAULTS, history_messages
 from xpress_core.chat import cap_chars, fit_prompt
 from xpress_core.data import evaluation_prompts, split_of
+from xpress_core.drafters.base import NoDrafter
 from xpress_core.engine import decode_to_end
 from xpress_core.models import EMBEDDED_TARGET, NO_DRAFTER, context_limit, load_models
 
@@ -43,10 +46,13 @@ def conversation(prompt) -> tuple[list[dict], str]:
     return messages[:-1], messages[-1]["content"]
 
 
-def seconds(run) -> float:
+def seconds(run) -> tuple[float, int]:
+    """The run's wall-clock seconds and the tokens it wrote (an engine's result, or ``generate``'s ids past the
+    prompt: only the engine's plain decoding's count is read)."""
     start = time.perf_counter()
-    run()
-    return time.perf_counter() - start
+    out = run()
+    elapsed = time.perf_counter() - start
+    return elapsed, out.new_tokens if hasattr(out, "new_tokens") else out.shape[1]
 
 
 def independent_speedup(loaded, targets: dict, history: list[dict], text: str, tokens: int, repeats: int) -> dict:
@@ -57,7 +63,12 @@ def independent_speedup(loaded, targets: dict, history: list[dict], text: str, t
     tokenizer = loaded.speculative.tokenizer
     limit = context_limit(loaded.speculative.target)
     ids = fit_prompt(tokenizer, chat.prompt, True, limit, cfg.max_new_tokens, chat.cuts).ids
-    runs = {"engine": lambda: decode_to_end(loaded.speculative, ids, cfg)}
+    plain = replace(loaded.speculative, drafter=NoDrafter())
+    plain_cfg = replace(cfg, max_new_tokens=tokens)
+    runs = {
+        "engine": lambda: decode_to_end(loaded.speculative, ids, cfg),
+        "xpress plain": lambda: decode_to_end(plain, ids, plain_cfg),
+    }
     for dtype, target in targets.items():
         runs[f"generate {dtype}"] = lambda target=target: target.generate(
             ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False
@@ -66,9 +77,10 @@ def independent_speedup(loaded, targets: dict, history: list[dict], text: str, t
     with torch.no_grad():
         for turn in range(repeats + 1):
             for name, run in runs.items():
-                elapsed = seconds(run)
+                elapsed, written = seconds(run)
                 if turn:
-                    timed[name].append(elapsed)
+                    # A plain decoding that stopped before the reply's length is timed per token, at that length
+                    timed[name].append(elapsed * tokens / written if name == "xpress plain" else elapsed)
     medians = {name: statistics.median(values) for name, values in timed.items()}
     fastest = min((name for name in medians if name != "engine"), key=medians.get)
     return {"medians_s": medians, "fastest_plain": fastest, "speedup": medians[fastest] / medians["engine"]}
