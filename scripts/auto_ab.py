@@ -16,6 +16,7 @@ drafter through the same engine. Printed per class: tokens per second of each, a
 from __future__ import annotations
 
 import argparse
+import re
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -23,6 +24,7 @@ from dataclasses import replace
 
 import torch
 
+from scripts.auto_replay import method_config
 from xpress_core import controller, engine
 from xpress_core.config import DecodeConfig
 from xpress_core.data import evaluation_prompts, prompt_class, split_of
@@ -56,13 +58,10 @@ def constants_set(changes: dict[str, float]):
 
 
 def method_run(models: Models, plain: Models, name: str, cfg: DecodeConfig) -> tuple[Models, DecodeConfig]:
-    """The models and config a method decodes a request with (``cfg``: auto's)."""
+    """The models and config a method decodes a request with (``cfg``: auto's; ``auto_replay.method_config``)."""
     if name == "plain":
         return plain, replace(cfg, auto=False, drafts=1, steps=1, block=1)
-    if "x" in name:
-        drafts, steps, block = (int(x) for x in name.split("x"))
-        return models, replace(cfg, auto=False, drafts=drafts, steps=steps, block=block)
-    return models, cfg
+    return models, method_config(name if re.fullmatch(r"\d+x\d+x\d+", name) else "auto", cfg)
 
 
 def main() -> None:

@@ -46,13 +46,11 @@ def conversation(prompt) -> tuple[list[dict], str]:
     return messages[:-1], messages[-1]["content"]
 
 
-def seconds(run) -> tuple[float, int]:
-    """The run's wall-clock seconds and the tokens it wrote (an engine's result, or ``generate``'s ids past the
-    prompt: only the engine's plain decoding's count is read)."""
+def seconds(run) -> tuple[float, object]:
+    """The run's wall-clock seconds and what it returned."""
     start = time.perf_counter()
     out = run()
-    elapsed = time.perf_counter() - start
-    return elapsed, out.new_tokens if hasattr(out, "new_tokens") else out.shape[1]
+    return time.perf_counter() - start, out
 
 
 def independent_speedup(loaded, targets: dict, history: list[dict], text: str, tokens: int, repeats: int) -> dict:
@@ -77,10 +75,11 @@ def independent_speedup(loaded, targets: dict, history: list[dict], text: str, t
     with torch.no_grad():
         for turn in range(repeats + 1):
             for name, run in runs.items():
-                elapsed, written = seconds(run)
+                elapsed, out = seconds(run)
+                if name == "xpress plain":  # stopped before the reply's length: timed per token, at that length
+                    elapsed *= tokens / out.new_tokens
                 if turn:
-                    # A plain decoding that stopped before the reply's length is timed per token, at that length
-                    timed[name].append(elapsed * tokens / written if name == "xpress plain" else elapsed)
+                    timed[name].append(elapsed)
     medians = {name: statistics.median(values) for name, values in timed.items()}
     fastest = min((name for name in medians if name != "engine"), key=medians.get)
     return {"medians_s": medians, "fastest_plain": fastest, "speedup": medians[fastest] / medians["engine"]}

@@ -597,6 +597,7 @@ class ChanceControl:
         self.gain_memory = GAIN_MEMORY_SAMPLED if sampled else GAIN_MEMORY
         self.cut_drafts = CUT_DRAFTS_SAMPLED if sampled else CUT_DRAFTS
         self.gain_by = GAIN_BY_SAMPLED if sampled else GAIN_BY
+        self.misses_needed = MISSES_SAMPLED if sampled else 0  # greedy, the gain estimate alone decides
         # Per depth 1..max_block: rounds that accepted that many draft tokens / the kept chances' sums there, decayed by
         # ``MEMORY`` in each round that verified the depth (a depth not verified learns nothing).
         self.realised, self.expected = [0.0] * self.max_block, [0.0] * self.max_block
@@ -650,7 +651,7 @@ class ChanceControl:
             return PLAIN_STEP
         setting = RoundSetting(self.drafts, 1, longest)
         below = self.expected_gain() <= self.draft_price(setting)
-        self.probing = below and (not self.sampled or self.misses >= MISSES_SAMPLED)
+        self.probing = below and self.misses >= self.misses_needed
         return PLAIN_STEP if self.probing and self.plain_run < self.probe_after else setting
 
     def cut(self, drafts, setting: RoundSetting):
