@@ -15,7 +15,7 @@ from xpress_core import cache as kv
 from xpress_core.config import DecodeConfig
 from xpress_core.drafters.base import DraftRandomness, NoDrafter
 from xpress_core.drafters.diffusion import DiffusionState, diffusion_drafter, grown
-from xpress_core.drafters.diffusion_model import XpressDrafter
+from xpress_core.drafters.diffusion_model import Rotary, XpressDrafter, rotate
 from xpress_core.engine import Models, decode, stop_token_ids
 from xpress_core.models import encode_prompt, load_models, load_target, native_bf16, resolve_dtype, target_banned_ids
 from xpress_core.sampling import TargetNoise, draw_token, gumbel
@@ -368,6 +368,26 @@ def test_drafter_context_buffers_hold_what_concatenation_would():
     ((keys, values),) = state.context
     assert state.length == 10 and state.buffers[0][0].shape[2] >= 10
     assert torch.equal(keys, torch.cat(chunks, dim=2)) and torch.equal(values, -torch.cat(chunks, dim=2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_drafters_rotation_is_the_textbook_one_bit_for_bit(dtype):
+    """``rotate`` with ``Rotary``'s signed sine (one roll a rotation) gives ``x cos + cat(-x2, x1) sin`` with the
+    usual sine, bit for bit, signed zeros included: at the first positions (sine 0), late ones, several head dims."""
+    for head_dim, start, length in ((16, 0, 1), (64, 0, 9), (64, 70, 13), (128, 1000, 33), (64, 30000, 5)):
+        rotary = Rotary(head_dim, 10000.0)
+        positions = torch.arange(start, start + length)[None].expand(2, -1)
+        x = (3 * torch.randn(2, 4, length, head_dim)).to(dtype)
+        x[0, 0, 0, :4], x[0, 0, 0, 4] = 0.0, -0.0
+        freqs = positions[..., None].float() * rotary.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None]
+        cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+        half = head_dim // 2
+        textbook = x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+        mine_cos, signed_sin = rotary(positions, dtype)
+        bits = torch.int16 if dtype == torch.bfloat16 else torch.int32
+        assert torch.equal(mine_cos, cos)
+        assert torch.equal(rotate(x, mine_cos, signed_sin).view(bits), textbook.view(bits))
 
 
 def test_autoregressive_drafter_and_none_equal_generate(zoo):

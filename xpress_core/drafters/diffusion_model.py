@@ -162,11 +162,13 @@ def default_tapped_layers(num_layers: int, count: int = 3) -> list[int]:
     return sorted({round(1 + i * (last - 1) / (count - 1)) for i in range(count)})
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding (x: (B, H, S, D), cos/sin: (B, 1, S, D))."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding (x: (B, H, S, D), cos and ``Rotary``'s signed sine: (B, 1, S, D)).
+
+    The usual ``x cos + cat(-x2, x1) sin`` with the minus moved onto the sine's first half (``Rotary``): the halves
+    swapped by one ``roll`` instead of two slices, a negation and a cat (four tensor calls fewer a rotation, a fixed
+    cost each on a CPU; 4 rotations a draft). Bit for bit the same: a product's sign does not change its rounding."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin
 
 
 def rotary_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
@@ -179,9 +181,13 @@ class Rotary(nn.Module):
         self.register_buffer("inv_freq", rotary_inv_freq(head_dim, theta), persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, S) positions -> cos and signed sine (B, 1, S, D): the sine's first half negated, as ``rotate`` reads
+        it (once per forward, where each rotation would negate its input's half)."""
         freqs = positions[..., None].float() * self.inv_freq  # (B, S, D/2)
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # (B, 1, S, D)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        signed_sin = emb.sin()
+        signed_sin[..., : freqs.shape[-1]].neg_()
+        return emb.cos().to(dtype), signed_sin.to(dtype)
 
 
 class ReferenceRMSNorm(nn.RMSNorm):
