@@ -219,6 +219,19 @@ def test_processed_distribution_equals_transformers_warpers(temperature, top_k, 
         torch.testing.assert_close(processed_logits(row, cfg).softmax(-1), hf_warped_probs(row, cfg), atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_greedy_draw_is_argmaxs_first_maximum(dtype):
+    """``draw_token`` greedy (max's index) picks argmax's token, ties to the first maximum, -inf and NaN included."""
+    rows = torch.randn(64, 4096).to(dtype)
+    rows[1, [7, 900, 4095]] = 50.0  # ties
+    rows[2] = float("-inf")
+    rows[2, 3000] = 0.0
+    rows[3, [10, 20]] = float("nan")
+    rows[4] = rows[4].round()  # many ties
+    cfg, noise = DecodeConfig(), TargetNoise(torch.Generator().manual_seed(0), 4096)
+    assert [draw_token(row, cfg, noise) for row in rows] == rows.argmax(-1).tolist()
+
+
 def test_sampling_distribution_matches_target(zoo):
     """Empirical law of the first two sampled tokens vs the exact target law (top-k 2: four outcomes)."""
     models = load_models(zoo["llama"], "none", device="cpu")
