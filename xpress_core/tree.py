@@ -32,9 +32,10 @@ class DraftTree:
         """Draft nodes, root excluded."""
         return len(self.tokens) - 1
 
-    @property
+    @cached_property
     def is_chain(self) -> bool:
-        """Each node the child of the one before (one draft, or none): the tree is a plain sequence."""
+        """Each node the child of the one before (one draft, or none): the tree is a plain sequence. Once per tree: a
+        verify asks twice."""
         return all(parent == node - 1 for node, parent in enumerate(self.parents[1:], start=1))
 
     def children(self, node: int) -> Mapping[int, int]:
