@@ -384,6 +384,34 @@ def test_drafter_context_buffers_hold_what_concatenation_would():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_drafts_read_their_rotary_angles_from_the_requests_table_as_computed(zoo, dtype, monkeypatch):
+    """A draft slices its positions' rotary angles from its request's table (``rotary_angles``): the slices equal
+    ``Rotary`` on the positions themselves bit for bit, and whole requests draft the same tokens, round by round, as
+    drafts that compute them, the context buffers (and with them the table) growing along the way."""
+    monkeypatch.setattr("xpress_core.drafters.diffusion.CONTEXT_HEADROOM", 2)
+    models = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu", dtype=str(dtype).removeprefix("torch."))
+    drafter = models.drafter
+    state = drafter.start(None, torch.zeros(5, len(drafter.tapped_layers) * drafter.model.config.hidden_size))
+    for start, end in ((0, 1), (3, 12), (5, 40), (100, 109)):
+        positions = torch.arange(start, end)[None]
+        for mine, computed in zip(
+            drafter.rotary_angles(state, start, end, dtype), drafter.model.rotary(positions, dtype)
+        ):
+            assert torch.equal(mine, computed)
+    prompt_ids = encode_prompt(models.tokenizer, PROMPTS[1], chat=True)
+    cfg = DecodeConfig(drafts=2, steps=2, block=4, max_new_tokens=NEW)
+    tabled, result = run(models, prompt_ids, cfg)
+
+    def computed(self, state, start, end, dtype):
+        return self.model.rotary(torch.arange(start, end)[None], dtype)
+
+    monkeypatch.setattr(type(drafter), "rotary_angles", computed)
+    oracle, oracle_result = run(models, prompt_ids, cfg)
+    assert [t.drafts for t in tabled] == [t.drafts for t in oracle] and len(tabled) > 3
+    assert result.token_ids == oracle_result.token_ids
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_drafters_rotation_is_the_textbook_one_bit_for_bit(dtype):
     """``rotate`` with ``Rotary``'s signed sine (one roll a rotation) gives ``x cos + cat(-x2, x1) sin`` with the
     usual sine, bit for bit, signed zeros included: at the first positions (sine 0), late ones, several head dims."""

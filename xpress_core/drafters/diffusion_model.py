@@ -539,11 +539,12 @@ class XpressDrafter(PreTrainedModel):
             return [None] * len(self.layers)
         return block_masks(causal, windows, positions, q_len, keys)
 
-    def hidden(self, block_embeds, positions, context, attention_mask=None, pending=None) -> torch.Tensor:
+    def hidden(self, block_embeds, positions, context, attention_mask=None, pending=None, angles=None) -> torch.Tensor:
         """The final normed hidden states (B, Q, H) of every block position, what the LM head reads. ``context``: per
         layer, keys/values (``ContextKV``) or ``KVSlots``; ``pending`` (1, m, H) fused context features projected in
-        the same forward (``DrafterAttention``), ``positions`` then covering them first."""
-        cos, sin = self.rotary(positions, block_embeds.dtype)
+        the same forward (``DrafterAttention``), ``positions`` then covering them first; ``angles``: the positions'
+        ``Rotary`` cos and signed sine, where the caller has them (a draft: ``rotary_angles``)."""
+        cos, sin = self.rotary(positions, block_embeds.dtype) if angles is None else angles
         if attention_mask is None:
             q_len = block_embeds.shape[1]
             masks = self.layer_masks(positions, q_len, context_keys(context[0], pending) + q_len)
@@ -556,10 +557,10 @@ class XpressDrafter(PreTrainedModel):
             h = layer(h, cos, sin, layer_context, mask, pending)
         return self.norm(h)
 
-    def draft_hidden(self, block_embeds, positions, context, pending=None) -> torch.Tensor:
+    def draft_hidden(self, block_embeds, positions, context, pending=None, angles=None) -> torch.Tensor:
         """Hidden states (B, L, H) that predict tokens 1..L of each block ``[root, L positions]``
         (``block_predictions``): what the LM head reads, and the refiner with it."""
-        return self.block_predictions(self.hidden(block_embeds, positions, context, pending=pending))
+        return self.block_predictions(self.hidden(block_embeds, positions, context, pending=pending, angles=angles))
 
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head on (..., L, H) hidden states -> (..., L, V), processed (``processed``)."""
