@@ -15,7 +15,7 @@ from xpress_core import cache as kv
 from xpress_core.config import DecodeConfig
 from xpress_core.drafters.base import DraftRandomness, NoDrafter
 from xpress_core.drafters.diffusion import DiffusionState, diffusion_drafter, grown
-from xpress_core.drafters.diffusion_model import XpressDrafter
+from xpress_core.drafters.diffusion_model import Rotary, XpressDrafter, rotate
 from xpress_core.engine import Models, decode, stop_token_ids
 from xpress_core.models import encode_prompt, load_models, load_target, native_bf16, resolve_dtype, target_banned_ids
 from xpress_core.sampling import TargetNoise, draw_token, gumbel
@@ -219,6 +219,19 @@ def test_processed_distribution_equals_transformers_warpers(temperature, top_k, 
         torch.testing.assert_close(processed_logits(row, cfg).softmax(-1), hf_warped_probs(row, cfg), atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_greedy_draw_is_argmaxs_first_maximum(dtype):
+    """``draw_token`` greedy (max's index) picks argmax's token, ties to the first maximum, -inf and NaN included."""
+    rows = torch.randn(64, 4096).to(dtype)
+    rows[1, [7, 900, 4095]] = 50.0  # ties
+    rows[2] = float("-inf")
+    rows[2, 3000] = 0.0
+    rows[3, [10, 20]] = float("nan")
+    rows[4] = rows[4].round()  # many ties
+    cfg, noise = DecodeConfig(), TargetNoise(torch.Generator().manual_seed(0), 4096)
+    assert [draw_token(row, cfg, noise) for row in rows] == rows.argmax(-1).tolist()
+
+
 def test_sampling_distribution_matches_target(zoo):
     """Empirical law of the first two sampled tokens vs the exact target law (top-k 2: four outcomes)."""
     models = load_models(zoo["llama"], "none", device="cpu")
@@ -368,6 +381,54 @@ def test_drafter_context_buffers_hold_what_concatenation_would():
     ((keys, values),) = state.context
     assert state.length == 10 and state.buffers[0][0].shape[2] >= 10
     assert torch.equal(keys, torch.cat(chunks, dim=2)) and torch.equal(values, -torch.cat(chunks, dim=2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_drafts_read_their_rotary_angles_from_the_requests_table_as_computed(zoo, dtype, monkeypatch):
+    """A draft slices its positions' rotary angles from its request's table (``rotary_angles``): the slices equal
+    ``Rotary`` on the positions themselves bit for bit, and whole requests draft the same tokens, round by round, as
+    drafts that compute them, the context buffers (and with them the table) growing along the way."""
+    monkeypatch.setattr("xpress_core.drafters.diffusion.CONTEXT_HEADROOM", 2)
+    models = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu", dtype=str(dtype).removeprefix("torch."))
+    drafter = models.drafter
+    state = drafter.start(None, torch.zeros(5, len(drafter.tapped_layers) * drafter.model.config.hidden_size))
+    for start, end in ((0, 1), (3, 12), (5, 40), (100, 109)):
+        positions = torch.arange(start, end)[None]
+        for mine, computed in zip(
+            drafter.rotary_angles(state, start, end, dtype), drafter.model.rotary(positions, dtype)
+        ):
+            assert torch.equal(mine, computed)
+    prompt_ids = encode_prompt(models.tokenizer, PROMPTS[1], chat=True)
+    cfg = DecodeConfig(drafts=2, steps=2, block=4, max_new_tokens=NEW)
+    tabled, result = run(models, prompt_ids, cfg)
+
+    def computed(self, state, start, end, dtype):
+        return self.model.rotary(torch.arange(start, end)[None], dtype)
+
+    monkeypatch.setattr(type(drafter), "rotary_angles", computed)
+    oracle, oracle_result = run(models, prompt_ids, cfg)
+    assert [t.drafts for t in tabled] == [t.drafts for t in oracle] and len(tabled) > 3
+    assert result.token_ids == oracle_result.token_ids
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_drafters_rotation_is_the_textbook_one_bit_for_bit(dtype):
+    """``rotate`` with ``Rotary``'s signed sine (one roll a rotation) gives ``x cos + cat(-x2, x1) sin`` with the
+    usual sine, bit for bit, signed zeros included: at the first positions (sine 0), late ones, several head dims."""
+    for head_dim, start, length in ((16, 0, 1), (64, 0, 9), (64, 70, 13), (128, 1000, 33), (64, 30000, 5)):
+        rotary = Rotary(head_dim, 10000.0)
+        positions = torch.arange(start, start + length)[None].expand(2, -1)
+        x = (3 * torch.randn(2, 4, length, head_dim)).to(dtype)
+        x[0, 0, 0, :4], x[0, 0, 0, 4] = 0.0, -0.0
+        freqs = positions[..., None].float() * rotary.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None]
+        cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+        half = head_dim // 2
+        textbook = x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+        mine_cos, signed_sin = rotary(positions, dtype)
+        bits = torch.int16 if dtype == torch.bfloat16 else torch.int32
+        assert torch.equal(mine_cos, cos)
+        assert torch.equal(rotate(x, mine_cos, signed_sin).view(bits), textbook.view(bits))
 
 
 def test_autoregressive_drafter_and_none_equal_generate(zoo):

@@ -154,6 +154,7 @@ def test_a_round_waits_for_the_device_at_most_three_times(drafters, monkeypatch,
     monkeypatch.setattr(engine, "StageClock", functools.partial(StageClock, events=True))
     monkeypatch.setattr("xpress_core.tree.draws_at_once", lambda device: True)
     monkeypatch.setattr("xpress_core.drafters.diffusion.reads_between_passes", lambda device: False)
+    monkeypatch.setattr("xpress_core.drafters.base.one_transfer", lambda device: True)
     events = []
     with HostSyncs() as syncs:
         syncs.host(ids)  # a tokenizer's ids are on the host

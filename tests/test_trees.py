@@ -15,7 +15,8 @@ from tests.oracles import NEW, PROMPTS, check_invariants, hf_greedy, plain_sampl
 from xpress_core import engine as engine_module
 from xpress_core.config import DecodeConfig
 from xpress_core.controller import FixedControl
-from xpress_core.drafters.base import DraftRandomness
+from xpress_core.drafters import base as drafter_base
+from xpress_core.drafters.base import DraftRandomness, read_top
 from xpress_core.drafters.diffusion_model import XpressDrafterConfig
 from xpress_core.engine import stop_token_ids
 from xpress_core.models import encode_prompt, load_models
@@ -68,6 +69,18 @@ def test_tree_mask_and_children_equal_a_direct_construction_on_random_tries(seed
         assert dict(tree.children(node)) == kids
     assert tree.is_chain == causal
     assert build_tree(root, drafts[:1]).is_chain and build_tree(root, []).is_chain
+
+
+@pytest.mark.parametrize("vocab", [4096, 151_936])
+def test_a_cpus_top_k_reads_as_the_one_transfer_a_gpu_makes(vocab, monkeypatch):
+    """``read_top`` on a CPU (each tensor read as it is) gives the one transfer's chances and ids, ints alike."""
+    chances = torch.rand(8, vocab).softmax(-1)
+    chances[0, :40] = chances[0, 40]  # ties
+    top = chances.topk(32, dim=-1)
+    mine = read_top(*top)
+    monkeypatch.setattr(drafter_base, "one_transfer", lambda device: True)
+    assert mine == read_top(*top)
+    assert all(type(t) is int for row in mine[1] for t in row) and all(type(p) is float for row in mine[0] for p in row)
 
 
 def tree_value(nodes, probs) -> float:

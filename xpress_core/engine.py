@@ -57,6 +57,7 @@ class DecodeState:
     drafter_rng: torch.Generator
     prompt_len: int
     context: int | None  # the target's context (``context_limit``), looked up once: a config read costs a round
+    window: int | None  # the target's sliding window (``cache.sliding_window``) for a tree's mask, looked up once too
     forwards: int = 1  # target forwards so far (the prefill is the first)
     accept_lens: list[int] = field(default_factory=list)  # per drafting round
     settings: list[tuple[int, int, int]] = field(default_factory=list)  # per drafting round: (K, T, L)
@@ -104,8 +105,8 @@ def prefill(models: Models, prompt_ids: torch.Tensor, cfg: DecodeConfig) -> tupl
     drafter_rng = torch.Generator(device=device).manual_seed(cfg.seed + 1)
     first = draw_token(logits[0, -1], cfg, noise)
     draft_state = models.drafter.start(prompt_ids, None if features is None else features[0])
-    context = context_limit(models.target)
-    state = DecodeState(cache, draft_state, first, [], noise, drafter_rng, prompt_ids.shape[1], context)
+    context, window = context_limit(models.target), kv.sliding_window(models.target.config)
+    state = DecodeState(cache, draft_state, first, [], noise, drafter_rng, prompt_ids.shape[1], context, window)
     return state, first
 
 

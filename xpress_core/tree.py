@@ -32,9 +32,10 @@ class DraftTree:
         """Draft nodes, root excluded."""
         return len(self.tokens) - 1
 
-    @property
+    @cached_property
     def is_chain(self) -> bool:
-        """Each node the child of the one before (one draft, or none): the tree is a plain sequence."""
+        """Each node the child of the one before (one draft, or none): the tree is a plain sequence. Once per tree: a
+        verify asks twice."""
         return all(parent == node - 1 for node, parent in enumerate(self.parents[1:], start=1))
 
     def children(self, node: int) -> Mapping[int, int]:
@@ -148,19 +149,19 @@ def best_first_tree(choices: Choices, budget: int, depth: int) -> TreePaths:
 def tree_paths(paths: list, chances: list, parents: list, ranks: list) -> TreePaths:
     """A tree's root-to-leaf paths from its nodes in best-first order (per node: its tokens from the root's child
     down, its own chance, its parent node, -1 the root, and its token's rank among its parent's choices)."""
+    # Per node, along its path from the root's child: the nodes, their ranks and their chances, each a tuple built on
+    # its parent's (parents come first): a leaf's are then read, not walked up to the root (a (4, 1, 8) tree's 21
+    # leaves: 24 us against 14, one thread).
+    nodes, orders, own = [], [], []
+    for node, parent in enumerate(parents):
+        top = parent < 0  # a child of the root
+        nodes.append((node,) if top else nodes[parent] + (node,))
+        orders.append((ranks[node],) if top else orders[parent] + (ranks[node],))
+        own.append((chances[node],) if top else own[parent] + (chances[node],))
     has_child = set(parents)
-    leaves = []
-    for leaf in (n for n in range(len(paths)) if n not in has_child):
-        path = [leaf]
-        while parents[path[-1]] >= 0:
-            path.append(parents[path[-1]])
-        leaves.append(path[::-1])
-    leaves.sort(key=lambda path: [ranks[n] for n in path])  # depth first, each node's better choices first
-    return TreePaths(
-        tuple(paths[path[-1]] for path in leaves),
-        tuple(tuple(chances[n] for n in path) for path in leaves),
-        tuple(map(tuple, leaves)),
-    )
+    # Depth first, each node's better choices first
+    leaves = sorted((n for n in range(len(paths)) if n not in has_child), key=orders.__getitem__)
+    return TreePaths(tuple(paths[n] for n in leaves), tuple(own[n] for n in leaves), tuple(nodes[n] for n in leaves))
 
 
 @dataclass(frozen=True)
@@ -263,12 +264,12 @@ def tree_attention_mask(tensors: TreeTensors, dtype: torch.dtype) -> torch.Tenso
     A float mask (0 / finfo.min) rather than bool: bool masks are silently misread by some eager attention paths.
     """
     ancestors, past = tensors.ancestors, tensors.past  # column i lists node i, its parent, ..., the root
-    n, device = ancestors.shape[1], ancestors.device
-    allowed = torch.zeros(n, n, dtype=torch.bool, device=device)
-    allowed[torch.arange(n, device=device).expand_as(ancestors), ancestors] = True
-    mask = torch.full((n, past + n), torch.finfo(dtype).min, dtype=dtype, device=device)
+    n = ancestors.shape[1]
+    mask = torch.full((n, past + n), torch.finfo(dtype).min, dtype=dtype, device=ancestors.device)
     mask[:, :past] = 0
-    mask[:, past:].masked_fill_(allowed, 0)
+    # Row i opened at its ancestors' columns straight from the ancestors' table (the root repeats: written twice),
+    # where a boolean matrix of them and a fill cost four more small ops a round.
+    mask[:, past:].scatter_(1, ancestors.T, 0)
     return mask[None, None]
 
 

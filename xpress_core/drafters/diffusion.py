@@ -46,6 +46,9 @@ class DiffusionState:
     previous: torch.Tensor  # (F,) tapped features of the last committed token, the one before the root
     pending: list[torch.Tensor] = field(default_factory=list)  # (m, F) tapped features of tokens committed since
     selector_hidden: torch.Tensor | None = None  # (R, L, H) the last block forward's final hidden states (DFlash 2)
+    # (1, 1, P, D) ``Rotary``'s cos and signed sine of positions 0..P-1 in the drafter's dtype, P at least the buffers'
+    # capacity: a block forward slices its positions' (``TargetConditionedDrafter.rotary_angles``)
+    angles: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def committed(self) -> int:
@@ -140,16 +143,31 @@ class TargetConditionedDrafter(Drafter):
         block_embeds = self.model.with_previous(block_embeds, state.previous[None, None])
         if rows > 1:
             self.project_pending(state)
-            positions = torch.arange(state.length, state.length + span, device=block_embeds.device).expand(rows, -1)
+            start, end = state.length, state.length + span
+            positions = torch.arange(start, end, device=block_embeds.device).expand(rows, -1)
             context = [(ck.expand(rows, -1, -1, -1), cv.expand(rows, -1, -1, -1)) for ck, cv in state.context]
-            return self.model.draft_hidden(block_embeds, positions, context)
+            angles = self.rotary_angles(state, start, end, block_embeds.dtype)
+            return self.model.draft_hidden(block_embeds, positions, context, angles=angles)
         pending = self.model.fuse(torch.cat(state.pending))[None] if state.pending else None
         taken = 0 if pending is None else pending.shape[1]
         state.reserve(taken + span)
-        positions = torch.arange(state.length, state.length + taken + span, device=block_embeds.device)[None]
-        hidden = self.model.draft_hidden(block_embeds, positions, state.slots(), pending)
+        start, end = state.length, state.length + taken + span
+        positions = torch.arange(start, end, device=block_embeds.device)[None]
+        angles = self.rotary_angles(state, start, end, block_embeds.dtype)
+        hidden = self.model.draft_hidden(block_embeds, positions, state.slots(), pending, angles)
         state.pending, state.length = [], state.length + taken
         return hidden
+
+    def rotary_angles(self, state: DiffusionState, start: int, end: int, dtype: torch.dtype) -> tuple:
+        """``Rotary``'s cos and signed sine (1, 1, end - start, D) of positions start..end-1, sliced from the state's
+        table (``DiffusionState.angles``), computed again only when the buffers outgrow it: a draft's own rotary costs
+        about ten small ops, two slices here. The values are the same bit for bit (elementwise functions of the
+        position)."""
+        if state.angles is None or state.angles[0].shape[2] < end:
+            positions = torch.arange(max(end, state.buffers[0][0].shape[2]), device=self.device)[None]
+            state.angles = self.model.rotary(positions, dtype)
+        cos, signed_sin = state.angles
+        return cos[:, :, start:end], signed_sin[:, :, start:end]
 
 
 class DiffusionDrafter(TargetConditionedDrafter, MaskedDiffusionDrafter):
