@@ -493,20 +493,20 @@ def test_a_bad_start_does_not_stop_drafting_and_drafts_that_keep_failing_do():
 PRICEY_DRAFT = CostModel(0.6, 0.0, 0.9, 0.1, 0.0)  # a draft 0.6 plain steps: priced 0.6 when sampling (rate 1)
 
 
-def test_sampled_drafting_stops_after_two_misses_in_a_row_not_after_one():
+def test_sampled_drafting_stops_after_three_misses_in_a_row_not_before():
     """Sampled at PRICEY_DRAFT: one round that accepts nothing leaves the gain estimate below the draft's price
-    ((0.5 x 1.5 - 0.3) / 1.5 = 0.3 < 0.6), yet the next round drafts; the second miss in a row stops drafting
+    ((0.5 x 1.5 - 0.3) / 1.5 = 0.3 < 0.6), yet the next two rounds draft; the third miss in a row stops drafting
     until the probe after two plain rounds, whose draft pays (3 accepted) and clears the misses: the next miss is
-    again a first one, and the round after it drafts."""
+    again a first one, and the two rounds after it draft."""
     control = ChanceControl(PRICEY_DRAFT, 3, sampled=True)
-    accepts, picks = iter((0, 0, 3, 0, 0)), []
-    for _ in range(7):
+    accepts, picks = iter((0, 0, 0, 3, 0, 0)), []
+    for _ in range(8):
         setting = control.choose(remaining=100)
         if not setting.plain:
             _, setting = control.cut(CHAIN, setting)
         picks.append(control.last is not None)
         control.observe(setting, next(accepts) if control.last is not None else 0)
-    assert picks == [True, True, False, False, True, True, True]
+    assert picks == [True, True, True, False, False, True, True, True]
 
 
 def round_gain_after(sampled: bool, accepted: int) -> tuple[float, float]:
