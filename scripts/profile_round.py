@@ -1,14 +1,15 @@
 """Per-round stage costs of the engine on the embedded pair: draft / verify / other ms per round against one plain step.
 
     OMP_NUM_THREADS=1 python -m scripts.profile_round --dtype float32 [-K 1 -T 1 -L 8] [--drafter assets/drafter_dflash]
-        [--profile] [--unpacked]
+        [--profile] [--unpacked] [--threads 2 --wall]
 
 Runs a few chat requests at a fixed (K, T, L) and the same requests plainly (the "none" drafter through the same
 engine), and prints the mean stage times of the drafting rounds (the prefill excluded). The engine's clock reads
 this thread's CPU time here instead of the wall clock, so that other jobs on a shared machine do not inflate the
 stages (``--wall`` for the wall clock). ``--profile`` adds the cProfile table (cumulative time) of the speculative runs.
 ``--unpacked`` loads the models without packing their bf16 linear layers (``xpress_core/packing.py``), for a before
-and after of that step.
+and after of that step. ``--threads``: torch's threads (1 by default; a CPU time is one thread's, so with more than one
+time by ``--wall``): a verify's products over many rows share out across cores, a plain step's one row barely does.
 """
 
 from __future__ import annotations
@@ -81,8 +82,11 @@ def main() -> None:
     parser = round_arguments(__doc__, drafts=1, repeats=2)
     parser.add_argument("--profile", action="store_true", help="print the cProfile table of the speculative runs")
     parser.add_argument("--unpacked", action="store_true", help="bf16 linear layers as transformers loads them")
+    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    if args.threads > 1 and not args.wall:
+        parser.error("--threads above 1 needs --wall: CPU time is this thread's alone")
+    torch.set_num_threads(args.threads)
     if not args.wall:
         engine.Clock.raw = lambda self: time.thread_time()
         StageClock.host_time = staticmethod(time.thread_time)
