@@ -256,6 +256,8 @@ def test_a_round_tells_what_fewer_drafts_would_have_accepted(embedded, monkeypat
     seen = []
 
     class Recording(FixedControl):
+        counts_fewer = True
+
         def observe(self, setting, accepted, with_fewer=()):
             seen.append((accepted, with_fewer))
 

@@ -183,6 +183,8 @@ def auto_longest_block(max_block: int | None) -> int:
 class FixedControl:
     """Every round at the request's own (K, T, L)."""
 
+    counts_fewer = False  # ``observe`` ignores what fewer drafts would have accepted: the engine need not work it out
+
     def __init__(self, cfg: DecodeConfig):
         self.setting = RoundSetting(cfg.drafts, cfg.steps, cfg.block)
 
@@ -202,6 +204,8 @@ class FixedControl:
 
 class AutoControl:
     """The controller ``auto``: the setting with the most expected tokens per second (module docstring)."""
+
+    counts_fewer = True  # a round at K teaches every smaller K (``observe``'s ``with_fewer``)
 
     def __init__(
         self,
@@ -515,8 +519,10 @@ def best_cut(
     ancestors come before it and are shallower) for K in ``drafts``; gain = share x their chances' sum - ``rate``
     x (the round's rest, its verify, walk and commit, in plain steps - 1). The draft is paid already: it does not
     enter."""
-    plain_s, best = costs.round_s(PLAIN_STEP), TreeCut(PLAIN_STEP, 0, 0.0, 0.0)
-    widest = max(drafts)
+    plain_s, widest = costs.round_s(PLAIN_STEP), max(drafts)
+    # Every round runs this search: the best so far stays plain values (one TreeCut at the end), and a node count's
+    # price, which several (K, L) share, is computed once.
+    best, spent = (0.0, 0, 0, 0, 0.0), {}  # (gain, K, L, nodes, their chances' sum); K = 0: the root alone
     for block in range(1, longest + 1):
         # The first K x L nodes are all a cut reads: a round runs this search, so it sums no further.
         sums = list(accumulate(islice((p for d, p in nodes if d <= block), widest * block)))
@@ -524,12 +530,15 @@ def best_cut(
             count = min(k * block, len(sums))
             if count == 0:
                 break
-            gain = share * sums[count - 1] - rate * (costs.after_draft_s(count) / plain_s - 1.0)
-            if gain > best.gain:
-                best = TreeCut(RoundSetting(k, 1, block), count, sums[count - 1], gain)
+            if count not in spent:
+                spent[count] = rate * (costs.after_draft_s(count) / plain_s - 1.0)
+            gain = share * sums[count - 1] - spent[count]
+            if gain > best[0]:
+                best = (gain, k, block, count, sums[count - 1])
             if count == len(sums):
                 break  # a larger K keeps the same nodes
-    return best
+    gain, k, block, count, expects = best
+    return TreeCut(RoundSetting(k, 1, block) if k else PLAIN_STEP, count, expects, gain)
 
 
 def apply_cut(drafts, nodes: list[tuple[int, float]], cut: TreeCut):
@@ -587,6 +596,8 @@ class ChanceControl:
     all is the one choice made before the chances are known: when the gain of the last drafting rounds (``round_gain``,
     ``GAIN_MEMORY``, over ``GAIN_PRIOR``) beats the draft's price, or as a probe after ``PROBE_FIRST`` plain rounds
     and more."""
+
+    counts_fewer = False  # the chances price every cut: no counts per K
 
     def __init__(self, costs: CostModel, max_block: int | None, sampled: bool = False):
         self.calibrated, self.max_block = costs, auto_longest_block(max_block)
@@ -665,7 +676,7 @@ class ChanceControl:
         weighed = [(depth, shares[depth - 1] * chance) for depth, chance in nodes]
         cut = best_cut(weighed, setting.block, 1.0, self.costs, self.rate(), self.cut_drafts)
         self.kept = kept_by_depth(nodes, cut)
-        self.last = replace(cut, expects=sum(self.kept))
+        self.last = TreeCut(cut.setting, cut.nodes, sum(self.kept), cut.gain)
         self.plain_run = 0
         self.drafts = min(max(self.cut_drafts), next_drafts(setting.drafts, self.last.setting))
         return apply_cut(drafts, nodes, self.last), self.last.setting

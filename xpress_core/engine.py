@@ -254,7 +254,8 @@ def decode(
             t2 = clock.mark()
             acceptance = accept(tree, verified.node_logits, cfg, state.noise, verified.depths)
             commit(models, state, tree, verified, acceptance, verifier)
-            settings.observe(setting, len(acceptance.path), accepted_with_fewer(drafts, tree, acceptance, setting))
+            fewer = accepted_with_fewer(drafts, tree, acceptance, setting) if settings.counts_fewer else ()
+            settings.observe(setting, len(acceptance.path), fewer)
             emitted = [tree.tokens[n] for n in acceptance.path] + [acceptance.bonus]
             kept, reason = finish(models, state, emitted, cfg, eos)
             timings = Timings(*clock.seconds(t0, t1, t2, clock.mark()), clock.now() - start)
@@ -468,6 +469,7 @@ class CalibrationRun:
         tree, verified, setting = self.round["tree"], self.round["verified"], self.round["setting"]
         acceptance = accept(tree, verified.node_logits, DecodeConfig(), self.state.noise)
         commit(self.models, self.state, tree, verified, acceptance, self.verifier)
-        fewer = accepted_with_fewer(self.round["drafts"], tree, acceptance, setting)
+        counted = self.planner.counts_fewer  # as decoding does: only a controller that counts them pays for them
+        fewer = accepted_with_fewer(self.round["drafts"], tree, acceptance, setting) if counted else ()
         self.planner.observe(setting, len(acceptance.path), fewer)
         self.planner.choose(remaining=4 * CALIBRATION_BLOCK)
