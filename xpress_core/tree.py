@@ -159,7 +159,7 @@ def tree_paths(paths: list, chances: list, parents: list, ranks: list) -> TreePa
         orders.append((ranks[node],) if top else orders[parent] + (ranks[node],))
         own.append((chances[node],) if top else own[parent] + (chances[node],))
     has_child = set(parents)
-    # Depth first, each node's better choices first
+    # Depth first, each node's better choices first.
     leaves = sorted((n for n in range(len(paths)) if n not in has_child), key=orders.__getitem__)
     return TreePaths(tuple(paths[n] for n in leaves), tuple(own[n] for n in leaves), tuple(nodes[n] for n in leaves))
 
