@@ -220,7 +220,7 @@ def test_auto_is_judged_per_prompt_class_from_the_final_calls(bench_run):
     rows = [r for r in doc["measurements"] if r["stage"] == "final"]
     assert prompt_class("sgd_dev-12") == "sgd_dev" and prompt_class("raw") == "raw"
 
-    def rate(group, temperature, method, setting=None):
+    def rate(group, temperature, method, setting=None, repeat=None):
         calls = [
             r
             for r in rows
@@ -228,6 +228,7 @@ def test_auto_is_judged_per_prompt_class_from_the_final_calls(bench_run):
             and r["temperature"] == temperature
             and r["method"] == method
             and (setting is None or r["setting"] == setting)
+            and (repeat is None or r["repeat"] == repeat)
         ]
         return sum(r["new_tokens"] for r in calls) / sum(r["time_s"] for r in calls)
 
@@ -247,6 +248,14 @@ def test_auto_is_judged_per_prompt_class_from_the_final_calls(bench_run):
         assert over["rival_setting"] == best
         assert over["ratio"] == pytest.approx(auto / rate(group, temperature, XPRESS, best), **rounded)
         assert over["met"] == (over["ratio"] >= over["goal"])
+        repeats = sorted({r["repeat"] for r in rows})
+        assert over["per_repeat"] == pytest.approx(
+            [
+                rate(group, temperature, XPRESS_AUTO, repeat=r) / rate(group, temperature, XPRESS, best, repeat=r)
+                for r in repeats
+            ],
+            **rounded,
+        )
 
 
 def same_setting(row: dict, summary: dict) -> bool:
