@@ -168,7 +168,8 @@ def repeat_ratios(calls: Sequence[Measurement], rival: Sequence[Measurement]) ->
     prompts, the noise a shortfall of a few percent is read against."""
     repeats = sorted({m.repeat for m in calls} & {m.repeat for m in rival})
     return [
-        throughput([m for m in calls if m.repeat == r]) / throughput([m for m in rival if m.repeat == r]) for r in repeats
+        throughput([m for m in calls if m.repeat == r]) / throughput([m for m in rival if m.repeat == r])
+        for r in repeats
     ]
 
 
