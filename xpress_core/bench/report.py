@@ -18,7 +18,7 @@ from ..records import json_record
 from .measure import Measurement
 from .methods import HF_ASSISTED, HF_LOOKUP, REFERENCE, XPRESS, XPRESS_AUTO, XPRESS_NONE, BenchModels
 from .stages import Stage
-from .summary import Summary, best_per_method, throughput
+from .summary import Summary, best_per_method, repeat_rates, throughput
 
 SCHEMA = "xpress-bench/1"
 
@@ -134,11 +134,11 @@ def auto_per_class(calls: Sequence[Measurement]) -> list[dict]:
     for (group, temperature), by_setting in sorted(groups.items()):
         rates = {setting: throughput(ms) for setting, ms in by_setting.items()}
         auto_setting = next((s for s in rates if s.method == XPRESS_AUTO), None)
-        auto = rates.get(auto_setting)
+        if auto_setting is None:
+            continue
+        auto = rates[auto_setting]
         plain = next((r for s, r in rates.items() if s.method == XPRESS_NONE), None)
         fixed = [(r, s) for s, r in rates.items() if s.method == XPRESS]
-        if auto is None:
-            continue
         row: dict = {
             "class": group,
             "temperature": temperature,
@@ -166,11 +166,8 @@ def auto_per_class(calls: Sequence[Measurement]) -> list[dict]:
 def repeat_ratios(calls: Sequence[Measurement], rival: Sequence[Measurement]) -> list[float]:
     """The ratio of two settings' rates repeat by repeat: how far one class's ratio moves between passes over the same
     prompts, the noise a shortfall of a few percent is read against."""
-    repeats = sorted({m.repeat for m in calls} & {m.repeat for m in rival})
-    return [
-        throughput([m for m in calls if m.repeat == r]) / throughput([m for m in rival if m.repeat == r])
-        for r in repeats
-    ]
+    mine, theirs = repeat_rates(calls), repeat_rates(rival)
+    return [rate / theirs[r] for r, rate in mine.items() if r in theirs]
 
 
 def refinement_ratios(summaries: Sequence[Summary]) -> list[dict]:

@@ -146,9 +146,7 @@ def fastest_plain(groups: dict[tuple[Setting, float], list[Measurement]]) -> dic
     for (_, t), ms in generate.items():
         if t not in faster or throughput(ms) > throughput(faster[t]):
             faster[t] = ms
-    return {
-        (t, r): throughput([m for m in ms if m.repeat == r]) for t, ms in faster.items() for r in {m.repeat for m in ms}
-    }
+    return {(t, r): rate for t, ms in faster.items() for r, rate in repeat_rates(ms).items()}
 
 
 def throughput(measurements: Sequence[Measurement]) -> float:
@@ -156,12 +154,17 @@ def throughput(measurements: Sequence[Measurement]) -> float:
     return sum(m.new_tokens for m in measurements) / seconds if seconds > 0 else 0.0
 
 
+def repeat_rates(measurements: Sequence[Measurement]) -> dict[int, float]:
+    """Repeat -> tokens/s of that repeat's calls, in the repeats' order."""
+    return {r: throughput([m for m in measurements if m.repeat == r]) for r in sorted({m.repeat for m in measurements})}
+
+
 def summarize_group(
     setting: Setting, temperature: float, ms: list[Measurement], reference: dict[tuple[float, int], float]
 ) -> Summary:
-    repeats = sorted({m.repeat for m in ms})
-    rates = [throughput([m for m in ms if m.repeat == r]) for r in repeats]
-    ratios = [rate / reference[(temperature, r)] for rate, r in zip(rates, repeats) if reference.get((temperature, r))]
+    by_repeat = repeat_rates(ms)
+    rates = list(by_repeat.values())
+    ratios = [rate / reference[(temperature, r)] for r, rate in by_repeat.items() if reference.get((temperature, r))]
     rounds = [a for m in ms for a in m.outcome.accept_lens]
     trees = [t for m in ms for t in m.outcome.tree_sizes]
     tokens = sum(m.new_tokens for m in ms) or 1
