@@ -5,11 +5,16 @@ Mapping (also stated in the model cards):
 - Topical-Chat: speaker ``A`` -> user, ``B`` -> assistant (it has no assistant role of its own).
 - TinyStories part a: a "tell me a story" user turn answered by the story; part b: raw text between bos and eos, so
   the target also continues plain text.
+
+A target of another family with a chat template of its own (SmolLM2) is distilled on prompts rendered by its
+template (``chat_documents``): its replies, not the corpus's, are what its drafter learns, so the corpus only supplies
+the conversations that lead up to each reply.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -66,6 +71,27 @@ def training_documents(data_dir: Path) -> Iterator[str]:
         yield render_text(story)
 
 
+# Topical-Chat's last conversations, never trained on: the benchmark's small talk is the last 10.
+TOPICAL_CHAT_HELD_OUT = 100
+
+
+def story_opening(story: str) -> str:
+    """A story's first sentence, the request's seed: the target then writes a story of its own from it."""
+    first = re.split(r"(?<=[.!?])\s", story.strip(), maxsplit=1)[0]
+    return first[:200]
+
+
+def chat_documents(data_dir: Path, tokenizer) -> Iterator[str]:
+    """Every training conversation rendered by ``tokenizer``'s own chat template (never ``sgd_dev``, nor Topical-Chat's
+    last ``TOPICAL_CHAT_HELD_OUT`` conversations); stories as requests that quote a TinyStories opening."""
+    topical = list(read_dialogues(data_dir / TOPICAL_CHAT))[:-TOPICAL_CHAT_HELD_OUT]
+    for chat in [*read_dialogues(data_dir / SGD_TRAIN), *topical]:
+        yield tokenizer.apply_chat_template(chat, tokenize=False)
+    for story in read_stories(data_dir / STORIES[0]):
+        request = f"Write a short story that begins: {story_opening(story)}"
+        yield tokenizer.apply_chat_template([{"role": "user", "content": request}], tokenize=False)
+
+
 def validation_chats(data_dir: Path) -> list[Chat]:
     return list(read_dialogues(data_dir / SGD_DEV))
 
@@ -81,13 +107,20 @@ def encode_documents(tokenizer, docs: list[str], batch: int = 2000) -> np.ndarra
     return np.asarray(ids, dtype=np.uint16)
 
 
+def own_template(tokenizer) -> bool:
+    """The project's own tokenizer (its role tokens), or another family's, rendered by its own chat template."""
+    return SPECIAL.assistant in tokenizer.get_vocab() or tokenizer.chat_template is None
+
+
 def build_corpus(data_dir: Path, tokenizer, out_dir: Path, seed: int = 0) -> dict:
     """Write ``train.bin`` / ``val.bin`` (shuffled documents, uint16 ids) and ``stats.json``."""
-    docs = list(training_documents(data_dir))
+    own = own_template(tokenizer)
+    docs = list(training_documents(data_dir) if own else chat_documents(data_dir, tokenizer))
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(docs))
     train = encode_documents(tokenizer, [docs[i] for i in order])
-    val = encode_documents(tokenizer, [render_chat(c) for c in validation_chats(data_dir)])
+    render = render_chat if own else lambda chat: tokenizer.apply_chat_template(chat, tokenize=False)
+    val = encode_documents(tokenizer, [render(c) for c in validation_chats(data_dir)])
     out_dir.mkdir(parents=True, exist_ok=True)
     train.tofile(out_dir / "train.bin")
     val.tofile(out_dir / "val.bin")

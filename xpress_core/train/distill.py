@@ -56,14 +56,29 @@ def corpus_tokens(data: list[Path], tokenizer) -> np.ndarray:
     return np.asarray(ids, dtype=np.int64)
 
 
+def reply_marker(tokenizer) -> list[int]:
+    """The tokens a chat template puts before an assistant reply (``<|assistant|>`` for the project's own,
+    ``<|im_start|>assistant\\n`` for ChatML): what a generation prompt adds to a conversation. Empty without a
+    template."""
+    if tokenizer.chat_template is None:
+        return []
+    chat = [{"role": "user", "content": "x"}]
+    plain = tokenizer.apply_chat_template(chat, tokenize=True, add_generation_prompt=False)
+    prompted = tokenizer.apply_chat_template(chat, tokenize=True, add_generation_prompt=True)
+    plain, prompted = (list(getattr(ids, "input_ids", ids)) for ids in (plain, prompted))
+    return prompted[len(plain) :] if prompted[: len(plain)] == plain else []
+
+
 def prompt_ends(tokens: np.ndarray, tokenizer, prompt_len: int) -> np.ndarray:
-    """Where prompts end: right after an assistant-role token when the tokenizer has one (the drafter then learns
-    replies, what the app asks of it), else every position."""
+    """Where prompts end: right after a reply's opening marker when the tokenizer's chat template has one (the
+    drafter then learns replies, what the app asks of it), else every position."""
     first = prompt_len
-    assistant = tokenizer.convert_tokens_to_ids("<|assistant|>") if "<|assistant|>" in tokenizer.get_vocab() else None
-    if assistant is not None:
-        ends = np.nonzero(tokens[:-1] == assistant)[0] + 1
-        ends = ends[ends >= first]
+    marker = reply_marker(tokenizer)
+    if marker:
+        n = len(marker)
+        windows = np.lib.stride_tricks.sliding_window_view(tokens, n)
+        ends = np.nonzero((windows == np.asarray(marker)).all(axis=1))[0] + n
+        ends = ends[(ends >= first) & (ends < tokens.size)]
         if ends.size:
             return ends
     return np.arange(first, tokens.size)
