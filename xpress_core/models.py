@@ -36,6 +36,7 @@ from .drafters.diffusion import TargetConditionedDrafter, diffusion_drafter
 from .drafters.diffusion_lm import FAMILIES, DiffusionLMDrafter, family_convention, resolve_mask_token_id
 from .drafters.diffusion_model import XpressDrafter, XpressDrafterConfig, default_tapped_layers
 from .errors import XpressError
+from .gguf import converted_folder, is_gguf
 from .head import ROWS_HEAD
 from .hub import ModelSpec, frozen_config, is_local, read_config_json
 from .needs import check_loadable
@@ -193,6 +194,8 @@ def resolve_model(role: str, spec: str | Path | ModelSpec, access: Access, kind:
     if isinstance(spec, ModelSpec):
         return spec
     name = str(spec)
+    if is_gguf(name):  # read from its converted folder (converted on first use)
+        name = str(converted_folder(name))
     check_known(role, name, access)
     check_loadable(role, name)
     return ModelSpec(role, name, is_local(name), kind, frozen_config(read_config_json(name)))
