@@ -94,14 +94,18 @@ class AppConfig:
 def default_presets(
     target: str | None = None, drafter: str | None = None, menu: str = ALL_PRESETS
 ) -> tuple[ModelPreset, ...]:
-    """The embedded presets, then the Hub presets (downloaded on first use) that ``menu`` allows; a custom one first
-    when a target or drafter was given. ``menu``: all, embedded, or "embedded,KEY,..." with Hub preset keys."""
+    """The presets whose target an installed package ships, then the embedded ones, then the Hub presets (downloaded
+    on first use) that ``menu`` allows; a custom one first when a target or drafter was given. ``menu``: all, embedded, or "embedded,KEY,..." with Hub preset keys."""
     embedded = (
         ModelPreset(EMBEDDED_PRESET, str(EMBEDDED_TARGET), str(EMBEDDED_DRAFTER)),
         ModelPreset(EMBEDDED_GAUSS_PRESET, str(EMBEDDED_TARGET), str(EMBEDDED_GAUSS_DRAFTER)),
         ModelPreset(EMBEDDED_AR_PRESET, str(EMBEDDED_TARGET), str(EMBEDDED_AR_DRAFTER)),
     )
-    presets = embedded + menu_presets(menu)
+    offered = menu_presets(menu)
+    # A real model installed here (SmolLM2's wheel) is the one a newcomer meets first; the embedded pair starts instantly
+    # and stays first otherwise.
+    local = tuple(p for p in offered if p.package and p.installed())
+    presets = local + embedded + tuple(p for p in offered if p not in local)
     if target is None and drafter is None:
         return presets
     custom = ModelPreset(CUSTOM_PRESET, target or str(EMBEDDED_TARGET), drafter or str(EMBEDDED_DRAFTER))

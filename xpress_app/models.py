@@ -56,6 +56,8 @@ def preset_problem(preset: ModelPreset, access: Access, hardware: Hardware) -> s
         local = Path(spec).is_absolute() or spec.startswith((".", "~"))
         if spec != NO_DRAFTER and local and not Path(spec).expanduser().exists():
             return f"the {role} directory {spec} does not exist"
+    if not preset.installed():
+        return f"its target ships in the Python package {preset.package!r}, not installed here ({preset.hardware})"
     if preset.remote_code and not access.trust_remote_code:
         return "its drafter runs model code from its repository; start the app with --trust-remote-code if you trust it"
     if preset.needs_cuda and not hardware.cuda:

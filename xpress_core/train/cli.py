@@ -35,7 +35,12 @@ def add_target_steps(steps: argparse._SubParsersAction) -> None:
 
     corpus = steps.add_parser("corpus", help="tokenize the data folder (../shared/data) into train.bin / val.bin")
     corpus.add_argument("--data", type=Path, default=DEFAULT_DATA)
-    corpus.add_argument("--tokenizer", type=Path, default=DEFAULT_WORK / "tokenizer")
+    corpus.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=DEFAULT_WORK / "tokenizer",
+        help="a tokenizer folder, or a target's (a GGUF spec too): another family's corpus is rendered by its template",
+    )
     corpus.add_argument("--out", type=Path, default=DEFAULT_WORK / "corpus")
 
     target = steps.add_parser("target", help="the Llama chat target")
@@ -100,6 +105,13 @@ def add_distillation_args(step: argparse.ArgumentParser, name: str) -> None:
     )
     step.add_argument("--prompt-len", type=int, default=96)
     step.add_argument("--new-tokens", type=int, default=96)
+    step.add_argument("--distill-batch", type=int, default=64, help="rows the target continues at once")
+    step.add_argument(
+        "--target-dtype",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="the target's dtype while it writes and is read (bf16: what decoding runs on a CPU with native bf16)",
+    )
 
 
 def add_training_args(step: argparse.ArgumentParser) -> None:
@@ -153,6 +165,12 @@ def add_diffusion_drafter_args(step: argparse.ArgumentParser) -> None:
         "with --init, added at zero so the drafter starts as it was",
     )
     step.add_argument("--init", help="start from this drafter directory instead of a fresh one")
+    step.add_argument(
+        "--cache-features",
+        action="store_true",
+        help="read the target over the training rows once and keep its features in --workdir (a large target: "
+        "its forward then costs nothing per step); trains on the rows' tokens (--soft 0)",
+    )
     step.add_argument(
         "--format",
         choices=("xpress", "dflash"),
@@ -367,10 +385,14 @@ def run_train(args: argparse.Namespace) -> int:
     elif args.step == "corpus":
         from transformers import AutoTokenizer
 
+        from ..gguf import converted_folder, is_gguf
         from .corpus import build_corpus, check_data
 
         check_data(args.data)  # before the tokenizer loads
-        stats = build_corpus(args.data, AutoTokenizer.from_pretrained(args.tokenizer), args.out)
+        tokenizer = str(args.tokenizer)
+        if is_gguf(tokenizer):  # a GGUF target's tokenizer: from its converted folder
+            tokenizer = converted_folder(tokenizer)
+        stats = build_corpus(args.data, AutoTokenizer.from_pretrained(tokenizer), args.out)
         print(json.dumps(stats))
     elif args.step == "target":
         from transformers import AutoTokenizer
@@ -419,6 +441,7 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
         raise XpressError(f"--full-share is a share of blocks, 0 to 1; got {args.full_share}")
     if not 0 <= args.sample_fraction <= 1:
         raise XpressError(f"--sample-fraction is a share of sequences, 0 to 1; got {args.sample_fraction}")
+    check_distillation_args(args)
 
     from ..models import export_dflash, init_drafter, load_target, read_conditioned_drafter
     from .ar_drafter import make_ar_drafter, train_ar_drafter
@@ -428,7 +451,8 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
 
     cfg = drafter_training(args, eval_every=max(50, args.steps // 10))  # first: a missing device is refused at once
     device = torch.device(cfg.device)
-    target, tokenizer = load_target(args.target, device, torch.float32)
+    target_dtype = torch.bfloat16 if args.target_dtype == "bf16" else torch.float32
+    target, tokenizer = load_target(args.target, device, target_dtype)
     distilled = write_distillation(target, tokenizer, args.data, args.distill_dir, requested(args))
     seqs = load_distillation(distilled).to(device)
     written_by = distillation_record(args.distill_dir)
@@ -481,10 +505,30 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
         tau_eval=tau_curve(target, tokenizer, drafter, args, seqs) if args.tau_prompts else None,
         continued_from=read_summary(Path(args.init)) if args.init else None,
         distillation=written_by,
+        cache_features=args.cache_features,
     )
     if args.format == "dflash":
         export_dflash(args.out, args.out)
     return summary
+
+
+def check_distillation_args(args: argparse.Namespace) -> None:
+    """Before the target loads: enough rows to train on beside the held-out ones, and data the distillation reads."""
+    from .loop import HELD_OUT
+
+    if args.sequences < HELD_OUT + args.batch_size:
+        raise XpressError(
+            f"--sequences {args.sequences}: the first {HELD_OUT} are held out, so at least {HELD_OUT + args.batch_size} "
+            f"are needed to draw a batch of {args.batch_size}"
+        )
+    for path in args.data:
+        if not path.exists():
+            raise XpressError(f"--data {path}: no such file or folder")
+        if path.is_dir() and not (path / "train.bin").exists():
+            raise XpressError(
+                f"--data {path} is a folder without train.bin: pass text files, or a corpus folder that "
+                "`train corpus --tokenizer TARGET` wrote in the target's tokenizer"
+            )
 
 
 def tau_curve(target, tokenizer, drafter, args: argparse.Namespace, seqs):

@@ -39,6 +39,7 @@ def requested(args) -> DistillConfig:
         sequences=args.sequences,
         prompt_len=args.prompt_len,
         new_tokens=args.new_tokens,
+        batch_size=args.distill_batch,
         sample_fraction=args.sample_fraction,
         seed=args.distill_seed,
     )

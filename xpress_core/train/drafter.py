@@ -12,18 +12,20 @@ block, nothing else.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from ..drafters.diffusion_model import XpressDrafter, add_noise
 from ..errors import XpressError
 from ..models import tapped_forward
 from .distill import continue_batch
-from .loop import TrainConfig, draw_rows, save_trained, split_held_out, train
+from .loop import TrainConfig, draw_indices, save_trained, split_held_out, train
 from .tokenizer import SPECIAL
 
 
@@ -131,7 +133,7 @@ def drafted_weights(drafted: torch.Tensor, positions: torch.Tensor, span: int) -
 @dataclass(frozen=True)
 class TargetReading:
     features: torch.Tensor  # (B, S, n_tapped*H) tapped hidden states: the drafter's context
-    logits: torch.Tensor  # (B, S, V) the target's next-token logits: the soft labels
+    logits: torch.Tensor | None  # (B, S, V) the target's next-token logits: the soft labels (None: read from a cache)
 
 
 @torch.no_grad()
@@ -140,6 +142,36 @@ def read_target(target, seqs: torch.Tensor, tapped_layers: list[int]) -> TargetR
     every position (position p predicts token p + 1), so every block drawn from the sequence gets soft labels."""
     logits, features = tapped_forward(target, tapped_layers, input_ids=seqs)
     return TargetReading(features, logits)
+
+
+FEATURE_CHUNK = 256  # rows read per saved chunk of the feature cache: an interrupted read resumes by chunk
+
+
+@torch.no_grad()
+def cached_features(target, seqs: torch.Tensor, tapped_layers: list[int], folder: Path, batch: int = 16):
+    """(N, S, F) bf16 tapped features of every row, read once and kept in ``folder`` (resumable, by chunk).
+
+    Why: with a 135M target (SmolLM2, 30 layers) its forward over a batch costs several times the drafter's step, and
+    the features of a row are the same at every epoch; soft labels (the target's logits over 49k words a position)
+    are too large to keep, so a cached run trains on the sequence's tokens (``--soft 0``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    key = {"rows": int(seqs.shape[0]), "length": int(seqs.shape[1]), "taps": list(tapped_layers)}
+    manifest = folder / "features.json"
+    if manifest.exists() and json.loads(manifest.read_text()) != key:
+        raise XpressError(f"{folder} caches features of other rows or taps ({manifest.read_text()}): remove it")
+    manifest.write_text(json.dumps(key))
+    chunks = []
+    for start in tqdm(range(0, seqs.shape[0], FEATURE_CHUNK), desc="target features", mininterval=5):
+        path = folder / f"features_{start // FEATURE_CHUNK:05d}.pt"
+        if not path.exists():
+            rows = seqs[start : start + FEATURE_CHUNK]
+            read = [
+                read_target(target, rows[i : i + batch], tapped_layers).features for i in range(0, len(rows), batch)
+            ]
+            torch.save(torch.cat(read).to(torch.bfloat16).cpu(), path.with_suffix(".tmp"))
+            path.with_suffix(".tmp").rename(path)
+        chunks.append(torch.load(path, weights_only=True))
+    return torch.cat(chunks).to(seqs.device)
 
 
 def predicted_positions(drafter: XpressDrafter, batch: DrafterBatch) -> torch.Tensor:
@@ -348,13 +380,15 @@ def train_drafter(
     tau_eval: Callable[[], dict] | None = None,
     continued_from: dict | None = None,
     distillation: dict | None = None,
+    cache_features: bool = False,
 ) -> dict:
     """Train ``drafter`` (bound to the frozen ``target``) on distilled sequences (N, S); save to ``out_dir``.
 
     ``soft``: weight of the KL to the target's distribution against the CE on the sequence's token (1 = KL only).
     ``full_share``: the share of blocks masked whole (the T = 1 case), the others at a ratio drawn from U(0, 1].
     ``tau_eval``: measures tau on held-out prompts with the engine (the learning curve), at every evaluation.
-    ``distillation``: the settings that wrote ``seqs`` (``distill.distillation_record``), kept in the summary."""
+    ``distillation``: the settings that wrote ``seqs`` (``distill.distillation_record``), kept in the summary.
+    ``cache_features``: read the target over the training rows once (``cached_features``), not at every step."""
     for p in target.parameters():
         p.requires_grad_(False)
     drafter.bind(target)
@@ -362,12 +396,22 @@ def train_drafter(
     held_out, train_seqs = split_held_out(seqs)
     first_anchor = prompt_len - 1  # the last prompt token is the first root: blocks cover target-written text
     held_out_greedy = greedy_rewritten(target, held_out, prompt_len)
+    taps = drafter.config.tapped_layers
+    if cache_features and soft > 0:
+        raise XpressError("--cache-features keeps the target's features, not its logits: it trains with --soft 0")
+    features = cached_features(target, train_seqs, taps, workdir / "features") if cache_features else None
+
+    def reading(rows: torch.Tensor) -> TargetReading:
+        if features is None:
+            return read_target(target, train_seqs[rows], taps)
+        return TargetReading(features[rows], None)
 
     def loss_fn(rng: np.random.Generator) -> torch.Tensor:
-        batch_seqs = draw_rows(train_seqs, rng, cfg.batch_size)
+        rows = draw_indices(train_seqs, rng, cfg.batch_size)
+        batch_seqs = train_seqs[rows]
         return drafter_loss(
             drafter,
-            read_target(target, batch_seqs, drafter.config.tapped_layers),
+            reading(rows),
             make_blocks(batch_seqs, first_anchor, block, anchors, rng, torch.float32, full_share),
             decay,
             soft,
@@ -393,6 +437,7 @@ def train_drafter(
         "soft": soft,
         "full_share": full_share,
         "batch_size": cfg.batch_size,
+        "cached_features": cache_features,
     }
     summary["distillation"] = distillation
     if continued_from:  # the --init drafter's own summary: the card then reports the whole training

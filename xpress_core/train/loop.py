@@ -183,6 +183,10 @@ def split_held_out(seqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return seqs[:HELD_OUT], seqs[HELD_OUT:]
 
 
+def draw_indices(seqs: torch.Tensor, rng: np.random.Generator, batch_size: int) -> torch.Tensor:
+    """A batch's distinct row indices, drawn from the step's seeded rng (so a resumed run draws the same batches)."""
+    return torch.from_numpy(rng.choice(seqs.shape[0], size=batch_size, replace=False)).to(seqs.device)
+
+
 def draw_rows(seqs: torch.Tensor, rng: np.random.Generator, batch_size: int) -> torch.Tensor:
-    """A batch of distinct rows, drawn from the step's seeded rng (so a resumed run draws the same batches)."""
-    return seqs[torch.from_numpy(rng.choice(seqs.shape[0], size=batch_size, replace=False)).to(seqs.device)]
+    return seqs[draw_indices(seqs, rng, batch_size)]
