@@ -24,8 +24,8 @@ from dataclasses import replace
 
 import torch
 
-from scripts.auto_replay import method_config
-from xpress_core import controller, engine
+from scripts.auto_replay import holders, method_config, set_constant
+from xpress_core import engine
 from xpress_core.config import DecodeConfig
 from xpress_core.data import evaluation_prompts, prompt_class, split_of
 from xpress_core.drafters.base import NoDrafter
@@ -39,22 +39,21 @@ def parse_method(text: str) -> tuple[str, dict[str, float]]:
     name, _, changes = text.partition(":")
     constants = dict(change.split("=") for change in changes.split(",") if change)
     for constant in constants:
-        if not constant.isupper() or not hasattr(controller, constant):
-            raise SystemExit(f"{constant}: not a constant of xpress_core/controller.py")
+        holders(constant)
     return name, {constant: float(value) for constant, value in constants.items()}
 
 
 @contextmanager
 def constants_set(changes: dict[str, float]):
     """The controller's constants changed for the requests run inside, then restored."""
-    before = {name: getattr(controller, name) for name in changes}
+    before = {(module, name): getattr(module, name) for name in changes for module in holders(name)}
     for name, value in changes.items():
-        setattr(controller, name, type(before[name])(value))
+        set_constant(name, value)
     try:
         yield
     finally:
-        for name, value in before.items():
-            setattr(controller, name, value)
+        for (module, name), value in before.items():
+            setattr(module, name, value)
 
 
 def method_run(models: Models, plain: Models, name: str, cfg: DecodeConfig) -> tuple[Models, DecodeConfig]:

@@ -11,7 +11,7 @@ charged the same plain round per token, so the ratio printed per class, temperat
 over plain decoding's at those prices. The calibrated prices are written to ``--costs`` on the first run and read back
 after, so that variants are replayed at the same prices. ``--split`` keeps the prompts of one half (``data.split_of``:
 constants are chosen on "tune" only; "held" is reported). Methods: ``auto`` (by the trees' chances,
-``controller.ChanceControl``), ``auto-counts`` (the counting model, ``AutoControl``), ``KxTxL`` a fixed setting.
+``chance_control.ChanceControl``), ``auto-counts`` (the counting model, ``AutoControl``), ``KxTxL`` a fixed setting.
 ``--set`` changes one of the controller's constants for the run. For ``auto`` it also prints the draft tokens the
 verified cuts' chances expected against those accepted (the share), how often it drafted and verified, and the nodes
 it verified a round. ``auto`` corrects its prices by the stage times its rounds measure (``ChanceControl.timed``):
@@ -28,9 +28,10 @@ from pathlib import Path
 
 import torch
 
-from xpress_core import controller, engine
+from xpress_core import chance_control, controller, engine
+from xpress_core.chance_control import ChanceControl
 from xpress_core.config import DecodeConfig
-from xpress_core.controller import PLAIN_STEP, ChanceControl, CostModel, RoundSetting
+from xpress_core.controller import PLAIN_STEP, CostModel, RoundSetting
 from xpress_core.data import evaluation_prompts, prompt_class, split_of
 from xpress_core.engine import Timings
 from xpress_core.models import load_models
@@ -49,6 +50,24 @@ PRICES = (
     "draft_other_s",
     "tree_draft_s",
 )
+
+# The modules whose constants ``--set`` changes: ``chance_control`` imports some of ``controller``'s, and each module
+# reads its own name for a constant.
+CONTROL_MODULES = (controller, chance_control)
+
+
+def holders(name: str) -> list:
+    """The control modules that hold the constant ``name``."""
+    found = [module for module in CONTROL_MODULES if hasattr(module, name)]
+    if not name.isupper() or not found:
+        raise SystemExit(f"{name}: not a constant of xpress_core/controller.py or chance_control.py")
+    return found
+
+
+def set_constant(name: str, value: float) -> None:
+    """``name`` set to ``value`` (as the constant's own type) wherever a control module holds it."""
+    for module in holders(name):
+        setattr(module, name, type(getattr(module, name))(value))
 
 
 def fixed_prices(models, path: Path) -> CostModel:
@@ -146,7 +165,7 @@ def main() -> None:
     args = parser.parse_args()
     for change in args.set:
         name, value = change.split("=")
-        setattr(controller, name, type(getattr(controller, name))(float(value)))
+        set_constant(name, float(value))
     torch.set_num_threads(1)
     models = load_models(dtype=args.dtype, device="cpu")
     costs = fixed_prices(models, args.costs)

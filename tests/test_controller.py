@@ -13,7 +13,16 @@ import pytest
 
 from tests.fakes import ScriptedDrafter
 from tests.oracles import PROMPTS, check_invariants, cli, hf_greedy, run
-from xpress_core import controller
+from xpress_core import chance_control, controller
+from xpress_core.chance_control import (
+    ChanceControl,
+    TreeCut,
+    apply_cut,
+    best_cut,
+    kept_paths,
+    next_drafts,
+    node_chances,
+)
 from xpress_core.config import DecodeConfig
 from xpress_core.controller import (
     LAST_PROBE,
@@ -22,16 +31,9 @@ from xpress_core.controller import (
     PRIOR_ACCEPT,
     PRIOR_ACCEPT_SAMPLED,
     AutoControl,
-    ChanceControl,
     CostModel,
     RoundSetting,
-    TreeCut,
-    apply_cut,
-    best_cut,
     denoise_work,
-    kept_paths,
-    next_drafts,
-    node_chances,
 )
 from xpress_core.costs import calibration_drafts, fit_draft_costs, fit_verify_costs, timed_in_turns
 from xpress_core.drafters.base import Drafts, NoDrafter
@@ -411,7 +413,7 @@ def test_a_cut_keeps_l_nodes_at_most_when_only_one_draft_may_be_kept():
     nodes = [(1, 0.9), (1, 0.6), (2, 0.5)]
     wide = best_cut(nodes, 2, 1.0, UNIT_COSTS, 1.0)
     assert (wide.setting, wide.nodes, wide.gain) == (RoundSetting(2, 1, 2), 3, pytest.approx(1.7))
-    narrow = best_cut(nodes, 2, 1.0, UNIT_COSTS, 1.0, controller.CUT_DRAFTS_SAMPLED)
+    narrow = best_cut(nodes, 2, 1.0, UNIT_COSTS, 1.0, chance_control.CUT_DRAFTS_SAMPLED)
     assert (narrow.setting, narrow.nodes, narrow.gain) == (RoundSetting(1, 1, 2), 2, pytest.approx(1.3))
 
 
@@ -468,7 +470,7 @@ def test_each_depth_of_the_tree_learns_its_own_share():
     assert ChanceControl(CHEAP_DRAFT, 3, sampled=True).shares() == pytest.approx([1.0, 0.8, 0.64])
     control = ChanceControl(CHEAP_DRAFT, max_block=3)
     setting = control.choose(remaining=100)
-    assert setting == RoundSetting(controller.FIRST_DRAFTS, 1, 3)
+    assert setting == RoundSetting(chance_control.FIRST_DRAFTS, 1, 3)
     _, cut = control.cut(CHAIN, setting)
     assert cut == RoundSetting(1, 1, 3) and control.kept == pytest.approx([0.9, 0.72, 0.54])
     control.observe(cut, 3)

@@ -14,7 +14,8 @@ from xpress_core.cli import main
 from xpress_core.config import DecodeConfig
 from xpress_core.data import Prompt
 from xpress_core.drafters.diffusion import GaussianDiffusionDrafter, ddim_step, noise_levels
-from xpress_core.drafters.diffusion_model import XpressDrafterConfig, add_noise, signal_share
+from xpress_core.drafters.diffusion_config import XpressDrafterConfig
+from xpress_core.drafters.diffusion_model import add_noise, signal_share
 from xpress_core.engine import stop_token_ids
 from xpress_core.models import encode_prompt, load_models
 from xpress_core.train.evaluate import drafter_scores, evaluate_run

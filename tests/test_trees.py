@@ -17,7 +17,7 @@ from xpress_core.config import DecodeConfig
 from xpress_core.controller import FixedControl
 from xpress_core.drafters import base as drafter_base
 from xpress_core.drafters.base import DraftRandomness, read_top
-from xpress_core.drafters.diffusion_model import XpressDrafterConfig
+from xpress_core.drafters.diffusion_config import XpressDrafterConfig
 from xpress_core.engine import stop_token_ids
 from xpress_core.models import encode_prompt, load_models
 from xpress_core.sampling import TargetNoise

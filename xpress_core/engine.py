@@ -16,12 +16,12 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from . import cache as kv
+from .chance_control import ChanceControl
 from .config import TREE, DecodeConfig
 from .controller import (
     AUTO_DRAFTS,
     CHANCE_DRAFTS,
     AutoControl,
-    ChanceControl,
     CostModel,
     FixedControl,
     RoundSetting,

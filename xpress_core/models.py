@@ -33,8 +33,9 @@ from .drafters.dflash_format import (
     serving_taps,
 )
 from .drafters.diffusion import TargetConditionedDrafter, diffusion_drafter
+from .drafters.diffusion_config import XpressDrafterConfig, default_tapped_layers
 from .drafters.diffusion_lm import FAMILIES, DiffusionLMDrafter, family_convention, resolve_mask_token_id
-from .drafters.diffusion_model import XpressDrafter, XpressDrafterConfig, default_tapped_layers
+from .drafters.diffusion_model import XpressDrafter
 from .errors import XpressError
 from .gguf import converted_folder, is_gguf
 from .head import ROWS_HEAD

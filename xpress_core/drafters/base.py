@@ -52,7 +52,7 @@ class Drafter(ABC):
     # What a round's T steps are: "denoise" steps, or refinement "pass"es (a drafter with a refiner head).
     step_kind: str = "denoise"
     # Whether its draft trees (diversity "tree") carry their nodes' chances (``Drafts.chances``): auto then cuts
-    # each round's tree by them (``controller.ChanceControl``).
+    # each round's tree by them (``chance_control.ChanceControl``).
     offers_chances: bool = False
 
     @property

@@ -1,4 +1,4 @@
-"""DFlash 2's additions to the drafter's layers (docs/DESIGN.md §3; ``DFLASH_FIELDS`` in ``diffusion_model.py``):
+"""DFlash 2's additions to the drafter's layers (docs/DESIGN.md §3; ``DFLASH_FIELDS`` in ``diffusion_config.py``):
 grouped dynamic causal convolutions around a layer's attention and MLP, and the candidate selector. Our own drafters
 have neither (``conv_kernel_size`` and ``selector_top_k`` 0); they run DFlash 2 checkpoints (``dflash_format.py``).
 """

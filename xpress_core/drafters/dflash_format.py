@@ -36,7 +36,7 @@ import re
 from transformers import Qwen3Config
 
 from ..errors import XpressError
-from .diffusion_model import XpressDrafterConfig
+from .diffusion_config import XpressDrafterConfig
 
 DFLASH_ARCHITECTURE = "DFlashDraftModel"
 DFLASH2_ARCHITECTURE = "DFlash2DraftModel"
