@@ -28,7 +28,8 @@ def fp32_by_default():
 
 @pytest.fixture(autouse=True)
 def dtype_cache_in_tmp(tmp_path, monkeypatch):
-    """``--dtype auto``'s cached choices (precision.cache_file) go to the test's own folder, never the user's."""
+    """``--dtype auto``'s cached choices (precision.cache_file) and converted models go to the test's own folder, never
+    the user's."""
     monkeypatch.setenv("XPRESS_CACHE_DIR", str(tmp_path / "xpress-cache"))
 
 

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from xpress_core import precision
+from xpress_core import hub, precision
 from xpress_core.models import load_models
 from xpress_core.precision import BF16_MARGIN, DtypeTiming, choose_dtype, fastest, load_fastest, time_dtypes
 
@@ -91,7 +91,7 @@ def bf16_cpu_with_counted_timings(monkeypatch, tmp_path) -> list:
     """A CPU with native bf16 whose timings favour bf16, a cache of the test's own; returns the list each timing of
     the dtypes appends to."""
     monkeypatch.setattr("xpress_core.models.native_bf16", lambda: True)
-    monkeypatch.setenv(precision.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(hub.CACHE_ENV, str(tmp_path / "cache"))
     calls = []
 
     def timed(candidates):

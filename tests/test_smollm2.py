@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.oracles import check_invariants, hf_greedy, plain_sampling, run
+from xpress_core import hub
 from xpress_core.config import DecodeConfig
 from xpress_core.engine import calibrated
 from xpress_core.errors import XpressError
@@ -28,8 +29,16 @@ NEW = 24
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-    return load_models(SMOLLM2_TARGET, str(SMOLLM2_DRAFTER), device="cpu", dtype="fp32")
+def converted(tmp_path_factory):
+    """Converted once for the module (each test's own cache folder is empty: conftest)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(hub.CACHE_ENV, str(tmp_path_factory.mktemp("smollm2")))
+        return gguf.converted_folder(SMOLLM2_TARGET)
+
+
+@pytest.fixture(scope="module")
+def smollm2(converted):
+    return load_models(str(converted), str(SMOLLM2_DRAFTER), device="cpu", dtype="fp32")
 
 
 def prompt(models, text):
@@ -44,12 +53,12 @@ def test_the_preset_names_the_wheel_and_the_shipped_drafter():
     assert card["hidden_size"] == 576 and card["vocab_size"] == 49152
 
 
-def test_conversion_is_cached_and_equals_the_gguf_weights(tmp_path, monkeypatch):
+def test_conversion_is_cached_and_equals_the_gguf_weights(converted, tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    monkeypatch.setenv(gguf.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(hub.CACHE_ENV, str(converted.parent))
     folder = gguf.converted_folder(SMOLLM2_TARGET)
-    assert folder.parent == tmp_path and (folder / gguf.CONVERTED).exists()
+    assert folder == converted and (folder / gguf.CONVERTED).exists()
     config = json.loads((folder / "config.json").read_text())
     assert "quantization_config" not in config and config["num_hidden_layers"] == 30
     source = gguf.gguf_file(SMOLLM2_TARGET)
@@ -62,6 +71,7 @@ def test_conversion_is_cached_and_equals_the_gguf_weights(tmp_path, monkeypatch)
     assert (folder / "model.safetensors").stat().st_mtime_ns == stamp
     (folder / gguf.CONVERTED).unlink()  # an interrupted conversion is redone, not trusted
     assert (gguf.converted_folder(SMOLLM2_TARGET) / gguf.CONVERTED).exists()
+    assert gguf.converted_folder(SMOLLM2_TARGET) == folder
 
 
 def test_missing_package_or_file_is_a_clear_error():

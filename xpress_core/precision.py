@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
 import statistics
 import time
@@ -23,6 +22,7 @@ import torch
 from .config import DecodeConfig
 from .drafters.base import NoDrafter
 from .engine import CALIBRATION_TEXT, calibrated, decode_to_end
+from .hub import cache_folder
 from .models import (
     DrafterOptions,
     DtypeChoice,
@@ -50,8 +50,6 @@ TIMING_PROMPT_TOKENS = 32  # a short chat's prompt
 # the choice run to run on a quiet machine: issue 48). The choice is measured once and cached (``cached_choice``).
 TIMING_TOKENS = 64
 TIMING_TURNS = 4
-# The environment variable naming the folder of the choice's cache (else $XDG_CACHE_HOME/xpress, ~/.cache/xpress).
-CACHE_ENV = "XPRESS_CACHE_DIR"
 
 
 def choose_dtype(timings: dict[str, DtypeTiming], threads: int) -> DtypeChoice:
@@ -160,10 +158,7 @@ def with_costs(models):
 def cache_file() -> Path:
     """The JSON file of measured dtype choices: under ``$XPRESS_CACHE_DIR``, else ``$XDG_CACHE_HOME/xpress``, else
     ``~/.cache/xpress``."""
-    folder = os.environ.get(CACHE_ENV)
-    if not folder:
-        folder = str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "xpress")
-    return Path(folder) / "dtype_choice.json"
+    return cache_folder() / "dtype_choice.json"
 
 
 def cpu_identity() -> dict:
