@@ -37,6 +37,7 @@ class ModelPreset:
     needs_cuda: bool = False  # useless or failing without a CUDA GPU: a server on CPU refuses it
     memory_gb: float = 0.0  # both models' bf16 weights (fp32 on CPU doubles it); 0 = unknown or negligible
     package: str = ""  # the Python package that ships the target (a GGUF spec ``pkg:PACKAGE/FILE``), if any
+    ar_drafter: str = ""  # an autoregressive drafter of the same size, for the benchmark's assisted generation
 
     def installed(self) -> bool:
         """The target runs offline here: it needs no download, or its package is installed (found, not imported)."""

@@ -38,7 +38,7 @@ from ..models import (
 )
 from ..packing import warm_packed
 from ..precision import DTYPE_AUTO_HELP, chosen_dtype
-from ..presets import Access
+from ..presets import Access, find_preset
 from .grid import FULL_GRID, QUICK_GRID, parse_grid
 from .measure import RunPlan
 from .methods import (
@@ -86,13 +86,14 @@ QUICK = BenchPreset(QUICK_GRID, ASSISTED_TOKENS_QUICK, LOOKUP_TOKENS_QUICK, 64, 
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bench = sub.add_parser("bench", help="measure tokens/s against transformers generate, assisted, prompt lookup")
-    bench.add_argument("--target", default=str(EMBEDDED_TARGET), help="target: local dir or Hub id")
+    bench.add_argument("--preset", help="a preset by key (list: `presets`); --target/--drafter override its parts")
+    bench.add_argument("--target", help=f"target: local dir or Hub id [{EMBEDDED_TARGET.name}, or the preset's]")
     bench.add_argument(
         "--drafter",
-        default=str(EMBEDDED_DRAFTER),
-        help=f"diffusion drafter for the xpress method (masked; the gaussian one: {EMBEDDED_GAUSS_DRAFTER})",
+        help=f"diffusion drafter for the xpress method (masked; the gaussian one: {EMBEDDED_GAUSS_DRAFTER}) "
+        "[the embedded one, or the preset's]",
     )
-    bench.add_argument("--ar-drafter", default=str(EMBEDDED_AR_DRAFTER), help="assistant model for hf-assisted")
+    bench.add_argument("--ar-drafter", help="assistant model for hf-assisted [the embedded one, or the preset's]")
     bench.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     bench.add_argument(
         "--threads",
@@ -272,7 +273,18 @@ def bench_prompts(args: argparse.Namespace, preset: BenchPreset) -> tuple[Prompt
     return prompts[: args.num_prompts] if args.num_prompts else prompts
 
 
+def bench_models_from_preset(args: argparse.Namespace) -> None:
+    """--target, --drafter and --ar-drafter as given, else the --preset's, else the embedded models."""
+    chosen = find_preset(args.preset) if args.preset else None
+    args.target = args.target or (chosen.target if chosen else str(EMBEDDED_TARGET))
+    args.drafter = args.drafter or (chosen.drafter if chosen else str(EMBEDDED_DRAFTER))
+    args.ar_drafter = args.ar_drafter or (
+        chosen.ar_drafter if chosen and chosen.ar_drafter else str(EMBEDDED_AR_DRAFTER)
+    )
+
+
 def run_bench(args: argparse.Namespace) -> int:
+    bench_models_from_preset(args)
     preset = QUICK if args.quick else FULL
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     grid = parse_grid(args.grid or preset.grid)
