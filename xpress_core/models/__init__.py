@@ -16,15 +16,15 @@ from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
-from . import validation
-from .attention import IMPLEMENTATION as ATTENTION_IMPLEMENTATION
-from .attention import use_grouped_attention
-from .cache import check_target_layers
-from .chat import encode_chat, encode_text
-from .controller import CostModel
-from .drafters.autoregressive import AutoregressiveDrafter
-from .drafters.base import Drafter, NoDrafter, logits_kept
-from .drafters.dflash_format import (
+from .. import validation
+from ..attention import IMPLEMENTATION as ATTENTION_IMPLEMENTATION
+from ..attention import use_grouped_attention
+from ..cache import check_target_layers
+from ..chat import encode_chat, encode_text
+from ..controller import CostModel
+from ..drafters.autoregressive import AutoregressiveDrafter
+from ..drafters.base import Drafter, NoDrafter, logits_kept
+from ..drafters.dflash_format import (
     DFLASH_KEY_MAPPING,
     dflash_drafter_config,
     dflash_export,
@@ -32,20 +32,20 @@ from .drafters.dflash_format import (
     is_dflash_config,
     serving_taps,
 )
-from .drafters.diffusion import TargetConditionedDrafter, diffusion_drafter
-from .drafters.diffusion_lm import FAMILIES, DiffusionLMDrafter, family_convention, resolve_mask_token_id
-from .drafters.diffusion_model import XpressDrafter, XpressDrafterConfig, default_tapped_layers
-from .errors import XpressError
+from ..drafters.diffusion import TargetConditionedDrafter, diffusion_drafter
+from ..drafters.diffusion_lm import FAMILIES, DiffusionLMDrafter, family_convention, resolve_mask_token_id
+from ..drafters.diffusion_model import XpressDrafter, XpressDrafterConfig, default_tapped_layers
+from ..errors import XpressError
+from ..head import ROWS_HEAD
+from ..hub import ModelSpec, frozen_config, is_local, read_config_json
+from ..needs import check_loadable
+from ..packing import fp32_rows_linear, fuse_shared_inputs, pack_linears, packed_linear, warm_packed
+from ..presets import Access, check_known, remote_code_allowed
+from ..records import json_record
+from ..trace import cuda_devices
 from .gguf import converted_folder, is_gguf
-from .head import ROWS_HEAD
-from .hub import ModelSpec, frozen_config, is_local, read_config_json
-from .needs import check_loadable
-from .packing import fp32_rows_linear, fuse_shared_inputs, pack_linears, packed_linear, warm_packed
-from .presets import Access, check_known, remote_code_allowed
-from .records import json_record
-from .trace import cuda_devices
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
 EMBEDDED_TARGET = ASSETS / "target"
 EMBEDDED_DRAFTER = ASSETS / "drafter"
 EMBEDDED_GAUSS_DRAFTER = ASSETS / "drafter_gauss"

@@ -18,7 +18,7 @@ import os
 import shutil
 from pathlib import Path
 
-from .errors import XpressError
+from ..errors import XpressError
 
 CACHE_ENV = "XPRESS_CACHE"
 PACKAGE_PREFIX = "pkg:"
