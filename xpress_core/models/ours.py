@@ -86,6 +86,15 @@ def drafter_head(target, dtype: torch.dtype) -> torch.nn.Module | None:
     return packed_linear(copy) or copy.eval()
 
 
+def rope_theta(config) -> float:
+    """The target's RoPE base, which the drafter's positions share: transformers 5 keeps it in ``rope_parameters``
+    (per layer type where they differ: the full-attention layers', as the drafter attends over all it reads), older
+    configs in ``rope_theta``; 10000, RoPE's own, where neither states it."""
+    parameters = getattr(config, "rope_parameters", None) or {}
+    parameters = parameters.get("full_attention", parameters)
+    return float(parameters.get("rope_theta") or getattr(config, "rope_theta", None) or 10000.0)
+
+
 def init_drafter(
     target_spec: str | Path,
     out: Path,
@@ -127,7 +136,7 @@ def init_drafter(
         mask_token_id=tokenizer.mask_token_id,
         target_name_or_path=str(target_spec),
         target_num_layers=tcfg.num_hidden_layers,
-        rope_theta=float(getattr(tcfg, "rope_theta", None) or 10000.0),
+        rope_theta=rope_theta(tcfg),
         noise=noise,
         clean_rms=clean_rms,
         fuse_previous=fuse_previous,
