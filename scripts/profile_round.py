@@ -23,11 +23,10 @@ import time
 import torch
 
 from xpress_core import engine
-from xpress_core import models as model_loading
 from xpress_core.config import DecodeConfig
 from xpress_core.drafters.base import NoDrafter
 from xpress_core.engine import Models, decode
-from xpress_core.models import encode_prompt, load_models
+from xpress_core.models import encode_prompt, load_models, pretrained
 from xpress_core.trace import DecodeResult, RoundTrace, StageClock
 
 PROMPTS = (
@@ -91,7 +90,7 @@ def main() -> None:
         engine.Clock.raw = lambda self: time.thread_time()
         StageClock.host_time = staticmethod(time.thread_time)
     if args.unpacked:
-        model_loading.pack_linears = lambda model: 0  # what loading did before it packed
+        pretrained.pack_linears = lambda model: 0  # what loading did before it packed
     models = load_models(device="cpu", dtype=args.dtype, **({"drafter": args.drafter} if args.drafter else {}))
     plain = Models(models.target, models.tokenizer, NoDrafter())
     prompts = [encode_prompt(models.tokenizer, p, chat=True) for p in PROMPTS]

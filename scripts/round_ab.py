@@ -29,24 +29,23 @@ import torch
 
 from scripts.profile_round import PROMPTS, round_arguments, stage_ms
 from xpress_core import engine
-from xpress_core import models as model_loading
 from xpress_core.config import DecodeConfig
 from xpress_core.drafters.base import NoDrafter
 from xpress_core.drafters.masked import MaskedDiffusionDrafter
 from xpress_core.engine import Models
-from xpress_core.models import encode_prompt, load_models
+from xpress_core.models import dtypes, encode_prompt, load_models, pretrained
 from xpress_core.trace import StageClock
 
 
 def load_before(**options) -> Models:
     """The models as loaded before: no native bf16 seen at load (the drafter keeps the target's dtype, the walk the
     head itself), the target's attention sdpa."""
-    native = model_loading.native_bf16
-    model_loading.native_bf16 = lambda: False
+    native = dtypes.native_bf16
+    dtypes.native_bf16 = lambda: False
     try:
         models = load_models(**options)
     finally:
-        model_loading.native_bf16 = native
+        dtypes.native_bf16 = native
     models.target.set_attn_implementation("sdpa")
     return models
 
@@ -54,12 +53,12 @@ def load_before(**options) -> Models:
 def load_unshared(**options) -> Models:
     """The models as loaded before stop 54: every packed layer its own product, and a draft's first block embedded
     through ids and flags (``MaskedDiffusionDrafter.first_denoise``, not the drafter's ``first_block``)."""
-    fuse = model_loading.fuse_shared_inputs
-    model_loading.fuse_shared_inputs = lambda model: 0
+    fuse = pretrained.fuse_shared_inputs
+    pretrained.fuse_shared_inputs = lambda model: 0
     try:
         models = load_models(**options)
     finally:
-        model_loading.fuse_shared_inputs = fuse
+        pretrained.fuse_shared_inputs = fuse
     if isinstance(models.drafter, MaskedDiffusionDrafter):
         models.drafter.first_denoise = partial(MaskedDiffusionDrafter.first_denoise, models.drafter)
     return models

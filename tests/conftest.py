@@ -22,7 +22,7 @@ def zoo(tmp_path_factory):
 def fp32_by_default():
     """... and so does ``dtype="auto"`` in the tests' own process (the tests that want bf16 ask for it)."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("xpress_core.models.native_bf16", lambda: False)
+        patch.setattr("xpress_core.models.dtypes.native_bf16", lambda: False)
         yield
 
 

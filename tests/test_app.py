@@ -43,7 +43,6 @@ from xpress_app.sweep import (
 from xpress_app.texts import EMPTY_MESSAGE, VERDICT_PENDING, exactness
 from xpress_app.ui import build_app
 from xpress_app.widgets import block_slider
-from xpress_core import models as core_models
 from xpress_core import verdict
 from xpress_core.bench import measure as bench_measure
 from xpress_core.bench.methods import REFERENCE, XPRESS
@@ -53,7 +52,7 @@ from xpress_core.config import DecodeConfig
 from xpress_core.drafters.base import NoDrafter
 from xpress_core.engine import Models, decode
 from xpress_core.errors import XpressError
-from xpress_core.models import EMBEDDED_DRAFTER, EMBEDDED_TARGET, encode_prompt, load_models
+from xpress_core.models import EMBEDDED_DRAFTER, EMBEDDED_TARGET, encode_prompt, load_models, pretrained
 from xpress_core.presets import Access, ModelPreset, hub_presets
 from xpress_core.trace import DecodeResult
 
@@ -463,8 +462,8 @@ def test_loading_a_preset_reads_each_config_once(zoo, monkeypatch):
     """A preset's target and drafter are each resolved once (their config.json read once); a second preset on the same
     target reads only its drafter's."""
     reads = []
-    read = core_models.read_config_json
-    monkeypatch.setattr(core_models, "read_config_json", lambda spec: reads.append(spec) or read(spec))
+    read = pretrained.read_config_json
+    monkeypatch.setattr(pretrained, "read_config_json", lambda spec: reads.append(spec) or read(spec))
     presets = (
         ModelPreset(TINY, str(zoo["llama"]), str(zoo["drafter_llama"])),
         ModelPreset(TINY_AR, str(zoo["llama"]), str(zoo["ar_drafter"])),

@@ -64,7 +64,7 @@ def models(zoo):
     computes bf16 natively, ``models.drafter_dtype``, which the tests' own process otherwise hides): its drafts, and
     so its rounds, are the server's."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("xpress_core.models.native_bf16", cpu_native_bf16)
+        patch.setattr("xpress_core.models.dtypes.native_bf16", cpu_native_bf16)
         return load_models(zoo["llama"], zoo["drafter_llama"], device="cpu", dtype="float32")
 
 

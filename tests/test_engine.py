@@ -479,7 +479,7 @@ def test_bfloat16_runs_and_plain_decoding_equals_generate(zoo):
 def test_auto_dtype_is_bf16_on_cuda_and_measured_on_cpus_with_native_bf16(zoo, monkeypatch):
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     for native, want in ((True, torch.bfloat16), (False, torch.float32)):
-        monkeypatch.setattr("xpress_core.models.native_bf16", lambda native=native: native)
+        monkeypatch.setattr("xpress_core.models.dtypes.native_bf16", lambda native=native: native)
         assert resolve_dtype("auto", cpu) == want and resolve_dtype("auto", cuda) == torch.bfloat16
         assert resolve_dtype("float32", cpu) == torch.float32 and resolve_dtype("bf16", cpu) == torch.bfloat16
     # The CLI's default on this machine, unpatched (a new process): the dtype that ran is in the result, and why.

@@ -104,6 +104,15 @@ def test_family_is_exact(family, tok, tmp_path):
         assert run(models, prompt_ids, sampled)[1].token_ids == run(plain, prompt_ids, sampled)[1].token_ids
 
 
+@pytest.mark.parametrize("family,fields,theta", [("llama", {"rope_theta": 1e5}, 1e5), ("gemma4", {}, 1e6)])
+def test_a_new_drafter_shares_the_targets_rope_base(family, fields, theta, tok, tmp_path):
+    """``init_drafter`` reads the RoPE base where transformers 5 keeps it (``rope_parameters``; per layer type in a
+    family with sliding layers: the full-attention layers'), not 10000 (a SmolLM2 target, 100000, got 10000)."""
+    config_class, model_class, family_fields = FAMILIES[family]
+    target = make_family_target(config_class, model_class, family_fields | fields, tok, tmp_path / family)
+    assert init_drafter(target, tmp_path / "drafter", layers=1, block=4).config.rope_theta == theta
+
+
 @needs_bf16_packing
 @pytest.mark.parametrize("family", FAMILIES)
 def test_family_in_bf16_shares_its_projections_products_and_decodes_as_unpacked(family, tok, tmp_path, monkeypatch):

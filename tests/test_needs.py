@@ -14,11 +14,10 @@ import transformers
 from packaging.version import Version
 from transformers.utils import import_utils
 
-from xpress_core import models as models_module
 from xpress_core import needs
 from xpress_core.cli import main
 from xpress_core.errors import XpressError
-from xpress_core.models import load_models
+from xpress_core.models import load_models, pretrained
 from xpress_core.presets import Access, hub_presets
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,7 +61,7 @@ def test_every_extra_belongs_to_a_preset_and_the_presets_listing_names_them(caps
 def test_a_missing_extra_is_named_with_how_to_install_it_before_any_download(monkeypatch):
     without(monkeypatch, "flash_attn", "einops")
     reads = []
-    monkeypatch.setattr(models_module, "read_config_json", lambda name: reads.append(name))
+    monkeypatch.setattr(pretrained, "read_config_json", lambda name: reads.append(name))
     with pytest.raises(
         XpressError, match=r"'kuleshov-group/mdlm-owt' needs flash-attn, einops.*pip install flash-attn"
     ):
@@ -72,7 +71,7 @@ def test_a_missing_extra_is_named_with_how_to_install_it_before_any_download(mon
 
 def test_the_preset_is_refused_on_the_command_line_in_one_line(monkeypatch, capsys):
     without(monkeypatch, "einops", having=("flash_attn",))
-    monkeypatch.setattr(models_module, "read_config_json", lambda name: pytest.fail(f"{name} was read"))
+    monkeypatch.setattr(pretrained, "read_config_json", lambda name: pytest.fail(f"{name} was read"))
     assert main(["generate", "--prompt", "hi", "--preset", "gpt2-mdlm"]) == 2
     err = capsys.readouterr().err
     assert "needs einops, not installed here: pip install einops" in err and "flash-attn" not in err

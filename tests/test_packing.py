@@ -47,7 +47,7 @@ def shared_count(model: nn.Module) -> int:
 def unpacked_models(monkeypatch, *args, **kwargs):
     """``load_models`` with packing turned off: the oracle."""
     with monkeypatch.context() as patch:
-        patch.setattr("xpress_core.models.pack_linears", lambda model: 0)
+        patch.setattr("xpress_core.models.pretrained.pack_linears", lambda model: 0)
         return load_models(*args, **kwargs)
 
 

@@ -54,7 +54,7 @@ def test_fastest_keeps_the_chosen_models_and_says_how_long_choosing_took(monkeyp
 def test_load_fastest_times_both_dtypes_on_a_native_bf16_cpu_and_keeps_the_faster(zoo, monkeypatch):
     """The loader's wiring, with the timings injected: each way the choice goes, the target returned is in that
     dtype, and carries the choice; pinned, untimed and emulated-bf16 loads say why."""
-    monkeypatch.setattr("xpress_core.models.native_bf16", lambda: True)
+    monkeypatch.setattr("xpress_core.models.dtypes.native_bf16", lambda: True)
     for timings, want in (
         ({"float32": timing(4.0, 2.0), "bfloat16": timing(5.0, 1.0)}, torch.bfloat16),
         ({"float32": timing(4.0, 1.0), "bfloat16": timing(5.0, 2.0)}, torch.float32),
@@ -70,7 +70,7 @@ def test_load_fastest_times_both_dtypes_on_a_native_bf16_cpu_and_keeps_the_faste
     assert pinned.dtype_choice.reason == "pinned by --dtype float32" and pinned.target.dtype == torch.float32
     untimed = load_models(zoo["llama"], "none", device="cpu")  # the plain loader goes by the CPU's flags
     assert untimed.target.dtype == torch.bfloat16 and "not timed" in untimed.dtype_choice.reason
-    monkeypatch.setattr("xpress_core.models.native_bf16", lambda: False)
+    monkeypatch.setattr("xpress_core.models.dtypes.native_bf16", lambda: False)
     emulated = load_fastest(zoo["llama"], "none", device="cpu")
     assert emulated.target.dtype == torch.float32 and "no native bf16" in emulated.dtype_choice.reason
 
@@ -90,7 +90,7 @@ def test_time_dtypes_times_plain_steps_and_rounds_of_each_candidate(zoo):
 def bf16_cpu_with_counted_timings(monkeypatch, tmp_path) -> list:
     """A CPU with native bf16 whose timings favour bf16, a cache of the test's own; returns the list each timing of
     the dtypes appends to."""
-    monkeypatch.setattr("xpress_core.models.native_bf16", lambda: True)
+    monkeypatch.setattr("xpress_core.models.dtypes.native_bf16", lambda: True)
     monkeypatch.setenv(hub.CACHE_ENV, str(tmp_path / "cache"))
     calls = []
 
@@ -155,7 +155,7 @@ def test_an_fp32_target_on_a_native_bf16_cpu_drafts_in_bf16_and_decodes_generate
     from xpress_core.models import encode_prompt
     from xpress_core.packing import PackedLinear
 
-    monkeypatch.setattr("xpress_core.models.native_bf16", lambda: True)
+    monkeypatch.setattr("xpress_core.models.dtypes.native_bf16", lambda: True)
     models = load_models(zoo[kind], zoo[f"drafter_{kind}"], device="cpu", dtype="float32")
     drafter = models.drafter.model
     assert models.target.dtype == torch.float32 and drafter.dtype == torch.bfloat16

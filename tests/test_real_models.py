@@ -22,14 +22,13 @@ from transformers import AutoTokenizer
 
 from tests.oracles import check_invariants, hf_greedy, run
 from tests.tiny import SENTENCES, make_a2d_drafter, make_dflash_drafter, make_masked_lm, make_remote_code_mdlm
-from xpress_core import models as core_models
 from xpress_core.cli import main
 from xpress_core.config import DecodeConfig
 from xpress_core.drafters.diffusion import DiffusionDrafter
 from xpress_core.drafters.diffusion_lm import DiffusionLMDrafter
 from xpress_core.errors import XpressError
 from xpress_core.hub import ModelSpec
-from xpress_core.models import DrafterOptions, banned_draft_ids, encode_prompt, load_models, resolve_drafter
+from xpress_core.models import DrafterOptions, banned_draft_ids, encode_prompt, load_models, pretrained, resolve_drafter
 from xpress_core.presets import Access, check_known, find_preset, hub_presets, known_hub_ids
 from xpress_core.train.tokenizer import train_tokenizer
 
@@ -103,15 +102,15 @@ def test_pairs_greedy_equal_generate(zoo, real, name):
 
 @pytest.fixture
 def config_reads(monkeypatch) -> Counter:
-    """How often the loaders read each config.json (the one reader of ``hub.py``, as ``models`` calls it)."""
+    """How often the loaders read each config.json (the one reader of ``hub.py``, as ``models.pretrained`` calls it)."""
     reads: Counter = Counter()
-    read = core_models.read_config_json
+    read = pretrained.read_config_json
 
     def counted(spec: str):
         reads[spec] += 1
         return read(spec)
 
-    monkeypatch.setattr(core_models, "read_config_json", counted)
+    monkeypatch.setattr(pretrained, "read_config_json", counted)
     return reads
 
 

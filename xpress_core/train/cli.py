@@ -385,7 +385,7 @@ def run_train(args: argparse.Namespace) -> int:
     elif args.step == "corpus":
         from transformers import AutoTokenizer
 
-        from ..gguf import converted_folder, is_gguf
+        from ..models.gguf import converted_folder, is_gguf
         from .corpus import build_corpus, check_data
 
         check_data(args.data)  # before the tokenizer loads

