@@ -176,7 +176,7 @@ class StageClock:
     ``device``'s later work after the others' earlier work, which a spread model's stages are anyway (each reads the
     one before's output)."""
 
-    host_time = staticmethod(time.perf_counter)  # scripts.profile_round swaps in the CPU time
+    host_time = staticmethod(time.perf_counter)  # lab.profile_round swaps in the CPU time
 
     def __init__(self, device: torch.device, events: bool | None = None, devices=()):
         self.device = device

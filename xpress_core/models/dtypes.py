@@ -60,7 +60,7 @@ def resolve_device(device: str) -> torch.device:
 
 
 # CPU flags of native bf16 arithmetic (AVX-512 BF16, AMX): there a multi-token forward costs barely more than a
-# one-token forward in bf16, while fp32 pays for every token (docs/DESIGN.md §5.1; scripts/profile_round.py).
+# one-token forward in bf16, while fp32 pays for every token (docs/DESIGN.md §5.1; lab/profile_round.py).
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 

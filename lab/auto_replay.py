@@ -1,7 +1,7 @@
 """auto against plain decoding and fixed settings, replayed at fixed prices: the controller's variants compared without
 the machine's noise.
 
-    OMP_NUM_THREADS=1 python -m scripts.auto_replay --costs /tmp/costs.json [--split tune] [--methods auto,auto-counts,
+    OMP_NUM_THREADS=1 python -m lab.auto_replay --costs /tmp/costs.json [--split tune] [--methods auto,auto-counts,
         4x1x8,1x1x8] [--sets sgd_dev,sgd_short,stories] [--temperatures 0,0.7] [--set GAIN_PRIOR=1.0] [--dtype bfloat16]
 
 Each request is decoded for real with each method (so the acceptance is real), then every round is charged a fixed

@@ -1,6 +1,6 @@
 """auto's variants against fixed settings and plain decoding in real time: paired, in one process, in turns.
 
-    OMP_NUM_THREADS=1 python -m scripts.auto_ab --split tune --temperatures 0.7 --seeds 6 \
+    OMP_NUM_THREADS=1 python -m lab.auto_ab --split tune --temperatures 0.7 --seeds 6 \
         --methods "auto;mem:GAIN_MEMORY_SAMPLED=0.8,GAIN_WEIGHT_SAMPLED=3;1x1x8;plain" [--wall]
 
 ``auto_replay`` charges every round a fixed price, which hides what the rounds really cost (its sampled figures read
@@ -24,7 +24,7 @@ from dataclasses import replace
 
 import torch
 
-from scripts.auto_replay import holders, method_config, set_constant
+from lab.auto_replay import holders, method_config, set_constant
 from xpress_core import engine
 from xpress_core.config import DecodeConfig
 from xpress_core.data import evaluation_prompts, prompt_class, split_of

@@ -1,13 +1,13 @@
 """What a round would cost, in plain steps, with a larger target on this machine: would a bigger embedded pair speed up?
 
-    OMP_NUM_THREADS=1 python -m scripts.target_scale [--sizes ours,w384,w512,w512x12,w768] [--repeats 40]
+    OMP_NUM_THREADS=1 python -m lab.target_scale [--sizes ours,w384,w512,w512x12,w768] [--repeats 40]
 
 Random-weight Llama targets of growing width and depth (our tokenizer's 4,096-token vocabulary), in bf16 with their
 linear layers packed as the engine packs them (``xpress_core/packing.py``), after a 200-token prompt: a plain step
 (one token), a verify forward over a chain of 9 tokens (one draft of 8) and over 33 tokens with a float tree mask (a
 draft tree of 32 nodes). A drafter of the target's width (ours shares the target's embedding and LM head) is stood
 in for by a 2-layer model of the same shapes over 9 tokens: on the embedded pair it costs 0.52-0.54 plain steps
-where the real drafter costs 0.44-0.51 (``scripts.profile_round``). Every forward is timed by this thread's CPU time,
+where the real drafter costs 0.44-0.51 (``lab.profile_round``). Every forward is timed by this thread's CPU time,
 the four taken in turns, medians printed. The speedup columns put the embedded pair's accepted lengths (tau 3.6 for
 the tree, 3.1 for the chain) over each size's round, with 0.05 plain steps of the engine's own work, and say what
 tau 2.5x would need.

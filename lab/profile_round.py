@@ -1,6 +1,6 @@
 """Per-round stage costs of the engine on the embedded pair: draft / verify / other ms per round against one plain step.
 
-    OMP_NUM_THREADS=1 python -m scripts.profile_round --dtype float32 [-K 1 -T 1 -L 8] [--drafter assets/drafter_dflash]
+    OMP_NUM_THREADS=1 python -m lab.profile_round --dtype float32 [-K 1 -T 1 -L 8] [--drafter assets/drafter_dflash]
         [--profile] [--unpacked] [--threads 2 --wall]
 
 Runs a few chat requests at a fixed (K, T, L) and the same requests plainly (the "none" drafter through the same

@@ -1,7 +1,7 @@
 """Paired before/after of a round's stage costs: the engine's models as loaded before issue 47's stop 53 (or 54)
 and as loaded now, in one process, in turns, medians of per-turn figures.
 
-    OMP_NUM_THREADS=1 python -m scripts.round_ab --dtype bfloat16 -K 4 -T 1 -L 8 [--drafter assets/drafter_dflash]
+    OMP_NUM_THREADS=1 python -m lab.round_ab --dtype bfloat16 -K 4 -T 1 -L 8 [--drafter assets/drafter_dflash]
         [--turns 6] [--wall] [--before stop54]
 
 Each turn runs both (in an order that alternates from turn to turn) over ``profile_round``'s chat prompts: plainly
@@ -27,7 +27,7 @@ from functools import partial
 
 import torch
 
-from scripts.profile_round import PROMPTS, round_arguments, stage_ms
+from lab.profile_round import PROMPTS, round_arguments, stage_ms
 from xpress_core import engine
 from xpress_core.config import DecodeConfig
 from xpress_core.drafters.base import NoDrafter

@@ -1,6 +1,6 @@
 """Does a prompt length seen for the first time cost more than a seen one? The prefill with and without row buckets.
 
-    OMP_NUM_THREADS=1 python -m scripts.first_shape [--dtype bfloat16] [--lengths 40] [--seed 1]
+    OMP_NUM_THREADS=1 python -m lab.first_shape [--dtype bfloat16] [--lengths 40] [--seed 1]
 
 Loads the embedded pair, builds the kernels of the bucketed row counts (``models.warm_kernels``, as the app does at
 load), then times the engine's prefill (target forward and drafter start) over prompts of new lengths, each twice

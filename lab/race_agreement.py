@@ -1,6 +1,6 @@
 """Do the verdict and the Race agree? Held-out chats replayed through the app's reply function with Race on.
 
-    OMP_NUM_THREADS=1 python -m scripts.race_agreement [--chats 10] [--turns 2] [--data ../shared/data]
+    OMP_NUM_THREADS=1 python -m lab.race_agreement [--chats 10] [--turns 2] [--data ../shared/data]
 
 Loads the embedded preset as the app does (the dtype measured, the kernels built, the controller's costs), then for
 ``--chats`` held-out ``sgd_dev`` dialogues spread over the file sends their first ``--turns`` user turns one after the

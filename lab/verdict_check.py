@@ -1,7 +1,7 @@
 """Is the app's verdict what a user would measure? Each reply's whole-reply speedup as the app states it, against an
 independent timing of the same reply over the fastest plain decoding on this machine.
 
-    python -m scripts.verdict_check [--sets sgd_dev,small_talk] [--split held] [--chats 10] [--repeats 3]
+    python -m lab.verdict_check [--sets sgd_dev,small_talk] [--split held] [--chats 10] [--repeats 3]
 
 Loads the embedded preset as the app does (the dtype ``--dtype auto`` chooses, the controller's costs) and sends the
 first ``--chats`` chats of the sets' ``--split`` half through ``xpress_app.chat.run_chat`` at the app's defaults

@@ -1,11 +1,11 @@
 """What a refinement pass costs: the embedded drafter's draft at T = 1 and at more passes, against one plain step.
 
-    python -m scripts.pass_cost [--threads 1] [--dtype float32] [--turns 15]
+    python -m lab.pass_cost [--threads 1] [--dtype float32] [--turns 15]
 
 Drafts one block after a held-out chat's prompt at a few (K, T, diversity) settings and times each, with a plain step
 of the target (one token on the prompt's cache) taking its turn among them, so that a drift of the machine's speed
 falls on all alike; each figure is the median over the turns of 20 calls. A pass costs (draft at T - draft at T = 1)
-/ (T - 1), printed in plain steps. Drafting only: the verify of the drafts is ``scripts/profile_round.py``'s.
+/ (T - 1), printed in plain steps. Drafting only: the verify of the drafts is ``lab/profile_round.py``'s.
 """
 
 from __future__ import annotations
