@@ -408,10 +408,11 @@ def test_auto_stops_drafting_after_three_misses_and_probes_with_backoff():
             control.observe(picked[-1], a)
         return picked
 
-    assert rounds([3, 2, 2, 3, 2, 2]) == [chain] * 6  # two misses in a row do not stop it
-    assert rounds([2, 0, 0, 0]) == [chain, chain, PLAIN_STEP, PLAIN_STEP]  # the third miss does
-    assert rounds([0, 0, 0, 0, 0, 0]) == [chain, *[PLAIN_STEP] * 4, chain]  # a probe that missed: 4 plain rounds next
-    assert rounds([0] * 9 + [5, 0]) == [*[PLAIN_STEP] * 8, chain, chain, chain]  # a probe that paid: drafting again
+    assert rounds([3, 2, 2, 3, 2, 3]) == [chain] * 6  # two misses in a row do not stop it
+    assert rounds([2, 0, 0, 0]) == [chain, chain, chain, PLAIN_STEP]  # the third miss does
+    assert rounds([0] * 6) == [PLAIN_STEP, chain, *[PLAIN_STEP] * 4]  # a probe after 2 plain rounds missed: 4 next
+    assert control.probe_after == 2 * PROBE_FIRST
+    assert rounds([5, 0]) == [chain, chain]  # a probe that paid: drafting again
     assert control.probe_after == PROBE_FIRST
     assert control.choose(remaining=4) == RoundSetting(1, 1, 3)  # no draft past the reply's end
     assert control.choose(remaining=1) == PLAIN_STEP
