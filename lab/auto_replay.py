@@ -10,13 +10,11 @@ price instead of its measured time: a plain round ``--plain-charge`` times the c
 charged the same plain round per token, so the ratio printed per class, temperature and method is its tokens per second
 over plain decoding's at those prices. The calibrated prices are written to ``--costs`` on the first run and read back
 after, so that variants are replayed at the same prices. ``--split`` keeps the prompts of one half (``data.split_of``:
-constants are chosen on "tune" only; "held" is reported). Methods: ``auto`` (by the trees' chances,
-``chance_control.ChanceControl``), ``auto-counts`` (the counting model, ``AutoControl``), ``KxTxL`` a fixed setting.
-``--set`` changes one of the controller's constants for the run. For ``auto`` it also prints the draft tokens the
-verified cuts' chances expected against those accepted (the share), how often it drafted and verified, and the nodes
-it verified a round. ``auto`` corrects its prices by the stage times its rounds measure (``ChanceControl.timed``):
-here it is told the seconds each round is charged instead, so that it plans at the prices it is charged. ``--dtype``:
-the models' dtype, which the costs file should have been calibrated in.
+constants are chosen on "tune" only; "held" is reported). Methods: ``auto`` (the setting chosen at load and its stop
+rule, ``controller.StopControl``), ``auto-counts`` (the counting model, ``AutoControl``), ``KxTxL`` a fixed setting.
+``--set`` changes one of the controller's constants for the run. For ``auto`` it also prints how often it drafted and
+verified, and the nodes it verified a round. ``--dtype``: the models' dtype, which the costs file should have been
+calibrated in.
 """
 
 from __future__ import annotations
@@ -28,12 +26,10 @@ from pathlib import Path
 
 import torch
 
-from xpress_core import chance_control, controller, engine
-from xpress_core.chance_control import ChanceControl
+from xpress_core import controller, engine
 from xpress_core.config import DecodeConfig
 from xpress_core.controller import PLAIN_STEP, CostModel, RoundSetting
 from xpress_core.data import evaluation_prompts, prompt_class, split_of
-from xpress_core.engine import Timings
 from xpress_core.models import load_models
 from xpress_core.trace import RoundTrace
 
@@ -48,19 +44,17 @@ PRICES = (
     "verify_wide_token_s",
     "pass_s",
     "draft_other_s",
-    "tree_draft_s",
 )
 
-# The modules whose constants ``--set`` changes: ``chance_control`` imports some of ``controller``'s, and each module
-# reads its own name for a constant.
-CONTROL_MODULES = (controller, chance_control)
+# The modules whose constants ``--set`` changes (each module reads its own name for a constant).
+CONTROL_MODULES = (controller,)
 
 
 def holders(name: str) -> list:
     """The control modules that hold the constant ``name``."""
     found = [module for module in CONTROL_MODULES if hasattr(module, name)]
     if not name.isupper() or not found:
-        raise SystemExit(f"{name}: not a constant of xpress_core/controller.py or chance_control.py")
+        raise SystemExit(f"{name}: not a constant of xpress_core/controller.py")
     return found
 
 
@@ -81,9 +75,7 @@ def fixed_prices(models, path: Path) -> CostModel:
 
 
 class Watched:
-    """``engine.control`` that keeps the control it makes, so a replay reads a round's cut after its event, and that
-    tells a chance control its rounds took the seconds they are charged (``charged``), not what they measured: the
-    replay's controller plans at the fixed prices it is charged."""
+    """``engine.control`` that keeps the control it makes."""
 
     def __init__(self, costs: CostModel, charges: tuple[float, float]):
         self.made = None
@@ -91,16 +83,8 @@ class Watched:
         self.costs, self.charges = costs, charges
 
     def __call__(self, *args, **kwargs):
-        made = self.made = self.original(*args, **kwargs)
-        if isinstance(made, ChanceControl):
-            timed = made.timed
-
-            def charged_instead(measured) -> None:
-                nodes = made.last.nodes if made.last is not None else 0
-                timed(Timings(*charged(made, self.costs, self.charges, PLAIN_STEP, nodes), 0.0, 0.0))
-
-            made.timed = charged_instead
-        return made
+        self.made = self.original(*args, **kwargs)
+        return self.made
 
 
 def charged(control, costs: CostModel, charges: tuple[float, float], setting: RoundSetting, nodes: int) -> tuple:
@@ -109,12 +93,8 @@ def charged(control, costs: CostModel, charges: tuple[float, float], setting: Ro
     round's ``setting``) and verify over the ``nodes`` it verified (none: a plain step's)."""
     plain_charge, draft_charge = charges
     plain_s = plain_charge * costs.round_s(PLAIN_STEP)
-    if isinstance(control, ChanceControl):
-        drafted = control.last is not None
-        draft_s = costs.tree_draft(control.drafted) if drafted else 0.0
-    else:
-        drafted = not setting.plain
-        draft_s = costs.drafting_s(setting) if drafted else 0.0
+    drafted = not setting.plain
+    draft_s = costs.drafting_s(setting) if drafted else 0.0
     if not drafted:
         return 0.0, plain_s
     return draft_charge * draft_s, draft_charge * costs.after_draft_s(nodes) if nodes else plain_s
@@ -129,14 +109,13 @@ def method_config(method: str, cfg: DecodeConfig) -> DecodeConfig:
 
 def replay(models, costs: CostModel, prompt, cfg: DecodeConfig, charges: tuple[float, float], watched) -> dict:
     """One request's charged seconds, tokens, rounds and the chance control's figures."""
-    out = {"charged": 0.0, "tokens": 0, "rounds": 0, "drafted": 0, "verified": 0, "nodes": 0, "expects": 0.0}
+    out = {"charged": 0.0, "tokens": 0, "rounds": 0, "drafted": 0, "verified": 0, "nodes": 0}
     out["accepted"] = 0
     for event in engine.decode(models, prompt, cfg, costs=costs):
         if not isinstance(event, RoundTrace) or event.index == 0:
             continue
         setting, nodes = RoundSetting(*event.setting), max(0, len(event.tree_tokens) - 1)
         control = watched.made
-        cut = control.last if isinstance(control, ChanceControl) else None
         draft_s, rest_s = charged(control, costs, charges, setting, nodes)
         out["charged"] += draft_s + rest_s
         out["tokens"] += len(event.emitted)
@@ -145,7 +124,6 @@ def replay(models, costs: CostModel, prompt, cfg: DecodeConfig, charges: tuple[f
         out["verified"] += not setting.plain
         out["nodes"] += nodes
         out["accepted"] += len(event.accepted)
-        out["expects"] += cut.expects if cut is not None else 0.0
     return out
 
 
@@ -198,10 +176,8 @@ def main() -> None:
         ratio = t["tokens"] * plain_s / t["charged"]
         extra = ""
         if method == "auto":
-            share = t["accepted"] / t["expects"] if t["expects"] else float("nan")
             nodes = t["nodes"] / max(1, t["verified"])
             extra = f", drafted {t['drafted']}/{t['rounds']} verified {t['verified']} ({nodes:.1f} nodes)"
-            extra += f", realised/expected {share:.2f}"
         tau = t["tokens"] / t["rounds"]
         print(f"{name:11s} {temperature:.1f} {method:12s} over plain {ratio:.3f}  tokens/round {tau:.2f}{extra}")
 

@@ -5,24 +5,15 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import time
 from dataclasses import dataclass, replace
 
 import pytest
+import torch
 
 from tests.fakes import ScriptedDrafter
 from tests.oracles import PROMPTS, check_invariants, cli, hf_greedy, run
-from xpress_core import chance_control, controller
-from xpress_core.chance_control import (
-    ChanceControl,
-    TreeCut,
-    apply_cut,
-    best_cut,
-    kept_paths,
-    next_drafts,
-    node_chances,
-)
+from xpress_core import controller, engine, hub
 from xpress_core.config import DecodeConfig
 from xpress_core.controller import (
     LAST_PROBE,
@@ -30,18 +21,23 @@ from xpress_core.controller import (
     PLAIN_STEP,
     PRIOR_ACCEPT,
     PRIOR_ACCEPT_SAMPLED,
+    PROBE_FIRST,
     AutoControl,
     CostModel,
     RoundSetting,
+    SettingChoice,
+    StopControl,
+    candidate_settings,
+    choose_setting,
     denoise_work,
+    setting_name,
 )
 from xpress_core.costs import calibration_drafts, fit_draft_costs, fit_verify_costs, timed_in_turns
-from xpress_core.drafters.base import Drafts, NoDrafter
+from xpress_core.drafters.base import NoDrafter
 from xpress_core.drafters.masked import MaskedDiffusionDrafter
 from xpress_core.engine import Models, calibrate, calibrated, control, decode
 from xpress_core.models import encode_prompt, load_models
 from xpress_core.trace import RoundTrace, write_jsonl
-from xpress_core.tree import best_first_paths
 
 # Stage costs like the embedded pair's in bf16 (ms), fixed so that every choice below is reproducible.
 COSTS = CostModel(
@@ -336,10 +332,7 @@ def test_auto_drafts_long_blocks_and_as_many_drafts_as_it_takes_to_be_right(llam
 
 
 def test_auto_choices_are_deterministic_for_a_seed_history_and_measured_times(llama, monkeypatch):
-    """Settings follow the times measured (``ChanceControl.timed``), so both runs are told the same ones."""
     models, prompts = llama
-    timed = ChanceControl.timed
-    monkeypatch.setattr(ChanceControl, "timed", lambda self, measured: timed(self, Took(1e-3, 4e-3, 1e-3)))
     for cfg in (AUTO, DecodeConfig(auto=True, temperature=0.7, seed=5, max_new_tokens=48)):
         first, second = (run(models, prompts[1], cfg, costs=COSTS)[1] for _ in range(2))
         assert first.settings == second.settings and first.token_ids == second.token_ids
@@ -385,189 +378,96 @@ def test_the_none_drafter_under_auto_steps_plainly(zoo):
     assert list(result.token_ids) == hf_greedy(models, prompt_ids, new=AUTO.max_new_tokens)
 
 
-# A plain step costs 1 s here (verify 0.9 + 0.1 per token, nothing else); a cut of n nodes costs 1 + 0.1 n after its
-# draft. Nodes best first as (depth, path chance): a three-deep chain 0.9, 0.8, 0.6 and a second first token 0.05.
-UNIT_COSTS = CostModel(1.0, 0.1, 0.9, 0.1, 0.0)
-HAND_NODES = [(1, 0.9), (2, 0.8), (3, 0.6), (1, 0.05)]
+# A plain step costs 1 s here (verify 0.9 + 0.1 per token, nothing else); a tree draft one forward over one row, 1 +
+# 0.1 x 9 s at L = 8, so a (K, 1, 8) round costs 1.9 + 0.9 + 0.1 (8 K + 1): 3.7, 4.5 and 6.1 s at K = 1, 2, 4.
+UNIT_COSTS = CostModel(1.0, 0.1, 0.9, 0.1, 0.0, draft_work=lambda s: (1, s.block + 1))
+TREES = [RoundSetting(k, 1, 8) for k in (1, 2, 4)]
 
 
-def test_the_cut_with_the_largest_hand_computed_gain_is_verified():
-    """gain = share x the kept chances' sum - rate x 0.1 per node. At share 1, rate 1: L = 1: K = 1 0.9 - 0.1 = 0.8,
-    K = 2 0.95 - 0.2 = 0.75; L = 2: 1.7 - 0.2 = 1.5, 1.75 - 0.3 = 1.45; L = 3: 2.3 - 0.3 = 2.0 (the chain),
-    2.35 - 0.4 = 1.95: the chain of three. At most two deep: the chain of two."""
-    cut = best_cut(HAND_NODES, 3, 1.0, UNIT_COSTS, 1.0)
-    assert (cut.setting, cut.nodes) == (RoundSetting(1, 1, 3), 3)
-    assert (cut.expects, cut.gain) == (pytest.approx(2.3), pytest.approx(2.0))
-    shorter = best_cut(HAND_NODES, 2, 1.0, UNIT_COSTS, 1.0)
-    assert (shorter.setting, shorter.nodes, shorter.gain) == (RoundSetting(1, 1, 2), 2, pytest.approx(1.5))
-    # Half the share: 1.15 - 0.3 = 0.85 for the chain of three against 0.65, 0.35 and 0.775 (both first tokens).
-    assert best_cut(HAND_NODES, 3, 0.5, UNIT_COSTS, 1.0).gain == pytest.approx(0.85)
-    # A node at ten times a plain step's price per token: every cut loses (L = 1, K = 1: 0.9 - 1.0), the root alone.
-    root = best_cut(HAND_NODES, 3, 1.0, UNIT_COSTS, 10.0)
-    assert (root.setting, root.nodes, root.gain) == (PLAIN_STEP, 0, 0.0)
+def test_the_setting_with_the_most_hand_computed_tokens_per_second_is_chosen():
+    """Taus 4, 5, 6: 4 / 3.7 = 1.081, 5 / 4.5 = 1.111, 6 / 6.1 = 0.984 tokens/s against a plain step's 1: (2, 1, 8).
+    Taus of 3 each beat no plain step: plain. The choice is a pure function of the figures."""
+    taus = dict(zip(TREES, (4.0, 5.0, 6.0)))
+    chosen, figures = choose_setting(taus, UNIT_COSTS)
+    assert chosen == RoundSetting(2, 1, 8)
+    assert figures["2x1x8"] == {"tau": 5.0, "round_ms": pytest.approx(4500.0), "tokens_per_s": pytest.approx(5 / 4.5)}
+    assert figures["plain"]["tokens_per_s"] == pytest.approx(1.0)
+    assert choose_setting(dict(reversed(taus.items())), UNIT_COSTS) == (chosen, figures)
+    assert choose_setting(dict.fromkeys(TREES, 3.0), UNIT_COSTS)[0] == PLAIN_STEP
+    assert candidate_settings(8, (1, 2)) == (*TREES, *(RoundSetting(k, 2, 8) for k in (1, 2, 4)))
 
 
-def test_a_cut_keeps_l_nodes_at_most_when_only_one_draft_may_be_kept():
-    """Two first tokens 0.9 and 0.6, a child 0.5 of the first: any K: L = 2, K = 2 keeps all three, 2.0 - 0.3 = 1.7
-    (L = 1, K = 2: 1.5 - 0.2 = 1.3); K = 1 (sampling): L = 2 keeps the first two nodes, 1.5 - 0.2 = 1.3."""
-    nodes = [(1, 0.9), (1, 0.6), (2, 0.5)]
-    wide = best_cut(nodes, 2, 1.0, UNIT_COSTS, 1.0)
-    assert (wide.setting, wide.nodes, wide.gain) == (RoundSetting(2, 1, 2), 3, pytest.approx(1.7))
-    narrow = best_cut(nodes, 2, 1.0, UNIT_COSTS, 1.0, chance_control.CUT_DRAFTS_SAMPLED)
-    assert (narrow.setting, narrow.nodes, narrow.gain) == (RoundSetting(1, 1, 2), 2, pytest.approx(1.3))
+def test_auto_stops_drafting_after_three_misses_and_probes_with_backoff():
+    """(1, 1, 8) pays from 3.7 / 1 - 1 = 2.7 accepted draft tokens: 3 does, 2 does not."""
+    control, chain = StopControl(TREES[0], UNIT_COSTS), TREES[0]
+
+    def rounds(accepted: list[int]) -> list[RoundSetting]:
+        picked = []
+        for a in accepted:
+            picked.append(control.choose(remaining=100))
+            control.observe(picked[-1], a)
+        return picked
+
+    assert rounds([3, 2, 2, 3, 2, 3]) == [chain] * 6  # two misses in a row do not stop it
+    assert rounds([2, 0, 0, 0]) == [chain, chain, chain, PLAIN_STEP]  # the third miss does
+    assert rounds([0] * 6) == [PLAIN_STEP, chain, *[PLAIN_STEP] * 4]  # a probe after 2 plain rounds missed: 4 next
+    assert control.probe_after == 2 * PROBE_FIRST
+    assert rounds([5, 0]) == [chain, chain]  # a probe that paid: drafting again
+    assert control.probe_after == PROBE_FIRST
+    assert control.choose(remaining=4) == RoundSetting(1, 1, 3)  # no draft past the reply's end
+    assert control.choose(remaining=1) == PLAIN_STEP
+    assert StopControl(PLAIN_STEP, UNIT_COSTS).choose(remaining=100) == PLAIN_STEP
 
 
-def test_node_chances_and_the_cut_drafts_keep_the_best_first_nodes():
-    """Two paths sharing their first node: node 3's chance is 0.9 x 0.5; cutting to 3 nodes two deep keeps nodes 0, 1
-    and 3 (node 2 is three deep), renumbered best first."""
-    drafts = Drafts(tokens=((5, 6, 7), (5, 8)), order=((0, 1, 2), (0, 3)), chances=((0.9, 0.8, 0.75), (0.9, 0.5)))
-    nodes = node_chances(drafts)
-    assert nodes == [(1, 0.9), (2, pytest.approx(0.72)), (3, pytest.approx(0.54)), (2, pytest.approx(0.45))]
-    cut = apply_cut(drafts, nodes, TreeCut(RoundSetting(2, 1, 2), 3, 2.07, 0.0))
-    assert (cut.tokens, cut.order, cut.chances) == (((5, 6), (5, 8)), ((0, 1), (0, 2)), ((0.9, 0.8), (0.9, 0.5)))
+def test_auto_runs_the_setting_chosen_at_load_and_equals_generate(llama):
+    models, prompts = llama
+    figures = {"greedy": {}, "sampled": {}}
+    costs = replace(COSTS, chosen=SettingChoice(RoundSetting(2, 1, 4), RoundSetting(1, 1, 4), figures))
+    for cfg in (AUTO, DecodeConfig(auto=True, temperature=0.7, seed=3, max_new_tokens=48)):
+        for prompt_ids in prompts:
+            _, result = run(models, prompt_ids, cfg, costs=costs)
+            chosen = costs.chosen.setting(not cfg.greedy)
+            assert {s for s in result.settings[:-1] if s != PLAIN_STEP.as_tuple()} <= {chosen.as_tuple()}
+            if cfg.greedy:
+                assert list(result.token_ids) == hf_greedy(models, prompt_ids, new=cfg.max_new_tokens)
 
 
-def test_a_cut_that_keeps_the_whole_tree_keeps_the_drafts_as_the_general_cut_makes_them():
-    """``apply_cut`` returns a whole tree's drafts as drafted; the general cut (``kept_paths``) of the same nodes is
-    the oracle, over trees of random chances (``best_first_paths``, the drafters' tree search)."""
-    rng = random.Random(0)
-    for _ in range(200):
-        length, width, budget = rng.randint(1, 8), rng.randint(1, 4), rng.randint(1, 24)
-        probs = [sorted((rng.random() for _ in range(width)), reverse=True) for _ in range(length)]
-        tokens = [rng.sample(range(100), width) for _ in range(length)]
-        tree = best_first_paths(probs, tokens, budget)
-        drafts = Drafts(tree.tokens, (), tree.order, chances=tree.chances)
-        nodes = node_chances(drafts)
-        whole = TreeCut(RoundSetting(budget, 1, length), len(nodes), 0.0, 0.0)
-        assert apply_cut(drafts, nodes, whole) is drafts
-        assert kept_paths(drafts, nodes, whole) == drafts
+def test_the_choice_is_measured_once_per_machine_threads_and_models_and_cached_with_its_figures(llama, monkeypatch):
+    models, _ = llama
+    calls = []
+    measured = engine.measured_taus
 
+    def counted(models, candidates, sampled):
+        calls.append(sampled)
+        return measured(models, candidates, sampled)
 
-def test_the_next_tree_keeps_the_branches_its_cut_kept_and_grows_where_it_kept_them_all():
-    assert next_drafts(8, RoundSetting(2, 1, 5)) == 2
-    assert next_drafts(2, RoundSetting(2, 1, 5)) == 4
-    assert next_drafts(8, RoundSetting(8, 1, 3)) == 8
-    assert next_drafts(4, PLAIN_STEP) == 4
-
-
-def test_a_smaller_tree_pays_its_share_of_the_timed_trees_search():
-    """Declared work of K rows of L + 1 at T = 1: 1 + 0.1 x 4 K s at L = 3; the timed 8 x 3 tree took 0.8 s more
-    (5.0 s), so a 2 x 3 tree costs 1.8 + 0.2 s."""
-    costs = replace(UNIT_COSTS, tree_draft_s=5.0)
-    assert costs.tree_draft(RoundSetting(8, 1, 3)) == pytest.approx(5.0)
-    assert costs.tree_draft(RoundSetting(2, 1, 3)) == pytest.approx(2.0)
-    assert UNIT_COSTS.tree_draft(RoundSetting(2, 1, 3)) == pytest.approx(1.8)
-
-
-CHAIN = Drafts(tokens=((5, 6, 7),), order=((0, 1, 2),), chances=((0.9, 0.8, 0.75),))  # nodes 0.9, 0.72, 0.54
-CHEAP_DRAFT = CostModel(0.2, 0.0, 0.9, 0.1, 0.0)  # a draft 0.2 plain steps, a cut of n nodes 1 + 0.1 n after it
-
-
-def test_each_depth_of_the_tree_learns_its_own_share():
-    """A chain accepted whole: depth d's share = (1 + 1 x prior) / (its chance + 1), 2 / 1.9, 2 / 1.72, 2 / 1.54;
-    before any round the priors: 1 at every depth greedy, 0.8^(d - 1) when sampling."""
-    assert ChanceControl(CHEAP_DRAFT, max_block=3).shares() == [1.0, 1.0, 1.0]
-    assert ChanceControl(CHEAP_DRAFT, 3, sampled=True).shares() == pytest.approx([1.0, 0.8, 0.64])
-    control = ChanceControl(CHEAP_DRAFT, max_block=3)
-    setting = control.choose(remaining=100)
-    assert setting == RoundSetting(chance_control.FIRST_DRAFTS, 1, 3)
-    _, cut = control.cut(CHAIN, setting)
-    assert cut == RoundSetting(1, 1, 3) and control.kept == pytest.approx([0.9, 0.72, 0.54])
-    control.observe(cut, 3)
-    assert control.shares() == pytest.approx([2 / 1.9, 2 / 1.72, 2 / 1.54])
-
-
-def test_a_bad_start_does_not_stop_drafting_and_drafts_that_keep_failing_do():
-    """Greedy: a first cut that accepts nothing is followed by another draft (its promise still beats the draft's
-    price); when every draft fails, the shares fall and plain steps win, with probes."""
-    control = ChanceControl(CHEAP_DRAFT, max_block=3)
-    picks = []
-    for _ in range(40):
-        setting = control.choose(remaining=100)
-        if not setting.plain:
-            _, setting = control.cut(CHAIN, setting)
-        picks.append(control.last is not None)
-        control.observe(setting, 0)
-    assert picks[:2] == [True, True]
-    assert sum(picks[10:]) <= 6, picks
-
-
-PRICEY_DRAFT = CostModel(0.6, 0.0, 0.9, 0.1, 0.0)  # a draft 0.6 plain steps: priced 0.6 when sampling (rate 1)
-
-
-def test_sampled_drafting_stops_after_three_misses_in_a_row_not_before():
-    """Sampled at PRICEY_DRAFT: one round that accepts nothing leaves the gain estimate below the draft's price
-    ((0.5 x 1.5 - 0.3) / 1.5 = 0.3 < 0.6), yet the next two rounds draft; the third miss in a row stops drafting
-    until the probe after two plain rounds, whose draft pays (3 accepted) and clears the misses: the next miss is
-    again a first one, and the two rounds after it draft."""
-    control = ChanceControl(PRICEY_DRAFT, 3, sampled=True)
-    accepts, picks = iter((0, 0, 0, 3, 0, 0)), []
-    for _ in range(8):
-        setting = control.choose(remaining=100)
-        if not setting.plain:
-            _, setting = control.cut(CHAIN, setting)
-        picks.append(control.last is not None)
-        control.observe(setting, next(accepts) if control.last is not None else 0)
-    assert picks == [True, True, True, False, False, True, True, True]
-
-
-def round_gain_after(sampled: bool, accepted: int) -> tuple[float, float]:
-    """One drafting round of CHAIN at CHEAP_DRAFT's prices: (the cut's promise, the gain the round counts)."""
-    control = ChanceControl(CHEAP_DRAFT, 3, sampled=sampled)
-    _, cut = control.cut(CHAIN, control.choose(remaining=100))
-    promise = control.last.gain
-    before = control.gains
-    control.observe(cut, accepted)
-    return promise, control.gains - control.gain_memory * before
-
-
-def test_a_round_counts_what_it_realised_the_larger_one_greedy_and_alone_when_sampled():
-    """The chain of three costs 0.3 plain steps past a plain step: greedy (rate 2: a chain round of 1.5 plain steps
-    yields CHAIN_TOKENS = 3; shares 1) it promises 2.16 - 0.6 = 1.56 and three accepted tokens realise 3 - 0.6 = 2.4;
-    sampled (rate 1, shares 1, 0.8, 0.64) it counts what it realised, whatever it promised (1.8216 - 0.3 = 1.5216):
-    3 - 0.3 = 2.7 and -0.3 for none."""
-    assert round_gain_after(False, 3) == (pytest.approx(1.56), pytest.approx(2.4))
-    assert round_gain_after(False, 0) == (pytest.approx(1.56), pytest.approx(1.56))
-    assert round_gain_after(True, 0) == (pytest.approx(1.5216), pytest.approx(-0.3))
-    assert round_gain_after(True, 3) == (pytest.approx(1.5216), pytest.approx(2.7))
-
-
-def test_the_greedy_rate_follows_the_prices_and_the_sampled_one_does_not():
-    """Greedy: CHAIN_TOKENS per the plain steps of a round of one chain of the longest block. CHEAP_DRAFT: a plain
-    step 1 s, the chain of 3 a draft of 0.2 s and a verify of 1.3 s: 3 / 1.5 = 2. UNIT_COSTS: the draft 1 + 0.1 x 4 s,
-    3 / 2.7. Sampled: 1, plain decoding's, at both."""
-    assert ChanceControl(CHEAP_DRAFT, max_block=3).rate() == pytest.approx(2.0)
-    assert ChanceControl(UNIT_COSTS, max_block=3).rate() == pytest.approx(3 / 2.7)
-    assert ChanceControl(CHEAP_DRAFT, 3, sampled=True).rate() == ChanceControl(UNIT_COSTS, 3, sampled=True).rate()
-    assert ChanceControl(UNIT_COSTS, 3, sampled=True).rate() == pytest.approx(1.0)
-
-
-def test_measured_stage_times_correct_the_prices_a_round_at_a_time():
-    """At CHEAP_DRAFT a drafting round's chain of three is priced 0.2 s of draft and 1.3 s after it. Measured 0.4 s
-    (2x) and 0.65 s (0.5x): each stage's ratio over a prior of 4 rounds at 1, (2 + 4) / 5 and (0.5 + 4) / 5; the plain
-    step's stays. A plain round that took 10 times its price counts as 2 (the clip), (2 + 4) / (1 + 4), and leaves the
-    draft's ratio as it was; a stage's earlier rounds decay by MEMORY when it is measured again: a draft at its price,
-    (0.9 x 2 + 1 + 4) / (0.9 + 1 + 4)."""
-    control = ChanceControl(CHEAP_DRAFT, max_block=3)
-    _, cut = control.cut(CHAIN, control.choose(remaining=100))
-    control.observe(cut, 3)
-    control.timed(Took(0.4, 0.6, 0.05))
-    assert (control.costs.draft, control.costs.rest, control.costs.plain) == pytest.approx((1.2, 0.9, 1.0))
-    assert control.costs.tree_draft(RoundSetting(1, 1, 3)) == pytest.approx(1.2 * 0.2)
-    assert control.costs.after_draft_s(3) == pytest.approx(0.9 * 1.3)
-    assert control.rate() == pytest.approx(3 * 1.0 / (0.24 + 1.17))  # the greedy rate follows the measured prices
-    control.last = None  # a plain round
-    control.timed(Took(0.0, 9.0, 1.0))
-    assert (control.costs.plain, control.costs.draft) == pytest.approx((6 / 5, 1.2))
-    control.cut(CHAIN, control.choose(remaining=100))
-    control.timed(Took(0.2, 1.3, 0.0))
-    assert control.costs.draft == pytest.approx((MEMORY * 2 + 1 + 4) / (MEMORY + 1 + 4))
+    monkeypatch.setattr(engine, "measured_taus", counted)
+    costs = calibrate(models)
+    first = costs.chosen
+    assert calls == [False, True] and first.reason.startswith("measured at load")
+    candidates = candidate_settings(models.drafter.max_block, models.drafter.auto_steps)
+    for mode in ("greedy", "sampled"):
+        taus = {s: first.figures[mode][setting_name(s)]["tau"] for s in candidates}
+        assert taus[candidates[0]] <= taus[candidates[1]] <= taus[candidates[2]]  # nested trees: more nodes, more kept
+        assert choose_setting(taus, costs)[0] == first.setting(mode == "sampled")
+    again = calibrate(models).chosen
+    assert len(calls) == 2 and again.reason.startswith("cached in") and again.figures == first.figures
+    assert (again.greedy, again.sampled) == (first.greedy, first.sampled)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        calibrate(models)  # another thread count: measured again
+    finally:
+        torch.set_num_threads(threads)
+    assert len(calls) == 4
+    entry = json.loads((hub.cache_folder() / engine.SETTING_CACHE).read_text())
+    assert len(entry) == 2
 
 
 def test_the_engine_hands_each_round_s_measured_times_to_the_control(llama, monkeypatch):
     models, prompts = llama
     took = []
-    for kind in (ChanceControl, AutoControl):
+    for kind in (StopControl, AutoControl):
         monkeypatch.setattr(kind, "timed", lambda self, measured: took.append(measured))
     events = [e for e in decode(models, prompts[0], AUTO, costs=COSTS) if isinstance(e, RoundTrace) and e.index]
     assert [(t.draft_s, t.verify_s, t.other_s) for t in took] == [(e.draft_s, e.verify_s, e.other_s) for e in events]

@@ -64,9 +64,9 @@ HELP = {
         "alternates from one message to the next."
     ),
     "auto": (
-        "Before every round the controller picks drafts K, steps T and block L (or a plain step) for the most expected "
-        "tokens per second, from this reply's acceptance so far and the stage costs measured when the models loaded "
-        "(refinement passes priced like the rest; without a refiner head T stays 1). Untick to pin K, T, L below."
+        "Runs the drafts K, steps T and block L chosen when the models loaded for the most expected tokens per second "
+        "(the drafter's acceptance on a few requests over the stage costs measured then, kept per machine and models), "
+        "and takes plain steps after three rounds that did not pay, probing again later. Untick to pin K, T, L below."
     ),
     "animate": (
         "Replay every round's denoise steps in the draft panel while generating. Slower to watch; "
@@ -103,7 +103,7 @@ PANEL_HELP = """
   the drafter's confidence. After the last step the cells the target accepted get a green frame and each draft's first
   rejected token a red one; ★ marks the draft on the chosen path. Past 5 drafts (a tree's paths) the panel shows the
   chosen one and the longest accepted others, and says how many more there are. Scrub any round and step with the sliders. The
-  second title line names the round's setting (K, T, L), which Auto picks round by round, or says it was a plain step.
+  second title line names the round's setting (K, T, L), which Auto chose at load, or says it was a plain step.
   With the gaussian drafter no cell is masked: every step shows each position's nearest token at that noise level.
 - **Accepted length**: draft tokens accepted per round (grey dots: each draft; green: the chosen path), the running
   τ (tokens emitted per round, the speed-up's upper bound) and a histogram.

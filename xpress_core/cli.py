@@ -79,7 +79,7 @@ class Parser(argparse.ArgumentParser):
 
 def add_decode_args(parser: argparse.ArgumentParser) -> None:
     d = DecodeConfig()
-    pin = "; pins the setting (unset ones take their defaults) [unset: the controller auto picks K and L per round, T = 1]"
+    pin = "; pins the setting (unset ones take their defaults) [unset: auto, the (K, T, L) chosen at load]"
     parser.add_argument("--drafts", "-K", type=int, help=f"K drafts refined together [{d.drafts}]{pin}")
     parser.add_argument("--steps", "-T", type=int, help=f"T denoise steps per round (1..L) [{d.steps}]{pin}")
     parser.add_argument("--block", "-L", type=int, help=f"L tokens per draft [{d.block}]{pin}")

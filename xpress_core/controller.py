@@ -1,7 +1,9 @@
-"""How much to speculate, round by round: a fixed (K, T, L), or the controller ``auto`` (docs/DESIGN.md §2.6); the
-rounds' settings and their prices (``CostModel``). ``auto`` by each draft tree's own chances is chance_control.py.
+"""How much to speculate, round by round (docs/DESIGN.md §2.6): a fixed (K, T, L); ``auto``, a fixed setting chosen at
+load by what these models and this machine measured (``choose_setting``, ``engine.chosen_setting``) that stops drafting
+on text that defeats the drafter (``StopControl``); and for drafters whose drafts carry no tree of chances, the counting
+model ``AutoControl``. The rounds' settings and their prices (``CostModel``).
 
-The counting model (``AutoControl``) picks, before each round, the setting with the most expected tokens per second:
+The counting model picks, before each round, the setting with the most expected tokens per second:
 
 - expected tokens of a round at (K, T, L) = 1 + sum over i = 1..L of q_1 ... q_i, where q_i is the chance that block
   position i is accepted once the positions before it were, estimated per (K, T) from this request's rounds (recent
@@ -9,17 +11,16 @@ The counting model (``AutoControl``) picks, before each round, the setting with 
 - seconds of a round from a ``CostModel``: stage costs measured on the models at hand (the engine calibrates them).
 
 When plain steps win it still drafts now and then (a probe, after 16, 32 and 64 plain rounds), so that it notices when
-the text becomes predictable again. Every choice is a pure function of the costs and the request so far (its
-acceptance, and for ``ChanceControl`` the stage times its rounds measured): the same seed, history and times give the
-same settings. Whatever it picks, the output is the target's: the controller only changes what is drafted, and the
-acceptance walk decides what is kept.
+the text becomes predictable again. Every choice is a pure function of the costs and the request so far: the same
+seed and history give the same settings. Whatever it picks, the output is the target's: the controller only changes
+what is drafted, and the acceptance walk decides what is kept.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .config import DecodeConfig
 
@@ -28,7 +29,6 @@ from .config import DecodeConfig
 # (held-out prompts interleaved, bf16, auto over plain decoding with K up to 4 / 8: greedy stories 1.28x / 1.39x,
 # at 0.7 chats 1.29x / 1.33x and stories 1.05x / 1.08x, greedy chats 1.56x both).
 AUTO_DRAFTS = (1, 2, 4, 8)
-CHANCE_DRAFTS = max(AUTO_DRAFTS)  # every drafting round of ``ChanceControl`` drafts CHANCE_DRAFTS x L nodes, then cuts
 # T the controller may pick. One: a second denoise step never paid on our CPU (the benchmark's search: T = 1 fastest
 # at every K), and trying it cost auto more than it ever won back. Held-out prompts interleaved, bf16, auto over plain
 # decoding with T = 1, 2 / T = 1 only: greedy chats 1.43x / 1.62x, stories 1.38x / 1.46x; at 0.7 1.25x / 1.26x and
@@ -137,10 +137,8 @@ class CostModel:
     # its counts; a run of plain rounds reuses one search). 0: ``other_s``. Measured in decoding: 0.31 ms where a
     # plain round's acceptance and commit cost 0.13 ms.
     draft_other_s: float = 0.0
-
-    # The draft ``ChanceControl`` runs every drafting round, a tree of ``CHANCE_DRAFTS`` x L nodes at T = 1, as timed
-    # by ``engine.calibrate`` (its tree's best-first search included); 0: priced from the declared work.
-    tree_draft_s: float = 0.0
+    # ``auto``'s fixed settings, chosen at load on these costs (``engine.chosen_setting``); None: not chosen.
+    chosen: SettingChoice | None = None
 
     def round_s(self, setting: RoundSetting) -> float:
         """Seconds of a round; a tree of K drafts of L tokens has at most K x L nodes (branching keeps them apart)."""
@@ -165,15 +163,6 @@ class CostModel:
         drafting = forwards * self.draft_forward_s + positions * self.draft_position_s
         return drafting + self.refine_passes(setting) * self.pass_s
 
-    def tree_draft(self, setting: RoundSetting) -> float:
-        """Seconds of ``ChanceControl``'s draft of a K x L tree: the declared work plus the timed tree's search (its
-        seconds past the declared work of ``CHANCE_DRAFTS`` x L), in proportion to its nodes."""
-        if not self.tree_draft_s:
-            return self.drafting_s(setting)
-        widest = RoundSetting(CHANCE_DRAFTS, setting.steps, setting.block)
-        search_s = max(0.0, self.tree_draft_s - self.drafting_s(widest))
-        return self.drafting_s(setting) + search_s * setting.drafts / CHANCE_DRAFTS
-
 
 def auto_longest_block(max_block: int | None) -> int:
     """The longest L ``auto`` may pick for a drafter whose own limit is ``max_block`` (None: none)."""
@@ -197,6 +186,106 @@ class FixedControl:
 
     def observe(self, setting: RoundSetting, accepted: int, with_fewer: tuple[int, ...] = ()) -> None:
         pass
+
+    def timed(self, measured) -> None:
+        pass
+
+
+# auto's candidates (``engine.chosen_setting``): K drafts of the drafter's longest block (up to ``AUTO_MAX_BLOCK``), at
+# every T it may pick. A round's tokens grow with its tree's nodes about as fast as the verify's cost on our CPU (lab
+# log, issue 48 stop 56: 8 nodes tau 3.24, 16 nodes 3.56 on held chats); 8 drafts (64 nodes) never led a run.
+CHOSEN_DRAFTS = (1, 2, 4)
+
+
+def candidate_settings(max_block: int | None, steps: tuple[int, ...]) -> tuple[RoundSetting, ...]:
+    """The settings ``auto`` chooses among at load: K in ``CHOSEN_DRAFTS`` at the longest block, each T of ``steps``."""
+    block = auto_longest_block(max_block)
+    return tuple(RoundSetting(k, t, block) for t in steps if t <= block for k in CHOSEN_DRAFTS)
+
+
+def setting_name(setting: RoundSetting) -> str:
+    return "plain" if setting.plain else "{}x{}x{}".format(*setting.as_tuple())
+
+
+def choose_setting(taus: dict[RoundSetting, float], costs: CostModel) -> tuple[RoundSetting, dict]:
+    """The setting with the most expected tokens per second, expected tokens a round (``taus``, measured) over its
+    calibrated seconds, or a plain step where none beats one; and the figures that chose it (per setting: tau,
+    round ms, tokens/s). A pure function of the measured figures."""
+    plain_s = costs.round_s(PLAIN_STEP)
+    figures = {"plain": {"tau": 1.0, "round_ms": 1000 * plain_s, "tokens_per_s": 1.0 / plain_s}}
+    best, best_rate = PLAIN_STEP, 1.0 / plain_s
+    for setting, tau in taus.items():
+        seconds = costs.round_s(setting)
+        figures[setting_name(setting)] = {"tau": tau, "round_ms": 1000 * seconds, "tokens_per_s": tau / seconds}
+        if tau / seconds > best_rate:
+            best, best_rate = setting, tau / seconds
+    return best, figures
+
+
+@dataclass(frozen=True)
+class SettingChoice:
+    """``auto``'s fixed settings on these models and this machine, greedy and sampled (``choose_setting``), with the
+    figures that chose them; ``reason`` says where they were measured."""
+
+    greedy: RoundSetting
+    sampled: RoundSetting
+    figures: dict  # per mode ("greedy", "sampled"): ``choose_setting``'s figures
+    reason: str = "measured at load"
+
+    def setting(self, sampled: bool) -> RoundSetting:
+        return self.sampled if sampled else self.greedy
+
+    def to_json(self) -> dict:
+        settings = {"greedy": self.greedy.as_tuple(), "sampled": self.sampled.as_tuple()}
+        return {"settings": settings, "figures": self.figures, "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, entry: dict, reason: str) -> SettingChoice:
+        settings = {mode: RoundSetting(*entry["settings"][mode]) for mode in ("greedy", "sampled")}
+        return cls(**settings, figures=entry["figures"], reason=reason)
+
+
+# Drafting rounds in a row that did not pay for themselves (accepted fewer draft tokens than the round's seconds over a
+# plain step's, less one) before ``auto`` stops drafting. A round's accepted length is one noisy draw: at 0.7 the round
+# after one, two and three that accepted nothing still accepted 0.89, 0.84 and 0.69 tokens where 0.70 pays (tune half,
+# (1, 1, 8), lab log "Sampled auto: three misses", stop 55); greedy, three held level with never stopping (stop 56).
+MISSES = 3
+# Plain rounds after a stop before a probe (a drafting round), doubling after each probe that does not pay, back to
+# the first after one that does: text that defeats the drafter costs a few drafting rounds, a bad start never the rest
+# of a reply (lab log, "auto held out, again").
+PROBE_FIRST, PROBE_MAX = 2, 16
+
+
+class StopControl:
+    """``auto``: every round at the setting chosen at load (its block cut where the reply ends sooner), except after
+    ``MISSES`` drafting rounds in a row that did not pay: then plain rounds, with a probe after ``PROBE_FIRST`` of them
+    and more. What a round pays is priced once, from the calibrated costs."""
+
+    counts_fewer = False
+
+    def __init__(self, setting: RoundSetting, costs: CostModel):
+        self.setting = setting
+        # Draft tokens a round must accept to beat plain steps in the same time.
+        self.pays = 0.0 if setting.plain else costs.round_s(setting) / costs.round_s(PLAIN_STEP) - 1.0
+        self.misses, self.plain_run, self.probe_after = 0, 0, PROBE_FIRST
+
+    def choose(self, remaining: int) -> RoundSetting:
+        block = min(self.setting.block, remaining - 1)  # drafting past the reply's end gains nothing
+        if block < 1 or (self.misses >= MISSES and self.plain_run < self.probe_after):
+            return PLAIN_STEP
+        return replace(self.setting, steps=min(self.setting.steps, block), block=block)
+
+    def cut(self, drafts, setting: RoundSetting):
+        return drafts, setting
+
+    def observe(self, setting: RoundSetting, accepted: int, with_fewer: tuple[int, ...] = ()) -> None:
+        if setting.plain:
+            self.plain_run += 1
+            return
+        paid = accepted > self.pays
+        if self.misses >= MISSES:  # a probe
+            self.probe_after = PROBE_FIRST if paid else min(2 * self.probe_after, PROBE_MAX)
+        self.misses, self.plain_run = 0 if paid else self.misses + 1, 0
 
     def timed(self, measured) -> None:
         pass

@@ -16,21 +16,25 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from . import cache as kv
-from .chance_control import ChanceControl
+from . import machine
 from .config import TREE, DecodeConfig
 from .controller import (
     AUTO_DRAFTS,
-    CHANCE_DRAFTS,
     AutoControl,
     CostModel,
     FixedControl,
     RoundSetting,
+    SettingChoice,
+    StopControl,
     auto_longest_block,
+    candidate_settings,
+    choose_setting,
 )
 from .costs import calibration_drafts, fitted_costs, timed_in_turns
 from .drafters.base import DraftRandomness, Drafts, NoDrafter
 from .errors import XpressError
-from .models import Models, context_limit, eos_ids
+from .hub import is_local
+from .models import Models, context_limit, encode_prompt, eos_ids
 from .sampling import TargetNoise, draw_token
 from .trace import DecodeResult, RoundTrace, StageClock, peak_memory_mb
 from .tree import Acceptance, DraftTree, accept, build_tree
@@ -110,13 +114,16 @@ def prefill(models: Models, prompt_ids: torch.Tensor, cfg: DecodeConfig) -> tupl
     return state, first
 
 
-def control(models: Models, cfg: DecodeConfig, costs: CostModel | None) -> FixedControl | AutoControl | ChanceControl:
-    """The rounds' settings: pinned, or auto (by each tree's chances where the drafter's trees carry them)."""
+def control(models: Models, cfg: DecodeConfig, costs: CostModel | None) -> FixedControl | AutoControl | StopControl:
+    """The rounds' settings: pinned, or auto: where the drafter's trees carry their chances the setting chosen at load
+    (``chosen_setting``; one chain of the longest block where costs come without one) that stops drafting on text
+    that defeats the drafter (``StopControl``), else the counting model."""
     if not cfg.auto:
         return FixedControl(cfg)
     costs = costs or models.costs or calibrate(models)
     if cfg.diversity == TREE and models.drafter.offers_chances:
-        return ChanceControl(costs, models.drafter.max_block, sampled=not cfg.greedy)
+        chain = RoundSetting(1, 1, auto_longest_block(models.drafter.max_block))
+        return StopControl(costs.chosen.setting(not cfg.greedy) if costs.chosen else chain, costs)
     can_draft = not isinstance(models.drafter, NoDrafter)
     return AutoControl(
         costs,
@@ -215,13 +222,19 @@ def check_prompt(models: Models, prompt_ids: torch.Tensor) -> None:
 
 
 def decode(
-    models: Models, prompt_ids: torch.Tensor, cfg: DecodeConfig, watch: bool = False, costs: CostModel | None = None
+    models: Models,
+    prompt_ids: torch.Tensor,
+    cfg: DecodeConfig,
+    watch: bool = False,
+    costs: CostModel | None = None,
+    settings=None,
 ) -> Iterator[RoundTrace | DecodeResult]:
     """Yield one ``RoundTrace`` per round (round 0 is the prefill), then one ``DecodeResult``.
 
     ``watch``: the events carry the drafter's denoise steps (for the visualizer); without it drafting builds no
     per-step lists and the events carry none. ``costs``: the stage costs ``auto`` plans with (default: the models',
-    or measured now: a caller that serves many requests keeps ``calibrated(models)``).
+    or measured now: a caller that serves many requests keeps ``calibrated(models)``). ``settings``: the rounds'
+    control (default ``control(models, cfg, costs)``; ``measured_taus`` passes one that records the rounds).
     """
     cfg.validate()
     if not cfg.auto:
@@ -229,7 +242,7 @@ def decode(
     check_prompt(models, prompt_ids)
     clock, eos = StageClock(models.device, devices=models.cuda_devices), stop_token_ids(models)
     verifier = VERIFIERS[cfg.verify]
-    settings = control(models, cfg, costs)
+    settings = settings or control(models, cfg, costs)
     for device in models.cuda_devices:
         torch.cuda.reset_peak_memory_stats(device)
     # Autograd is off for each stretch of work, not across the yields: the consumer keeps its own mode between events,
@@ -357,9 +370,9 @@ CALIBRATION_BLOCK = 8  # block length of its drafts
 def calibrate(models: Models, repeats: int = 5) -> CostModel:
     """The controller's stage costs on these models (``CostModel``): target forwards over 1, 5 and 33 tokens (and the
     widest tree auto may verify), drafts of different forwards and positions (``calibration_drafts``, fitted by
-    ``fit_draft_costs``), the draft ``ChanceControl`` runs every drafting round (its tree and cut), a plain round's
-    acceptance and commit, and a drafting round's (its tree walked, committed, and auto's bookkeeping:
-    ``CostModel.draft_other_s``), timed on a throwaway request (medians).
+    ``fit_draft_costs``), a plain round's acceptance and commit, and a drafting round's (its tree walked, committed, and
+    auto's bookkeeping: ``CostModel.draft_other_s``), timed on a throwaway request (medians); and auto's fixed
+    settings chosen at these costs (``chosen_setting``).
 
     Every draft is timed right after a commit, as in decoding: the drafter then first takes in the committed tokens
     (our drafter projects their features into its context), a cost that a draft on an unchanged context would miss.
@@ -374,7 +387,109 @@ def calibrate(models: Models, repeats: int = 5) -> CostModel:
     verify_s = {tokens: seconds[("verify", tokens)] for tokens in run.verify_widths}
     drafted = {s: seconds[s] for s in run.drafts}
     fitted = fitted_costs(models.drafter, verify_s, drafted, other)
-    return replace(fitted, draft_other_s=seconds.get("rest", 0.0), tree_draft_s=seconds.get("tree", 0.0))
+    fitted = replace(fitted, draft_other_s=seconds.get("rest", 0.0))
+    return replace(fitted, chosen=chosen_setting(models, fitted))
+
+
+SETTING_CACHE = "setting_choice.json"  # auto's settings chosen before, per machine, threads and models
+# The requests ``measured_taus`` decodes: none of the benchmark's prompts, a chat's kinds of request.
+CHOICE_PROMPTS = (
+    "Hi! Can you help me find a good place to eat dinner tonight?",
+    "I would like to book two tickets for a movie this weekend.",
+    "Write a short story about a little cat who finds a red ball.",
+    "What is a good way to spend a rainy afternoon at home?",
+    "Tell me about a book you like and why you like it.",
+    "Once upon a time, a small boat sailed out to sea. Go on with the story.",
+)
+CHOICE_TOKENS = 64  # new tokens a request: about 25 rounds per candidate a request
+CHOICE_TEMPERATURE = 0.7  # the sampled setting is chosen at the app's and the benchmark's usual temperature
+
+
+def chosen_setting(models: Models, costs: CostModel) -> SettingChoice | None:
+    """auto's fixed settings (greedy and sampled) for a drafter whose trees carry their chances: the candidate with the
+    most expected tokens per second (``choose_setting``: ``measured_taus`` over the round's calibrated seconds), chosen
+    once per machine, threads and models and kept in the cache folder with the figures that chose it, as the dtype
+    is (``precision.py``). None for other drafters (the counting model plans per round)."""
+    drafter = models.drafter
+    if not drafter.offers_chances:
+        return None
+    candidates = candidate_settings(drafter.max_block, drafter.auto_steps)
+    threads, path = torch.get_num_threads(), machine.cache_file(SETTING_CACHE)
+    key = machine.machine_key(
+        threads,
+        candidates=[c.as_tuple() for c in candidates],
+        target=loaded_identity(models.target),
+        drafter=loaded_identity(getattr(drafter, "model", None)) | {"kind": type(drafter).__name__},
+    )
+    try:
+        return SettingChoice.from_json(
+            machine.cached_entry(path, key), f"cached in {path} (delete it to measure again)"
+        )
+    except (KeyError, TypeError):
+        pass
+    start = time.perf_counter()
+    figures = {mode: choose_setting(measured_taus(models, candidates, mode == "sampled"), costs) for mode in MODES}
+    where = f"{threads} thread" + ("" if threads == 1 else "s")
+    reason = f"measured at load, {where}, in {time.perf_counter() - start:.1f} s"
+    choice = SettingChoice(figures["greedy"][0], figures["sampled"][0], {m: f[1] for m, f in figures.items()}, reason)
+    machine.store_entry(path, key, choice.to_json())
+    return choice
+
+
+MODES = ("greedy", "sampled")
+
+
+def loaded_identity(model) -> dict:
+    """A loaded model as a cached choice depends on it (``machine.model_identity``), its dtype included."""
+    if model is None:
+        return {}
+    name = str(getattr(model, "name_or_path", "") or "")
+    config = model.config.to_dict() if hasattr(model.config, "to_dict") else vars(model.config)
+    return machine.model_identity(name, is_local(name), config) | {"dtype": str(model.dtype)}
+
+
+class RoundRecorder(FixedControl):
+    """A fixed setting whose rounds are kept: per round, the draft tokens k drafts would have accepted, k = 1..K
+    (``accepted_with_fewer``), or for a tree refined along its paths the round's own."""
+
+    counts_fewer = True
+
+    def __init__(self, cfg: DecodeConfig):
+        super().__init__(cfg)
+        self.rounds: list[tuple[int, ...]] = []
+
+    def observe(self, setting: RoundSetting, accepted: int, with_fewer: tuple[int, ...] = ()) -> None:
+        self.rounds.append(with_fewer or (0,) * (setting.drafts - 1) + (accepted,))
+
+
+def measured_taus(models: Models, candidates, sampled: bool) -> dict[RoundSetting, float]:
+    """Tokens a round at each candidate emits on ``CHOICE_PROMPTS``, greedy or at ``CHOICE_TEMPERATURE``: at T = 1 read
+    off decodes at the widest K, whose first k x L nodes are the tree of k drafts (``accepted_with_fewer``); at T > 1
+    (refinement passes along a tree's paths, not nested) each candidate decoded."""
+    cfg = DecodeConfig(temperature=CHOICE_TEMPERATURE if sampled else 0.0, max_new_tokens=CHOICE_TOKENS)
+    chat = bool(getattr(models.tokenizer, "chat_template", None))
+    prompts = [encode_prompt(models.tokenizer, text, chat) for text in CHOICE_PROMPTS]
+    widest = {s.steps: s for s in sorted(candidates, key=lambda s: s.drafts)}
+    accepted: dict[RoundSetting, list[int]] = {s: [] for s in candidates}
+    for run in [widest[1]] if 1 in widest else []:
+        for counts in recorded_rounds(models, prompts, round_config(cfg, run)):
+            for s in candidates:
+                if s.steps == 1:
+                    accepted[s].append(counts[s.drafts - 1])
+    for run in [s for s in candidates if s.steps > 1]:
+        accepted[run] = [counts[-1] for counts in recorded_rounds(models, prompts, round_config(cfg, run))]
+    return {s: 1.0 + statistics.fmean(a) if a else 1.0 for s, a in accepted.items()}
+
+
+def recorded_rounds(models: Models, prompts, cfg: DecodeConfig) -> list[tuple[int, ...]]:
+    """``RoundRecorder``'s rounds over the prompts, each decoded at ``cfg``."""
+    rounds = []
+    for prompt in prompts:
+        recorder = RoundRecorder(cfg)
+        for _ in decode(models, prompt, cfg, settings=recorder):
+            pass
+        rounds += recorder.rounds
+    return rounds
 
 
 class CalibrationRun:
@@ -390,7 +505,6 @@ class CalibrationRun:
             {0, min(CALIBRATION_BLOCK // 2, wide), wide} | ({widest} if widest > wide else set())
         )
         self.block = min(CALIBRATION_BLOCK, models.drafter.max_block or CALIBRATION_BLOCK)
-        self.longest = auto_longest_block(models.drafter.max_block)
         none = isinstance(models.drafter, NoDrafter)
         self.drafts = () if none else calibration_drafts(self.block)
         # A quarter of a short context each for the prompt and the widest tree: the turns' commits add a few dozen
@@ -430,8 +544,7 @@ class CalibrationRun:
 
     def draft_stages(self) -> dict:
         """The drafts whose fit prices every setting (K separate rows: the work the drafter declares, ``draft_work``,
-        ``refine_passes``; a tree drafts one row a step, the same work at T = 1), and the tree ``ChanceControl``
-        drafts and cuts every drafting round (best-first search and cut included)."""
+        ``refine_passes``; a tree drafts one row a step, the same work at T = 1)."""
         stages = {}
         for setting in self.drafts:
             cfg = round_config(DecodeConfig(diversity="branch-first"), setting)
@@ -439,29 +552,18 @@ class CalibrationRun:
                 lambda cfg=cfg, setting=setting: draft(self.models, self.state, cfg, setting, False),
                 self.accept_and_commit,
             )
-        if self.drafts and isinstance(self.planner, ChanceControl):
-            stages["tree"] = (self.tree_draft, self.accept_and_commit)
         return stages
-
-    def tree_draft(self) -> tuple:
-        """``ChanceControl``'s draft at the longest block and its cut -> (drafts, setting)."""
-        setting = RoundSetting(CHANCE_DRAFTS, 1, min(self.longest, 4 * CALIBRATION_BLOCK))
-        drafts = draft(self.models, self.state, round_config(DecodeConfig(), setting), setting, False)
-        return self.planner.cut(drafts, setting)
 
     def round_stages(self) -> dict:
         """A drafting round past its forwards (``CostModel.draft_other_s``): the acceptance walk over its tree, the
         commit, and auto's bookkeeping and new search, which plain rounds skip; after a tree of 4 drafts of the short
-        block (auto's usual first round), or ``ChanceControl``'s cut tree."""
+        block (auto's usual first round)."""
         return {"rest": (self.rest_of_round, self.draft_and_verify)} if self.drafts else {}
 
     def draft_and_verify(self) -> None:
         models, state = self.models, self.state
-        if isinstance(self.planner, ChanceControl):
-            drafts, setting = self.tree_draft()
-        else:
-            setting = RoundSetting(4, 1, self.drafts[0].block)
-            drafts = draft(models, state, round_config(DecodeConfig(), setting), setting, False)
+        setting = RoundSetting(4, 1, self.drafts[0].block)
+        drafts = draft(models, state, round_config(DecodeConfig(), setting), setting, False)
         tree = build_tree(state.root, cut_drafts(drafts.tokens, models, state))
         self.round.update(setting=setting, drafts=drafts, tree=tree, verified=self.verifier.verify(models, state, tree))
 

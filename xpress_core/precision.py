@@ -9,9 +9,6 @@ gives plain decoding's tokens exactly (docs/DESIGN.md §2.5), a margin worth a l
 
 from __future__ import annotations
 
-import hashlib
-import json
-import platform
 import statistics
 import time
 from dataclasses import replace
@@ -19,10 +16,10 @@ from pathlib import Path
 
 import torch
 
+from . import machine
 from .config import DecodeConfig
 from .drafters.base import NoDrafter
 from .engine import CALIBRATION_TEXT, calibrated, decode_to_end
-from .hub import cache_folder
 from .models import (
     DrafterOptions,
     DtypeChoice,
@@ -156,70 +153,34 @@ def with_costs(models):
 
 
 def cache_file() -> Path:
-    """The JSON file of measured dtype choices: under ``$XPRESS_CACHE_DIR``, else ``$XDG_CACHE_HOME/xpress``, else
-    ``~/.cache/xpress``."""
-    return cache_folder() / "dtype_choice.json"
+    """The JSON file of measured dtype choices (``machine.cache_file``)."""
+    return machine.cache_file("dtype_choice.json")
 
 
-def cpu_identity() -> dict:
-    """What makes one CPU's timings another's: its model name and flags (Linux's /proc/cpuinfo), the machine."""
-    fields: dict[str, str] = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            name, _, value = line.partition(":")
-            fields.setdefault(name.strip(), value.strip())  # the first CPU's
-    except OSError:
-        pass
-    model = fields.get("model name") or platform.processor()
-    flags = fields.get("flags") or fields.get("Features", "")
-    return {"cpu": model, "flags": hashlib.sha256(flags.encode()).hexdigest()[:16], "machine": platform.machine()}
-
-
-def model_identity(spec) -> dict:
-    """A model as the choice depends on it: its name, its config.json, and for a folder its weight files' names, sizes
-    and modification times (new weights in the same folder are another model)."""
-    weights = []
-    if spec.local and Path(spec.name).is_dir():
-        for path in sorted(Path(spec.name).iterdir()):
-            if path.suffix in (".safetensors", ".bin", ".pt"):
-                stat = path.stat()
-                weights.append([path.name, stat.st_size, stat.st_mtime_ns])
-    config = json.dumps(dict(spec.config or {}), sort_keys=True, default=str)
-    return {"name": spec.name, "config": hashlib.sha256(config.encode()).hexdigest(), "weights": weights}
+def spec_identity(spec) -> dict:
+    """A model spec as the choice depends on it (``machine.model_identity``)."""
+    return machine.model_identity(spec.name, spec.local, spec.config)
 
 
 def choice_key(target, drafter, threads: int) -> str:
-    """The cache key of a choice: this machine (``cpu_identity``), the thread count, torch's version and the models."""
-    parts = {"machine": cpu_identity(), "threads": threads, "torch": torch.__version__}
-    parts |= {"target": model_identity(target), "drafter": model_identity(drafter)}
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+    """The cache key of a choice: this machine, the thread count, torch's version and the models (``machine_key``)."""
+    return machine.machine_key(threads, target=spec_identity(target), drafter=spec_identity(drafter))
 
 
 def cached_choice(key: str) -> DtypeChoice | None:
     """The choice measured before for ``key``, saying so, or None (no cache, another key, an unreadable file)."""
     try:
-        entry = json.loads(cache_file().read_text()).get(key)
+        entry = machine.cached_entry(cache_file(), key)
         timings = {name: DtypeTiming(**t) for name, t in entry["timings"].items()}
         reason = f"{entry['reason']}; cached in {cache_file()} (delete it to measure again)"
         return DtypeChoice(entry["dtype"], reason, entry["threads"], timings)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (KeyError, TypeError, AttributeError):
         return None
 
 
 def store_choice(key: str, choice: DtypeChoice) -> None:
-    """Keep a measured choice for the next load on this machine and these models (a cache that cannot be written is
-    left: the next load measures again)."""
-    path = cache_file()
-    try:
-        entries = json.loads(path.read_text()) if path.exists() else {}
-    except (OSError, ValueError):
-        entries = {}
-    entries[key] = choice.to_json()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(entries, indent=1))
-    except OSError:
-        pass
+    """Keep a measured choice for the next load on this machine and these models."""
+    machine.store_entry(cache_file(), key, choice.to_json())
 
 
 def fastest(load, threads: int | None = None) -> tuple[Models, DtypeChoice]:

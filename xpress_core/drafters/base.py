@@ -36,8 +36,8 @@ class Drafts:
     # T = 1 the tree of K' x L nodes is the first K' x L: ``accepted_with_fewer``); empty for K separate drafts.
     order: tuple[tuple[int, ...], ...] = ()
     refinement: Refinement | None = None  # what the refinement passes did, when any ran (watched or not)
-    # A tree's drafts: per token, its own chance given the path before it, as the tree was built on them (auto's
-    # ``ChanceControl`` reads them before the verify); empty for K separate drafts.
+    # A tree's drafts: per token, its own chance given the path before it, as the tree was built on them (the
+    # visualizer's); empty for K separate drafts.
     chances: tuple[tuple[float, ...], ...] = ()
 
 
@@ -51,8 +51,9 @@ class Drafter(ABC):
     max_block_reason: str = "trained block size"
     # What a round's T steps are: "denoise" steps, or refinement "pass"es (a drafter with a refiner head).
     step_kind: str = "denoise"
-    # Whether its draft trees (diversity "tree") carry their nodes' chances (``Drafts.chances``): auto then cuts
-    # each round's tree by them (``chance_control.ChanceControl``).
+    # Whether its draft trees (diversity "tree") are built best first on their nodes' chances (``Drafts.chances``), the
+    # tree of k x L nodes the first k x L of a wider one: auto then runs a setting chosen at load on the trees' measured
+    # acceptance (``engine.chosen_setting``).
     offers_chances: bool = False
 
     @property

@@ -102,9 +102,9 @@ def evolution_view(trace: RoundTrace, step: int | None) -> EvolutionView:
 
 
 def verified_rows(state: DenoiseStep, drafts: tuple[tuple[int, ...], ...]):
-    """The drafts the verifier saw, each with its cells' confidence at the drafter's last step: ``auto`` verifies a cut
-    of the drafted tree (``chance_control.apply_cut``: prefixes of its paths, fewer of them), so after the last step the
-    panel shows and frames those, the paths the target judged, not the tree they were cut from."""
+    """The drafts the verifier saw, each with its cells' confidence at the drafter's last step: drafts cut near the
+    target's context end are prefixes of the drafted paths, so after the last step the panel shows and frames those,
+    the paths the target judged."""
     rows = [next(k for k, row in enumerate(state.tokens) if tuple(row[: len(d)]) == tuple(d)) for d in drafts]
     return drafts, tuple(tuple(state.confidence[k][: len(d)]) for k, d in zip(rows, drafts))
 
