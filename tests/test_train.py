@@ -274,6 +274,39 @@ def test_the_drafter_step_refuses_shares_outside_0_to_1(tmp_path):
     assert not (tmp_path / "never_written").exists()
 
 
+def test_the_drafter_step_refuses_too_few_sequences_and_a_data_folder_without_tokens(tmp_path):
+    from tests.oracles import cli
+
+    never = ("--distill-dir", str(tmp_path / "never_written"))
+    failed = cli("train", "drafter", "--sequences", "64", *never)
+    assert failed.returncode != 0 and "--sequences 64" in failed.stderr and "held out" in failed.stderr
+    (tmp_path / "texts").mkdir()
+    failed = cli("train", "drafter", "--data", str(tmp_path / "texts"), *never)
+    assert failed.returncode != 0 and "without train.bin" in failed.stderr
+    failed = cli("train", "drafter", "--data", str(tmp_path / "absent.txt"), *never)
+    assert failed.returncode != 0 and "no such file" in failed.stderr
+    failed = cli("train", "drafter", "--cache-features", "--soft", "0.5", *never)
+    assert failed.returncode != 0 and "--soft 0" in failed.stderr
+    assert not (tmp_path / "never_written").exists()
+
+
+def test_a_foreign_chat_template_marks_where_replies_start(zoo):
+    """A reply opens after the template's generation prompt, whatever the family (ChatML's is 4 tokens for SmolLM2)."""
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    from xpress_core.train.distill import prompt_ends, reply_marker
+
+    tokenizer = AutoTokenizer.from_pretrained(zoo["tokenizer"])
+    marker = reply_marker(tokenizer)
+    chat = [{"role": "user", "content": "hello there"}, {"role": "assistant", "content": "hi"}]
+    ids = np.asarray(tokenizer.apply_chat_template(chat * 3, tokenize=True, return_dict=False))
+    prompted = tokenizer.apply_chat_template(chat[:1], tokenize=True, add_generation_prompt=True, return_dict=False)
+    assert marker and list(prompted[-len(marker) :]) == marker
+    ends = prompt_ends(ids, tokenizer, 1)
+    assert len(ends) == 3 and all(list(ids[e - len(marker) : e]) == marker for e in ends)
+
+
 def test_held_out_rows_rewritten_greedily_are_the_targets_greedy_continuations(pipeline):
     import torch
 

@@ -516,6 +516,8 @@ def check_distillation_args(args: argparse.Namespace) -> None:
     """Before the target loads: enough rows to train on beside the held-out ones, and data the distillation reads."""
     from .loop import HELD_OUT
 
+    if getattr(args, "cache_features", False) and args.soft > 0:
+        raise XpressError("--cache-features keeps the target's features, not its logits: it trains with --soft 0")
     if args.sequences < HELD_OUT + args.batch_size:
         raise XpressError(
             f"--sequences {args.sequences}: the first {HELD_OUT} are held out, so at least {HELD_OUT + args.batch_size} "

@@ -398,7 +398,7 @@ def train_drafter(
     held_out_greedy = greedy_rewritten(target, held_out, prompt_len)
     taps = drafter.config.tapped_layers
     if cache_features and soft > 0:
-        raise XpressError("--cache-features keeps the target's features, not its logits: it trains with --soft 0")
+        raise XpressError("cached features hold no logits: train with soft = 0")
     features = cached_features(target, train_seqs, taps, workdir / "features") if cache_features else None
 
     def reading(rows: torch.Tensor) -> TargetReading:
