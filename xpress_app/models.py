@@ -52,12 +52,12 @@ CALIBRATION_TEXT = "Once upon a time"
 def preset_problem(preset: ModelPreset, access: Access, hardware: Hardware) -> str | None:
     """Why the preset cannot load, found without loading (or downloading) anything: a missing local directory, model
     code from a repository that the user has not allowed, or hardware this server lacks."""
+    if not preset.installed():
+        return f"its target ships in the Python package {preset.package!r}, not installed here ({preset.hardware})"
     for role, spec in (("target", preset.target), ("drafter", preset.drafter)):
         local = Path(spec).is_absolute() or spec.startswith((".", "~"))
         if spec != NO_DRAFTER and local and not Path(spec).expanduser().exists():
             return f"the {role} directory {spec} does not exist"
-    if not preset.installed():
-        return f"its target ships in the Python package {preset.package!r}, not installed here ({preset.hardware})"
     if preset.remote_code and not access.trust_remote_code:
         return "its drafter runs model code from its repository; start the app with --trust-remote-code if you trust it"
     if preset.needs_cuda and not hardware.cuda:
