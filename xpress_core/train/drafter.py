@@ -24,6 +24,7 @@ from tqdm import tqdm
 from ..drafters.diffusion_model import XpressDrafter, add_noise
 from ..errors import XpressError
 from ..models import tapped_forward
+from ..models.ours import drafter_head
 from .distill import continue_batch
 from .loop import TrainConfig, draw_indices, save_trained, split_held_out, train
 from .tokenizer import SPECIAL
@@ -391,7 +392,9 @@ def train_drafter(
     ``cache_features``: read the target over the training rows once (``cached_features``), not at every step."""
     for p in target.parameters():
         p.requires_grad_(False)
-    drafter.bind(target)
+    # An fp32 head for the fp32 drafter beside a bf16 target (--target-dtype bf16): its evaluations and the tau decodes
+    # run outside autocast, where the target's own head, packed for bf16, refuses fp32 rows.
+    drafter.bind(target, drafter_head(target, torch.float32))
     block = drafter.config.block_size
     held_out, train_seqs = split_held_out(seqs)
     first_anchor = prompt_len - 1  # the last prompt token is the first root: blocks cover target-written text
