@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from tests.oracles import check_invariants, hf_greedy, plain_sampling, run
 from xpress_core import hub
 from xpress_core.config import DecodeConfig
-from xpress_core.engine import calibrated
+from xpress_core.controller import CostModel, RoundSetting, SettingChoice
 from xpress_core.errors import XpressError
 from xpress_core.models import encode_prompt, gguf, load_models
 from xpress_core.presets import SMOLLM2_DRAFTER, SMOLLM2_KEY, SMOLLM2_TARGET, find_preset
@@ -26,6 +26,7 @@ CHATS = [
     "What is the capital of France?",
 ]
 NEW = 24
+DRAFTING = CostModel(1e-3, 0.0, 2e-3, 0.0, 0.0, chosen=SettingChoice(RoundSetting(2, 1, 8), RoundSetting(2, 1, 8), {}))
 
 
 @pytest.fixture(scope="module")
@@ -93,14 +94,16 @@ def test_missing_package_or_file_is_a_clear_error():
     ids=["chain", "tree", "auto"],
 )
 def test_greedy_equals_generate(smollm2, cfg):
-    models = calibrated(smollm2) if cfg.auto else smollm2
+    # auto at a drafting setting, priced so that a round pays with one accepted token: where this machine finds plain
+    # steps faster (fp32 at one thread can), auto would draft nothing and check plain decoding only.
+    costs = DRAFTING if cfg.auto else None
     accepted = 0
     for text in CHATS:
-        ids = prompt(models, text)
-        traces, result = run(models, ids, cfg)
-        assert result.token_ids == hf_greedy(models, ids, NEW)
+        ids = prompt(smollm2, text)
+        traces, result = run(smollm2, ids, cfg, costs)
+        assert list(result.token_ids) == hf_greedy(smollm2, ids, NEW)
         check_invariants(traces, ids.shape[1], result)
-        accepted += sum(t.accepted for t in traces)
+        accepted += sum(len(t.accepted) for t in traces)
     assert accepted > 0  # the drafter's tokens were verified and kept, not only the target's own
 
 
@@ -109,4 +112,4 @@ def test_sampled_replies_follow_the_seed(smollm2):
     ids = prompt(smollm2, CHATS[1])
     _, first = run(smollm2, ids, cfg)
     _, again = run(smollm2, ids, cfg)
-    assert first.token_ids == again.token_ids == plain_sampling(smollm2, ids, cfg, NEW)
+    assert list(first.token_ids) == list(again.token_ids) == plain_sampling(smollm2, ids, cfg, NEW)

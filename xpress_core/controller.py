@@ -180,10 +180,6 @@ class FixedControl:
     def choose(self, remaining: int) -> RoundSetting:
         return self.setting
 
-    def cut(self, drafts, setting: RoundSetting):
-        """The drafts to verify and the round's setting: as drafted."""
-        return drafts, setting
-
     def observe(self, setting: RoundSetting, accepted: int, with_fewer: tuple[int, ...] = ()) -> None:
         pass
 
@@ -274,9 +270,6 @@ class StopControl:
         if block < 1 or (self.misses >= MISSES and self.plain_run < self.probe_after):
             return PLAIN_STEP
         return replace(self.setting, steps=min(self.setting.steps, block), block=block)
-
-    def cut(self, drafts, setting: RoundSetting):
-        return drafts, setting
 
     def observe(self, setting: RoundSetting, accepted: int, with_fewer: tuple[int, ...] = ()) -> None:
         if setting.plain:
@@ -396,10 +389,6 @@ class AutoControl:
             self.probe_after = min(2 * self.probe_after, LAST_PROBE)
             return setting
         return PLAIN_STEP
-
-    def cut(self, drafts, setting: RoundSetting):
-        """The drafts to verify and the round's setting: as drafted (this model chooses before the draft)."""
-        return drafts, setting
 
     def observe(self, setting: RoundSetting, accepted: int, with_fewer: tuple[int, ...] = ()) -> None:
         """Count a round: positions 1..accepted were accepted, position accepted + 1 (if drafted) was not.

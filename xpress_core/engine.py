@@ -260,7 +260,7 @@ def decode(
         with WORK_MODE():
             t0 = clock.mark()
             setting = settings.choose(output_limit(models, state, cfg) - len(state.output))
-            drafts, setting = settings.cut(draft(models, state, cfg, setting, watch), setting)
+            drafts = draft(models, state, cfg, setting, watch)
             t1 = clock.mark()
             tree = build_tree(state.root, cut_drafts(drafts.tokens, models, state))
             verified = verifier.verify(models, state, tree)

@@ -80,8 +80,6 @@ def evolution_view(trace: RoundTrace, step: int | None) -> EvolutionView:
     last = len(states) - 1
     shown = last if step is None else min(max(step, 0), last)
     tokens, confidence = states[shown].tokens, states[shown].confidence
-    if shown == last and trace.draft_accept_lens and len(tokens) != len(trace.draft_accept_lens):
-        tokens, confidence = verified_rows(states[shown], trace.drafts)
     accept_lens = trace.draft_accept_lens or (0,) * len(tokens)
     chosen = accept_lens.index(max(accept_lens))
     return EvolutionView(
@@ -99,14 +97,6 @@ def evolution_view(trace: RoundTrace, step: int | None) -> EvolutionView:
         kind=states[shown].kind,
         changed=pass_changes(states, shown),
     )
-
-
-def verified_rows(state: DenoiseStep, drafts: tuple[tuple[int, ...], ...]):
-    """The drafts the verifier saw, each with its cells' confidence at the drafter's last step: drafts cut near the
-    target's context end are prefixes of the drafted paths, so after the last step the panel shows and frames those,
-    the paths the target judged."""
-    rows = [next(k for k, row in enumerate(state.tokens) if tuple(row[: len(d)]) == tuple(d)) for d in drafts]
-    return drafts, tuple(tuple(state.confidence[k][: len(d)]) for k, d in zip(rows, drafts))
 
 
 def shown_rows(count: int, accept_lens: tuple[int, ...], chosen: int) -> tuple[int, ...]:

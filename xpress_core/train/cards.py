@@ -289,12 +289,12 @@ Both licences require attribution. `sgd_dev` (the SGD dev split) is held out and
 
 def smollm2_card(asset: Path, command: str) -> str:
     """The card of the drafter trained for SmolLM2-135M-Instruct: its shape, recipe and learning curve (``curve.json``:
-    tau at (1, 1, 8) on held-out chats at each evaluation, copied from the run's log)."""
+    what ``train curve`` wrote of the run's logs)."""
     whole = read_json(asset / "training_summary.json")
     cfg = read_json(asset / "config.json")
     recipe, written = whole.get("recipe", {}), whole.get("distillation") or {}
-    curve = read_json(asset / "curve.json").get("points", [])
-    rows = "\n".join(f"| {p['step']} | {p['rows_seen']} | {p['tau']:.2f} | {minutes(p['elapsed_s'])} |" for p in curve)
+    curve = next(iter(read_json(asset / "curve.json").values()), [])
+    rows = "\n".join(f"| {p['tokens_seen'] / 1e6:.2f} M | {p['tau']:.2f} | {p['wall_min']:.0f} min |" for p in curve)
     return f"""# xPress diffusion drafter for SmolLM2-135M-Instruct
 
 A target-conditioned masked block-diffusion drafter (`XpressDrafter`) for SmolLM2-135M-Instruct (the `smollm2`
@@ -320,8 +320,8 @@ Command: `{command}`
 tau = tokens per round (accepted draft tokens + the target's own) at (K, T, L) = (1, 1, 8), greedy, 64 new tokens, on
 held-out `sgd_dev` chats, measured by the run at each evaluation.
 
-| step | rows seen | tau | training time |
-|---|---|---|---|
+| tokens seen | tau | training time |
+|---|---|---|
 {rows}
 
 {SMOLLM2_DATA}"""

@@ -179,6 +179,11 @@ def add_diffusion_drafter_args(step: argparse.ArgumentParser) -> None:
         "(what serving engines load; xPress loads it too)",
     )
     step.add_argument(
+        "--save-bf16",
+        action="store_true",
+        help="store --out in bf16: half the file, what the engine runs on CPU (it trains in fp32 either way)",
+    )
+    step.add_argument(
         "--noise",
         choices=NOISE_TYPES,
         default="mask",
@@ -441,15 +446,16 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
         raise XpressError(f"--full-share is a share of blocks, 0 to 1; got {args.full_share}")
     if not 0 <= args.sample_fraction <= 1:
         raise XpressError(f"--sample-fraction is a share of sequences, 0 to 1; got {args.sample_fraction}")
+    from .loop import drafter_training
+
+    cfg = drafter_training(args, eval_every=max(50, args.steps // 10))  # first: a missing device is refused at once
     check_distillation_args(args)
 
     from ..models import export_dflash, init_drafter, load_target, read_conditioned_drafter
     from .ar_drafter import make_ar_drafter, train_ar_drafter
     from .distill import distillation_record, load_distillation, requested, write_distillation
-    from .drafter import extend_drafter, in_dflash_layout, tie_key_norms, train_drafter
-    from .loop import drafter_training
+    from .drafter import extend_drafter, in_dflash_layout, store_bf16, tie_key_norms, train_drafter
 
-    cfg = drafter_training(args, eval_every=max(50, args.steps // 10))  # first: a missing device is refused at once
     device = torch.device(cfg.device)
     target_dtype = torch.bfloat16 if args.target_dtype == "bf16" else torch.float32
     target, tokenizer = load_target(args.target, device, target_dtype)
@@ -509,6 +515,8 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
     )
     if args.format == "dflash":
         export_dflash(args.out, args.out)
+    if args.save_bf16:
+        store_bf16(args.out)
     return summary
 
 

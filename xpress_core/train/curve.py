@@ -22,7 +22,8 @@ def curve_points(logs: list[Path], seq_len: int) -> list[dict]:
     rows_before = wall_before = 0.0
     for log in logs:
         records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-        evals = [r for r in records if "tau" in r]
+        # A run resumed at an evaluation step evaluates it again: keep that step once.
+        evals = list({r["step"]: r for r in records if "tau" in r}.values())
         for r in evals:
             rows = rows_before + r["rows_seen"]
             points.append(
