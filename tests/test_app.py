@@ -397,7 +397,8 @@ def test_hub_presets_describe_their_needs_and_remote_code_needs_opt_in():
         locked.get(remote.name)
     note = locked.describe(dflash.name)
     assert "downloaded from the Hub" in note and dflash.hardware in note
-    own = next(p for p in presets if p.key == "qwen3-0.6b-xpress")  # ours for Qwen3: a local directory, not trained here
+    # ours for Qwen3: a local directory, not trained here
+    own = next(p for p in presets if p.key == "qwen3-0.6b-xpress")
     assert "does not exist" in locked.describe(own.name)
     trusted = ModelCache(AppConfig(presets, access=Access(trust_remote_code=True), hardware=BIG_GPU))
     assert not trusted.describe(remote.name).startswith("⚠")
