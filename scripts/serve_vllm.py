@@ -2,15 +2,19 @@
 scale").
 
     OMP_NUM_THREADS=1 bash scripts/serve_vllm.sh [--threads 1] [--repeats 1] [--drafter assets/drafter_dflash]
-        [--prompts 24] [--max-new-tokens 64] [--concurrency 1 8 32] [--plain-dtypes float32 bfloat16]
-        [--dtype float32] [--drafts-of 0] [--out runs/serve_vllm.json]
+        [--preset smollm2] [--prompts 24] [--max-new-tokens 64] [--concurrency 1 8 32]
+        [--plain-dtypes float32 bfloat16] [--dtype float32] [--drafts-of 0] [--out runs/serve_vllm.json]
+
+The drafter vLLM runs is ``--drafter``: a DFlash-format one (vLLM's ``dflash`` method), or a causal LM of the
+target's vocabulary (its ``draft_model`` method; xPress runs it as its autoregressive drafter). ``--preset`` takes
+the target and xPress's default drafter from a preset (a GGUF target is handed to vLLM as its converted folder).
 
 vLLM runs in a venv of its own (``scripts/serve_vllm.sh`` builds it; the product never needs it): this script encodes
 the held-out chats once with the target's chat template and hands the same token ids to ``scripts/vllm_side.py`` in
 that venv, which runs vLLM plain and with the drafter (greedy, ``--dtype``, eager). Here, in the project's environment,
 xPress decodes the same ids: the target's own ``generate``, the engine without a drafter, one chain draft of L tokens
 (the draft vLLM makes: one block, no tree), ``auto`` with that drafter (these in ``--dtype`` too), and xPress's
-default (``auto`` with the embedded drafter, in the dtype ``--dtype auto`` chooses on this machine, as the CLI and the
+default (``auto`` with the embedded drafter or the preset's, in the dtype ``--dtype auto`` chooses on this machine, as the CLI and the
 app load it: ``precision.load_fastest``). Then it reports, side by side:
 
 - outputs: every engine's greedy tokens against fp32 ``generate``'s, prompt by prompt (in bf16 a near-tie may part
@@ -50,10 +54,13 @@ import torch
 
 from xpress_core.config import DecodeConfig
 from xpress_core.data import evaluation_prompts, read_prompt_file
+from xpress_core.drafters.autoregressive import AutoregressiveDrafter
 from xpress_core.drafters.base import NoDrafter
 from xpress_core.engine import calibrated, decode
 from xpress_core.models import EMBEDDED_DRAFTER, Models, load_models
+from xpress_core.models.gguf import PACKAGE_PREFIX, converted_folder
 from xpress_core.precision import load_fastest
+from xpress_core.presets import find_preset
 from xpress_core.trace import DecodeResult, RoundTrace
 
 from .round_stages import round_stages
@@ -252,14 +259,15 @@ def compare(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     # auto's stage costs measured once, as the app and the bench keep them (else every request measures them anew)
     models = calibrated(load_models(args.target, args.drafter, device="cpu", dtype=args.dtype))
-    # xPress's default: the embedded drafter, in the dtype the CLI and the app would run it in on this machine
-    default = calibrated(load_fastest(args.target, EMBEDDED_DRAFTER, device="cpu"))
+    # xPress's default: its own drafter, in the dtype the CLI and the app would run it in on this machine
+    default = calibrated(load_fastest(args.target, args.default_drafter, device="cpu"))
     exact = load_models(args.target, args.drafter, device="cpu", dtype="float32").target
     chats = read_prompt_file(args.prompts_file) if args.prompts_file else evaluation_prompts(["sgd_dev"])
     prompts = [p.ids(models.tokenizer) for p in chats[: args.prompts]]
     job = {
-        "target": str(Path(args.target).resolve()),
+        "target": str(vllm_folder(args.target)),
         "drafter": str(Path(args.drafter).resolve()),
+        "method": "draft_model" if isinstance(models.drafter, AutoregressiveDrafter) else "dflash",
         "prompts": [ids[0].tolist() for ids in prompts],
         "max_new_tokens": args.max_new_tokens,
         "block": args.block,
@@ -317,6 +325,11 @@ def compare(args: argparse.Namespace) -> dict:
         if args.drafts_of is None
         else {"vllm": theirs["spec"]["drafts"][args.drafts_of], "xpress": ours["xpress chain"].drafts[args.drafts_of]},
     }
+
+
+def vllm_folder(target: str) -> Path:
+    """The folder vLLM loads: a GGUF target's converted one (the same weights xPress runs), else the target's own."""
+    return converted_folder(target) if target.startswith(PACKAGE_PREFIX) else Path(target).resolve()
 
 
 def plain_dtypes(args: argparse.Namespace, chain: DecodeConfig) -> dict[str, Callable[[torch.Tensor], Request]]:
@@ -435,6 +448,9 @@ def main() -> None:
     parser.add_argument("--vllm-python", default=os.environ.get("XPRESS_VLLM_PYTHON"), help="vLLM venv's python")
     parser.add_argument("--target", default=str(ROOT / "assets" / "target"))
     parser.add_argument("--drafter", default=str(ROOT / "assets" / "drafter_dflash"))
+    parser.add_argument(
+        "--preset", help="a preset's key (e.g. smollm2): its target, and its drafter as xPress's default"
+    )
     parser.add_argument("--prompts", type=int, default=24, help="how many prompts (the first of the file)")
     parser.add_argument(
         "--prompts-file", type=Path, help="JSONL as bench --prompts reads (default: the held-out chats)"
@@ -459,6 +475,9 @@ def main() -> None:
     args = parser.parse_args()
     if not args.vllm_python:
         parser.error("--vllm-python (or XPRESS_VLLM_PYTHON): the python of the venv vLLM is installed in")
+    preset = find_preset(args.preset) if args.preset else None
+    args.target = preset.target if preset else args.target
+    args.default_drafter = preset.drafter if preset else EMBEDDED_DRAFTER
     result = compare(args)
     print(report(result))
     if args.out:

@@ -2,7 +2,7 @@
 
     VLLM_TARGET_DEVICE=cpu python scripts/vllm_side.py JOB.json OUT.json
 
-JOB: the target and drafter folders, the prompts as token ids, max_new_tokens, the block (num_speculative_tokens),
+JOB: the target and drafter folders, vLLM's speculative method for that drafter (``dflash`` or ``draft_model``), the prompts as token ids, max_new_tokens, the block (num_speculative_tokens),
 the concurrencies to time, the threads to run on, the timed passes and the dtype. OUT, for vLLM plain and with the drafter (both
 engines built in this process, timed in turns one request at a time): the greedy outputs of the prompts one at a
 time, tokens/s per concurrency, the timed one-at-a-time run's CPU ms a token, its busiest threads, and its steps by
@@ -29,7 +29,7 @@ from pathlib import Path
 def engine(job: dict, speculative: bool):
     from vllm import LLM
 
-    spec = {"method": "dflash", "model": job["drafter"], "num_speculative_tokens": job["block"]}
+    spec = {"method": job.get("method", "dflash"), "model": job["drafter"], "num_speculative_tokens": job["block"]}
     return LLM(
         model=job["target"],
         dtype=job.get("dtype", "float32"),
@@ -68,13 +68,23 @@ def generate(llm, prompts: list[list[int]], new: int) -> list[list[int]]:
     return [list(o.outputs[0].token_ids) for o in requests(llm, prompts, new)]
 
 
+def proposer_class(method: str):
+    """The class of vLLM's proposer for ``method``: its ``propose`` is what the clock and the draft recorder wrap."""
+    if method == "draft_model":
+        from vllm.v1.spec_decode.draft_model import DraftModelProposer
+
+        return DraftModelProposer
+    from vllm.v1.spec_decode.dflash import DFlashProposer
+
+    return DFlashProposer
+
+
 class ProposerClock:
-    """Seconds spent in vLLM's DFlash proposer (its ``propose`` wrapped, the engine core being in this process)."""
+    """Seconds spent in vLLM's proposer (its ``propose`` wrapped, the engine core being in this process)."""
 
-    def __init__(self):
-        from vllm.v1.spec_decode.dflash import DFlashProposer
-
-        self.seconds, self.calls, original = 0.0, 0, DFlashProposer.propose
+    def __init__(self, method: str):
+        proposer_type = proposer_class(method)
+        self.seconds, self.calls, original = 0.0, 0, proposer_type.propose
 
         def timed(proposer, *args, **kwargs):
             started = time.perf_counter()
@@ -84,7 +94,7 @@ class ProposerClock:
                 self.seconds += time.perf_counter() - started
                 self.calls += 1
 
-        DFlashProposer.propose = timed
+        proposer_type.propose = timed
 
 
 def batch_tokens_per_s(llm, prompts: list[list[int]], new: int, concurrency: int) -> float:
@@ -156,24 +166,23 @@ def in_turns(engines: dict, prompts: list[list[int]], new: int, repeats: int, pr
     return found
 
 
-def with_drafts(llm, prompt: list[int], new: int) -> tuple[list[int], list[list[int]]]:
-    """One request's greedy output, and the drafts vLLM's DFlash proposer made for it round by round: its
-    ``propose`` wrapped while the request runs (the engine core runs in this process: VLLM_ENABLE_V1_MULTIPROCESSING
-    is 0). The last proposal, made after the request's last round, is never verified."""
-    from vllm.v1.spec_decode.dflash import DFlashProposer
-
-    drafts, original = [], DFlashProposer.propose
+def with_drafts(llm, prompt: list[int], new: int, method: str) -> tuple[list[int], list[list[int]]]:
+    """One request's greedy output, and the drafts vLLM's proposer made for it round by round: its ``propose``
+    wrapped while the request runs (the engine core runs in this process: VLLM_ENABLE_V1_MULTIPROCESSING is 0). The
+    last proposal, made after the request's last round, is never verified."""
+    proposer_type = proposer_class(method)
+    drafts, original = [], proposer_type.propose
 
     def recording(self, *args, **kwargs):
         out = original(self, *args, **kwargs)
         drafts.append(out[0].tolist())
         return out
 
-    DFlashProposer.propose = recording
+    proposer_type.propose = recording
     try:
         output = generate(llm, [prompt], new)[0]
     finally:
-        DFlashProposer.propose = original
+        proposer_type.propose = original
     return output, drafts
 
 
@@ -181,7 +190,8 @@ def outputs_and_drafts(llm, job: dict, speculative: bool) -> dict:
     """The prompts' greedy outputs one at a time; with the drafter, its drafts and acceptance counters over them."""
     prompts, new = job["prompts"], job["max_new_tokens"]
     before = counters(llm)
-    runs = [with_drafts(llm, p, new) if speculative else (generate(llm, [p], new)[0], []) for p in prompts]
+    method = job.get("method", "dflash")
+    runs = [with_drafts(llm, p, new, method) if speculative else (generate(llm, [p], new)[0], []) for p in prompts]
     after = counters(llm)
     result = {"outputs": [output for output, _ in runs], "drafts": [drafts for _, drafts in runs]}
     if speculative:
@@ -201,7 +211,7 @@ def both_engines(job: dict) -> dict:
 
     engines = {"plain": engine(job, False), "spec": engine(job, True)}
     found = {name: outputs_and_drafts(llm, job, name == "spec") for name, llm in engines.items()}
-    prompts, new, proposer = job["prompts"], job["max_new_tokens"], ProposerClock()
+    prompts, new, proposer = job["prompts"], job["max_new_tokens"], ProposerClock(job.get("method", "dflash"))
     one = in_turns(engines, prompts, new, job["repeats"], proposer) if 1 in job["concurrency"] else {}
     for name, llm in engines.items():
         speed = {str(c): batch_tokens_per_s(llm, prompts, new, c) for c in job["concurrency"] if c != 1}
