@@ -3,6 +3,7 @@ the machine's noise.
 
     OMP_NUM_THREADS=1 python -m lab.auto_replay --costs /tmp/costs.json [--split tune] [--methods auto,auto-counts,
         4x1x8,1x1x8] [--sets sgd_dev,sgd_short,stories] [--temperatures 0,0.7] [--set GAIN_PRIOR=1.0] [--dtype bfloat16]
+        [--preset smollm2]
 
 Each request is decoded for real with each method (so the acceptance is real), then every round is charged a fixed
 price instead of its measured time: a plain round ``--plain-charge`` times the calibrated plain step, a drafting round
@@ -10,8 +11,8 @@ price instead of its measured time: a plain round ``--plain-charge`` times the c
 charged the same plain round per token, so the ratio printed per class, temperature and method is its tokens per second
 over plain decoding's at those prices. The calibrated prices are written to ``--costs`` on the first run and read back
 after, so that variants are replayed at the same prices. ``--split`` keeps the prompts of one half (``data.split_of``:
-constants are chosen on "tune" only; "held" is reported). Methods: ``auto`` (the setting chosen at load and its stop
-rule, ``controller.StopControl``), ``auto-counts`` (the counting model, ``AutoControl``), ``KxTxL`` a fixed setting.
+constants are chosen on "tune" only; "held" is reported). Methods: ``auto`` (the setting chosen at load,
+``controller.ChosenControl``), ``auto-counts`` (the counting model, ``AutoControl``), ``KxTxL`` a fixed setting.
 ``--set`` changes one of the controller's constants for the run. For ``auto`` it also prints how often it drafted and
 verified, and the nodes it verified a round. ``--dtype``: the models' dtype, which the costs file should have been
 calibrated in.
@@ -31,6 +32,7 @@ from xpress_core.config import DecodeConfig
 from xpress_core.controller import PLAIN_STEP, CostModel, RoundSetting
 from xpress_core.data import evaluation_prompts, prompt_class, split_of
 from xpress_core.models import load_models
+from xpress_core.presets import find_preset
 from xpress_core.trace import RoundTrace
 
 PRICES = (
@@ -140,12 +142,14 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument("--dtype", default="float32", help="the models' dtype (the costs file should be of the same)")
+    parser.add_argument("--preset", help="a preset's target and drafter (e.g. smollm2) instead of the embedded pair")
     args = parser.parse_args()
     for change in args.set:
         name, value = change.split("=")
         set_constant(name, float(value))
     torch.set_num_threads(1)
-    models = load_models(dtype=args.dtype, device="cpu")
+    pair = (find_preset(args.preset).target, find_preset(args.preset).drafter) if args.preset else ()
+    models = load_models(*pair, dtype=args.dtype, device="cpu")
     costs = fixed_prices(models, args.costs)
     watched = Watched(costs, (args.plain_charge, args.draft_charge))
     engine.control = watched

@@ -11,11 +11,12 @@ the target and xPress's default drafter from a preset (a GGUF target is handed t
 
 vLLM runs in a venv of its own (``scripts/serve_vllm.sh`` builds it; the product never needs it): this script encodes
 the held-out chats once with the target's chat template and hands the same token ids to ``scripts/vllm_side.py`` in
-that venv, which runs vLLM plain and with the drafter (greedy, ``--dtype``, eager). Here, in the project's environment,
-xPress decodes the same ids: the target's own ``generate``, the engine without a drafter, one chain draft of L tokens
-(the draft vLLM makes: one block, no tree), ``auto`` with that drafter (these in ``--dtype`` too), and xPress's
-default (``auto`` with the embedded drafter or the preset's, in the dtype ``--dtype auto`` chooses on this machine, as the CLI and the
-app load it: ``precision.load_fastest``). Then it reports, side by side:
+that venv, which runs vLLM plain, with the drafter and with its n-gram speculation (greedy, ``--dtype``, eager).
+Here, in the project's environment, xPress decodes the same ids: the target's own ``generate``, the engine without a
+drafter, one chain draft of L tokens (the draft vLLM makes: one block, no tree), ``auto`` with that drafter (these in
+``--dtype`` too), and xPress's default (``auto`` with the embedded drafter or the preset's, in the dtype ``--dtype
+auto`` chooses on this machine, as the CLI and the app load it: ``precision.load_fastest``). Then it reports, side by
+side:
 
 - outputs: every engine's greedy tokens against fp32 ``generate``'s, prompt by prompt (in bf16 a near-tie may part
   any engine from it: a forward over several tokens rounds differently from a one-token one);
@@ -255,6 +256,10 @@ def process_group(proc: Path) -> int | None:
     return None if state == "Z" else int(group)
 
 
+# vLLM's runs by their names in the report: plain, with the drafter, with its n-gram speculation (vllm_side.engine)
+VLLM_RUNS = {"vllm plain": "plain", "vllm + drafter": "spec", "vllm + n-gram": "ngram"}
+
+
 def compare(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     # auto's stage costs measured once, as the app and the bench keep them (else every request measures them anew)
@@ -290,15 +295,15 @@ def compare(args: argparse.Namespace) -> dict:
     }
     reference = generate_outputs_of(exact, prompts, args.max_new_tokens)
     ours = {name: xpress_run(engine, prompts, cfg) for name, (engine, cfg) in engines.items()}
-    outputs = {"vllm plain": theirs["plain"]["outputs"], "vllm + drafter": theirs["spec"]["outputs"]}
+    outputs = {name: theirs[kind]["outputs"] for name, kind in VLLM_RUNS.items()}
     outputs |= {name: run.outputs for name, run in ours.items()}
     differ = {name: [i for i, (a, b) in enumerate(zip(out, reference)) if a != b] for name, out in outputs.items()}
-    steps = {"vllm plain": theirs["plain"]["steps"], "vllm + drafter": theirs["spec"]["steps"]}
+    steps = {name: theirs[kind]["steps"] for name, kind in VLLM_RUNS.items()}
     requests = {name: xpress_request(engine, cfg) for name, (engine, cfg) in engines.items()}
     load = OtherLoad()
     steps |= in_turns(requests | plain_dtypes(args, chain), prompts, args.repeats)
     other_load["xpress"] = load.cores()
-    speed = {"vllm plain": theirs["plain"]["tokens_per_s"], "vllm + drafter": theirs["spec"]["tokens_per_s"]}
+    speed = {name: theirs[kind]["tokens_per_s"] for name, kind in VLLM_RUNS.items()}
     for name, (engine, cfg) in engines.items():
         speed[name] = {
             str(c): steps[name]["tokens_per_s"] if c == 1 else tokens_per_s(engine, prompts, cfg, c)
@@ -318,6 +323,7 @@ def compare(args: argparse.Namespace) -> dict:
         "outputs_equal_generate": {name: not parted for name, parted in differ.items()},
         "prompts_that_differ": differ,
         **acceptance(theirs["spec"], ours["xpress chain"], reference, args.block),
+        "ngram_accepted_per_round": theirs["ngram"]["accepted_per_round"],
         "tokens_per_s": speed,
         "one_at_a_time": steps,
         "xpress_round_stages_ms": round_stages({"plain": (plain, chain), "chain": (models, chain)}, prompts),
@@ -384,6 +390,7 @@ def report(result: dict) -> str:
         f"  the same, both engines' drafts scored by one rule against the reply: vLLM "
         f"{acc['vllm, one rule']:.3f}, xPress {acc['xpress, one rule']:.3f}"
     )
+    lines.append(f"  vLLM's n-gram speculation accepted {result['ngram_accepted_per_round']:.3f} draft tokens a round")
     for name in pos:
         lines.append(f"  per position, {name + ':':18s} {' '.join(f'{x:.3f}' for x in pos[name])}")
     lines += summary(result)

@@ -3,7 +3,7 @@
     VLLM_TARGET_DEVICE=cpu python scripts/vllm_side.py JOB.json OUT.json
 
 JOB: the target and drafter folders, vLLM's speculative method for that drafter (``dflash`` or ``draft_model``), the prompts as token ids, max_new_tokens, the block (num_speculative_tokens),
-the concurrencies to time, the threads to run on, the timed passes and the dtype. OUT, for vLLM plain and with the drafter (both
+the concurrencies to time, the threads to run on, the timed passes and the dtype. OUT, for vLLM plain, with the drafter and with n-gram speculation (the
 engines built in this process, timed in turns one request at a time): the greedy outputs of the prompts one at a
 time, tokens/s per concurrency, the timed one-at-a-time run's CPU ms a token, its busiest threads, and its steps by
 the engine core's own timestamps of each request (decode seconds per step after its prefill) and, with the drafter,
@@ -26,10 +26,20 @@ import time
 from pathlib import Path
 
 
-def engine(job: dict, speculative: bool):
+def engine(job: dict, kind: str):
+    """vLLM on the target: plain, with the drafter (``spec``), or with its n-gram speculation (``ngram``: the block's
+    tokens looked up in the prompt and the reply so far, as its docs configure it)."""
     from vllm import LLM
 
-    spec = {"method": job.get("method", "dflash"), "model": job["drafter"], "num_speculative_tokens": job["block"]}
+    spec = {
+        "plain": None,
+        "spec": {
+            "method": job.get("method", "dflash"),
+            "model": job["drafter"],
+            "num_speculative_tokens": job["block"],
+        },
+        "ngram": {"method": "ngram", "num_speculative_tokens": job["block"], "prompt_lookup_max": 4},
+    }[kind]
     return LLM(
         model=job["target"],
         dtype=job.get("dtype", "float32"),
@@ -38,7 +48,7 @@ def engine(job: dict, speculative: bool):
         max_model_len=1024,
         disable_log_stats=False,
         kv_cache_memory_bytes=1 << 30,  # else the CPU backend reserves 92 % of a memory node, and refuses a busy one
-        speculative_config=spec if speculative else None,
+        speculative_config=spec,
     )
 
 
@@ -161,7 +171,9 @@ def in_turns(engines: dict, prompts: list[list[int]], new: int, repeats: int, pr
             "decode_ms_per_step": round(1000 * mine["decode"] / max(steps, 1), 3),
             "prefill_ms": round(1000 * mine["prefill"] / mine["requests"], 3),
         }
-        if mine["rounds"]:
+        if name == "ngram":  # vLLM counts only the steps where a match drafted: its steps are not known
+            found[name]["decode_ms_per_step"] = None
+        if mine["rounds"] and name == "spec":  # the clock wraps the drafter's proposer only
             found[name]["propose_ms_per_round"] = round(1000 * mine["proposer"] / steps, 3)
     return found
 
@@ -186,12 +198,13 @@ def with_drafts(llm, prompt: list[int], new: int, method: str) -> tuple[list[int
     return output, drafts
 
 
-def outputs_and_drafts(llm, job: dict, speculative: bool) -> dict:
-    """The prompts' greedy outputs one at a time; with the drafter, its drafts and acceptance counters over them."""
+def outputs_and_drafts(llm, job: dict, kind: str) -> dict:
+    """The prompts' greedy outputs one at a time; speculating, the acceptance counters over them, and with the drafter
+    its drafts."""
     prompts, new = job["prompts"], job["max_new_tokens"]
     before = counters(llm)
-    method = job.get("method", "dflash")
-    runs = [with_drafts(llm, p, new, method) if speculative else (generate(llm, [p], new)[0], []) for p in prompts]
+    method, speculative = job.get("method", "dflash"), kind != "plain"
+    runs = [with_drafts(llm, p, new, method) if kind == "spec" else (generate(llm, [p], new)[0], []) for p in prompts]
     after = counters(llm)
     result = {"outputs": [output for output, _ in runs], "drafts": [drafts for _, drafts in runs]}
     if speculative:
@@ -206,19 +219,31 @@ def outputs_and_drafts(llm, job: dict, speculative: bool) -> dict:
 
 
 def both_engines(job: dict) -> dict:
-    """vLLM plain and with the drafter, both built in this process: their outputs, then their timings."""
+    """vLLM plain and with the drafter, then with n-gram speculation, all built in this process: their outputs, then
+    their timings. vLLM's metrics registry is one per process and holds the counters of the engine built last, so the
+    n-gram engine is built once the drafter's counters were read, and timed in turns with plain decoding again."""
+    engines = {kind: engine(job, kind) for kind in ("plain", "spec")}
+    found = {name: outputs_and_drafts(llm, job, name) for name, llm in engines.items()}
+    proposer = ProposerClock(job.get("method", "dflash"))
+    timings(engines, job, proposer, found)
+    engines["ngram"] = engine(job, "ngram")
+    found["ngram"] = outputs_and_drafts(engines["ngram"], job, "ngram")
+    timings({"plain": engines["plain"], "ngram": engines["ngram"]}, job, proposer, found, keep=("ngram",))
+    return found
+
+
+def timings(engines: dict, job: dict, proposer: ProposerClock, found: dict, keep: tuple = ("plain", "spec")) -> None:
+    """The engines timed one request at a time in turns, and at each further concurrency; into ``found`` for ``keep``."""
     import torch
 
-    engines = {"plain": engine(job, False), "spec": engine(job, True)}
-    found = {name: outputs_and_drafts(llm, job, name == "spec") for name, llm in engines.items()}
-    prompts, new, proposer = job["prompts"], job["max_new_tokens"], ProposerClock(job.get("method", "dflash"))
+    prompts, new = job["prompts"], job["max_new_tokens"]
     one = in_turns(engines, prompts, new, job["repeats"], proposer) if 1 in job["concurrency"] else {}
-    for name, llm in engines.items():
+    for name in keep:
+        llm = engines[name]
         speed = {str(c): batch_tokens_per_s(llm, prompts, new, c) for c in job["concurrency"] if c != 1}
         found[name] |= {"steps": one.get(name), "threads": torch.get_num_threads()}
         found[name]["busiest_threads"] = one.get("busiest_threads")
         found[name]["tokens_per_s"] = {"1": one[name]["tokens_per_s"]} | speed if one else speed
-    return found
 
 
 def main() -> None:

@@ -21,12 +21,11 @@ from xpress_core.controller import (
     PLAIN_STEP,
     PRIOR_ACCEPT,
     PRIOR_ACCEPT_SAMPLED,
-    PROBE_FIRST,
     AutoControl,
+    ChosenControl,
     CostModel,
     RoundSetting,
     SettingChoice,
-    StopControl,
     candidate_settings,
     choose_setting,
     denoise_work,
@@ -397,26 +396,17 @@ def test_the_setting_with_the_most_hand_computed_tokens_per_second_is_chosen():
     assert candidate_settings(8, (1, 2)) == (*TREES, *(RoundSetting(k, 2, 8) for k in (1, 2, 4)))
 
 
-def test_auto_stops_drafting_after_three_misses_and_probes_with_backoff():
-    """(1, 1, 8) pays from 3.7 / 1 - 1 = 2.7 accepted draft tokens: 3 does, 2 does not."""
-    control, chain = StopControl(TREES[0], UNIT_COSTS), TREES[0]
-
-    def rounds(accepted: list[int]) -> list[RoundSetting]:
-        picked = []
-        for a in accepted:
-            picked.append(control.choose(remaining=100))
-            control.observe(picked[-1], a)
-        return picked
-
-    assert rounds([3, 2, 2, 3, 2, 3]) == [chain] * 6  # two misses in a row do not stop it
-    assert rounds([2, 0, 0, 0]) == [chain, chain, chain, PLAIN_STEP]  # the third miss does
-    assert rounds([0] * 6) == [PLAIN_STEP, chain, *[PLAIN_STEP] * 4]  # a probe after 2 plain rounds missed: 4 next
-    assert control.probe_after == 2 * PROBE_FIRST
-    assert rounds([5, 0]) == [chain, chain]  # a probe that paid: drafting again
-    assert control.probe_after == PROBE_FIRST
+def test_auto_keeps_the_chosen_setting_whatever_a_round_accepted():
+    control, chain = ChosenControl(TREES[0]), TREES[0]
+    picked = []
+    for accepted in [0, 0, 0, 0, 0, 5, 0]:  # rounds that accepted nothing do not stop it drafting
+        picked.append(control.choose(remaining=100))
+        control.observe(picked[-1], accepted)
+    assert picked == [chain] * 7
     assert control.choose(remaining=4) == RoundSetting(1, 1, 3)  # no draft past the reply's end
     assert control.choose(remaining=1) == PLAIN_STEP
-    assert StopControl(PLAIN_STEP, UNIT_COSTS).choose(remaining=100) == PLAIN_STEP
+    assert ChosenControl(RoundSetting(1, 2, 8)).choose(remaining=2) == RoundSetting(1, 1, 1)  # no more steps than L
+    assert ChosenControl(PLAIN_STEP).choose(remaining=100) == PLAIN_STEP
 
 
 def test_auto_runs_the_setting_chosen_at_load_and_equals_generate(llama):
@@ -427,7 +417,10 @@ def test_auto_runs_the_setting_chosen_at_load_and_equals_generate(llama):
         for prompt_ids in prompts:
             _, result = run(models, prompt_ids, cfg, costs=costs)
             chosen = costs.chosen.setting(not cfg.greedy)
-            assert {s for s in result.settings[:-1] if s != PLAIN_STEP.as_tuple()} <= {chosen.as_tuple()}
+            # every round at the chosen setting, its block cut only where the reply ends sooner
+            drafted = [s for s in result.settings if s != PLAIN_STEP.as_tuple()]
+            assert drafted and all(s[:2] == chosen.as_tuple()[:2] and 1 <= s[2] <= chosen.block for s in drafted)
+            assert all(s == chosen.as_tuple() for s in result.settings[: -chosen.block])
             if cfg.greedy:
                 assert list(result.token_ids) == hf_greedy(models, prompt_ids, new=cfg.max_new_tokens)
 
@@ -467,7 +460,7 @@ def test_the_choice_is_measured_once_per_machine_threads_and_models_and_cached_w
 def test_the_engine_hands_each_round_s_measured_times_to_the_control(llama, monkeypatch):
     models, prompts = llama
     took = []
-    for kind in (StopControl, AutoControl):
+    for kind in (ChosenControl, AutoControl):
         monkeypatch.setattr(kind, "timed", lambda self, measured: took.append(measured))
     events = [e for e in decode(models, prompts[0], AUTO, costs=COSTS) if isinstance(e, RoundTrace) and e.index]
     assert [(t.draft_s, t.verify_s, t.other_s) for t in took] == [(e.draft_s, e.verify_s, e.other_s) for e in events]

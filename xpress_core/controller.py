@@ -1,7 +1,6 @@
 """How much to speculate, round by round (docs/DESIGN.md §2.6): a fixed (K, T, L); ``auto``, a fixed setting chosen at
-load by what these models and this machine measured (``choose_setting``, ``engine.chosen_setting``) that stops drafting
-on text that defeats the drafter (``StopControl``); and for drafters whose drafts carry no tree of chances, the counting
-model ``AutoControl``. The rounds' settings and their prices (``CostModel``).
+load by what these models and this machine measured (``choose_setting``, ``engine.chosen_setting``, ``ChosenControl``);
+and for drafters whose drafts carry no tree of chances, the counting model ``AutoControl``. The rounds' settings and their prices (``CostModel``).
 
 The counting model picks, before each round, the setting with the most expected tokens per second:
 
@@ -241,47 +240,20 @@ class SettingChoice:
         return cls(**settings, figures=entry["figures"], reason=reason)
 
 
-# Drafting rounds in a row that did not pay for themselves (accepted fewer draft tokens than the round's seconds over a
-# plain step's, less one) before ``auto`` stops drafting. A round's accepted length is one noisy draw: at 0.7 the round
-# after one, two and three that accepted nothing still accepted 0.89, 0.84 and 0.69 tokens where 0.70 pays (tune half,
-# (1, 1, 8), lab log "Sampled auto: three misses", stop 55); greedy, three held level with never stopping (stop 56).
-MISSES = 3
-# Plain rounds after a stop before a probe (a drafting round), doubling after each probe that does not pay, back to
-# the first after one that does: text that defeats the drafter costs a few drafting rounds, a bad start never the rest
-# of a reply (lab log, "auto held out, again").
-PROBE_FIRST, PROBE_MAX = 2, 16
+class ChosenControl(FixedControl):
+    """``auto`` where the drafter's trees carry their chances: every round at the setting chosen at load, its block
+    cut where the reply ends sooner. Nothing is chosen per round: stopping drafting after three rounds in a row that
+    did not pay (stops 54-61) held level with never stopping on the embedded pair and lost 2-5 % on SmolLM2, whose
+    drafting round costs about 1.3 plain steps (lab log, "auto's stop rule retired")."""
 
-
-class StopControl:
-    """``auto``: every round at the setting chosen at load (its block cut where the reply ends sooner), except after
-    ``MISSES`` drafting rounds in a row that did not pay: then plain rounds, with a probe after ``PROBE_FIRST`` of them
-    and more. What a round pays is priced once, from the calibrated costs."""
-
-    counts_fewer = False
-
-    def __init__(self, setting: RoundSetting, costs: CostModel):
+    def __init__(self, setting: RoundSetting):
         self.setting = setting
-        # Draft tokens a round must accept to beat plain steps in the same time.
-        self.pays = 0.0 if setting.plain else costs.round_s(setting) / costs.round_s(PLAIN_STEP) - 1.0
-        self.misses, self.plain_run, self.probe_after = 0, 0, PROBE_FIRST
 
     def choose(self, remaining: int) -> RoundSetting:
         block = min(self.setting.block, remaining - 1)  # drafting past the reply's end gains nothing
-        if block < 1 or (self.misses >= MISSES and self.plain_run < self.probe_after):
+        if self.setting.plain or block < 1:
             return PLAIN_STEP
         return replace(self.setting, steps=min(self.setting.steps, block), block=block)
-
-    def observe(self, setting: RoundSetting, accepted: int, with_fewer: tuple[int, ...] = ()) -> None:
-        if setting.plain:
-            self.plain_run += 1
-            return
-        paid = accepted > self.pays
-        if self.misses >= MISSES:  # a probe
-            self.probe_after = PROBE_FIRST if paid else min(2 * self.probe_after, PROBE_MAX)
-        self.misses, self.plain_run = 0 if paid else self.misses + 1, 0
-
-    def timed(self, measured) -> None:
-        pass
 
 
 class AutoControl:

@@ -21,11 +21,11 @@ from .config import TREE, DecodeConfig
 from .controller import (
     AUTO_DRAFTS,
     AutoControl,
+    ChosenControl,
     CostModel,
     FixedControl,
     RoundSetting,
     SettingChoice,
-    StopControl,
     auto_longest_block,
     candidate_settings,
     choose_setting,
@@ -114,16 +114,16 @@ def prefill(models: Models, prompt_ids: torch.Tensor, cfg: DecodeConfig) -> tupl
     return state, first
 
 
-def control(models: Models, cfg: DecodeConfig, costs: CostModel | None) -> FixedControl | AutoControl | StopControl:
+def control(models: Models, cfg: DecodeConfig, costs: CostModel | None) -> FixedControl | AutoControl:
     """The rounds' settings: pinned, or auto: where the drafter's trees carry their chances the setting chosen at load
-    (``chosen_setting``; one chain of the longest block where costs come without one) that stops drafting on text
-    that defeats the drafter (``StopControl``), else the counting model."""
+    (``chosen_setting``, ``ChosenControl``; one chain of the longest block where costs come without one), else the
+    counting model."""
     if not cfg.auto:
         return FixedControl(cfg)
     costs = costs or models.costs or calibrate(models)
     if cfg.diversity == TREE and models.drafter.offers_chances:
         chain = RoundSetting(1, 1, auto_longest_block(models.drafter.max_block))
-        return StopControl(costs.chosen.setting(not cfg.greedy) if costs.chosen else chain, costs)
+        return ChosenControl(costs.chosen.setting(not cfg.greedy) if costs.chosen else chain)
     can_draft = not isinstance(models.drafter, NoDrafter)
     return AutoControl(
         costs,
