@@ -255,8 +255,18 @@ OFF_DOMAIN_STORIES = (
     "Tell me a story about a nurse working the night shift during a snowstorm.",
     "Write a story about a retired astronaut who opens a bakery.",
     "Tell me an adventure story about explorers crossing a desert to find a lost library.",
+    "Write a courtroom drama about a young lawyer defending a lighthouse keeper.",
+    "Tell me a story about a violinist who plays in a subway station every winter morning.",
+    "Write a western about a stagecoach driver caught in a dust storm.",
+    "Tell me a story about a translator at a peace conference who notices a mistake in a treaty.",
+    "Write a mystery about a museum guard who finds one painting hung upside down.",
+    "Tell me a story about a mountain rescue team searching for a missing climber at dawn.",
+    "Write a comedy about a wedding planner whose every plan goes wrong on the same day.",
+    "Tell me a story about a marine biologist who hears a whale song no one has recorded before.",
+    "Write a story about a printer in 1850 who discovers a secret message in a manuscript.",
+    "Tell me a story about a farmer who builds a windmill after a long drought.",
 )
-SMALL_TALK_PROMPTS = 10  # Topical-Chat conversations cut after their second user turn (``small_talk_prompts``)
+SMALL_TALK_PROMPTS = 20  # Topical-Chat conversations cut after their second user turn (``small_talk_prompts``)
 
 
 def small_talk_prompts(data_dir: Path, count: int = SMALL_TALK_PROMPTS) -> tuple[Prompt, ...]:
