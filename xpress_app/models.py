@@ -179,6 +179,7 @@ class ModelCache:
         if problem:
             return f"⚠ {unavailable(preset, problem)}"
         hub = not (is_local(preset.target) and (preset.drafter == NO_DRAFTER or is_local(preset.drafter)))
+        hub = hub and not preset.package  # a packaged target is installed, not downloaded
         where = "downloaded from the Hub and loaded on first use" if hub else "loaded on first use"
         needs = f" · needs: {preset.hardware}" if preset.hardware else ""
         line = f"target `{preset.target}` · drafter `{preset.drafter}` · {where}{needs}"

@@ -26,9 +26,9 @@ class Settings:
     """The controls' values as the UI (or an API client) sends them, unchecked; ``decode_config`` checks them."""
 
     preset: str = ""
-    # The fastest fixed setting the benchmark measured on a 2-core CPU with the embedded models (README, Latest results): a
-    # draft tree of 4 x 8 nodes.
-    drafts: int = 4
+    # The fastest fixed setting in the benchmark's latest runs on a 2-core CPU, on SmolLM2 and on the embedded models
+    # (README, Latest results): one draft tree of 8 nodes, as the command line pins it.
+    drafts: int = 1
     steps: int = 1
     block: int = 8
     temperature: float = 0.0
