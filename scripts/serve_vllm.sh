@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# vLLM's CPU build against xPress on the embedded pair, in one command (README, "Serving at scale"): builds vLLM's
-# own venv on first use (3.5 GB; the project never needs it), then runs scripts/serve_vllm.py with it. Arguments go
-# to serve_vllm (e.g. --prompts 8 --concurrency 1 --threads 1 --repeats 2).
+# vLLM's CPU build against xPress on the embedded pair or a preset's models (--preset smollm2), in one command
+# (README, "Serving at scale"): builds vLLM's own venv on first use (3.5 GB; the project never needs it), then runs
+# scripts/serve_vllm.py with it. Arguments go to serve_vllm (e.g. --prompts 8 --concurrency 1 --threads 1 --repeats 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${XPRESS_VLLM_VENV:-$HOME/.cache/xpress/vllm-venv}"
