@@ -16,6 +16,7 @@ from tests.oracles import PROMPTS, check_invariants, cli, hf_greedy, run
 from xpress_core import controller, engine, hub
 from xpress_core.config import DecodeConfig
 from xpress_core.controller import (
+    CHOSEN_STEPS,
     LAST_PROBE,
     MEMORY,
     PLAIN_STEP,
@@ -438,7 +439,7 @@ def test_the_choice_is_measured_once_per_machine_threads_and_models_and_cached_w
     costs = calibrate(models)
     first = costs.chosen
     assert calls == [False, True] and first.reason.startswith("measured at load")
-    candidates = candidate_settings(models.drafter.max_block, models.drafter.auto_steps)
+    candidates = candidate_settings(models.drafter.max_block, CHOSEN_STEPS)
     for mode in ("greedy", "sampled"):
         taus = {s: first.figures[mode][setting_name(s)]["tau"] for s in candidates}
         assert taus[candidates[0]] <= taus[candidates[1]] <= taus[candidates[2]]  # nested trees: more nodes, more kept

@@ -190,6 +190,11 @@ class FixedControl:
 # every T it may pick. A round's tokens grow with its tree's nodes about as fast as the verify's cost on our CPU (lab
 # log, issue 48 stop 56: 8 nodes tau 3.24, 16 nodes 3.56 on held chats); 8 drafts (64 nodes) never led a run.
 CHOSEN_DRAFTS = (1, 2, 4)
+# T among them: one. Chosen on the calibrated prices, refinement passes (T = 2) lost to the best T = 1 tree in real
+# time on the held-out classes (embedded pair, 2 threads, bf16: greedy (4, 2, 8) 0.945x (2, 1, 8), at 0.7 (1, 2, 8)
+# 0.92x (1, 1, 8)): a pass took 1.1-1.5 ms in decoding where the calibration priced 0.7 (lab log, "auto's stop rule
+# retired"). Refinement stays a pinned setting.
+CHOSEN_STEPS = (1,)
 
 
 def candidate_settings(max_block: int | None, steps: tuple[int, ...]) -> tuple[RoundSetting, ...]:

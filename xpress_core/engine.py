@@ -20,6 +20,7 @@ from . import machine
 from .config import TREE, DecodeConfig
 from .controller import (
     AUTO_DRAFTS,
+    CHOSEN_STEPS,
     AutoControl,
     ChosenControl,
     CostModel,
@@ -413,7 +414,7 @@ def chosen_setting(models: Models, costs: CostModel) -> SettingChoice | None:
     drafter = models.drafter
     if not drafter.offers_chances:
         return None
-    candidates = candidate_settings(drafter.max_block, drafter.auto_steps)
+    candidates = candidate_settings(drafter.max_block, CHOSEN_STEPS)
     threads, path = torch.get_num_threads(), machine.cache_file(SETTING_CACHE)
     key = machine.machine_key(
         threads,
