@@ -148,8 +148,8 @@ def main() -> None:
         name, value = change.split("=")
         set_constant(name, float(value))
     torch.set_num_threads(1)
-    pair = (find_preset(args.preset).target, find_preset(args.preset).drafter) if args.preset else ()
-    models = load_models(*pair, dtype=args.dtype, device="cpu")
+    preset = find_preset(args.preset) if args.preset else None
+    models = load_models(*((preset.target, preset.drafter) if preset else ()), dtype=args.dtype, device="cpu")
     costs = fixed_prices(models, args.costs)
     watched = Watched(costs, (args.plain_charge, args.draft_charge))
     engine.control = watched

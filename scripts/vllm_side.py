@@ -2,8 +2,9 @@
 
     VLLM_TARGET_DEVICE=cpu python scripts/vllm_side.py JOB.json OUT.json
 
-JOB: the target and drafter folders, vLLM's speculative method for that drafter (``dflash`` or ``draft_model``), the prompts as token ids, max_new_tokens, the block (num_speculative_tokens),
-the concurrencies to time, the threads to run on, the timed passes and the dtype. OUT, for vLLM plain, with the drafter and with n-gram speculation (the
+JOB: the target and drafter folders, vLLM's speculative method for that drafter (``dflash`` or ``draft_model``), the
+prompts as token ids, max_new_tokens, the block (num_speculative_tokens), the concurrencies to time, the threads to
+run on, the timed passes and the dtype. OUT, for vLLM plain, with the drafter and with n-gram speculation (the
 engines built in this process, timed in turns one request at a time): the greedy outputs of the prompts one at a
 time, tokens/s per concurrency, the timed one-at-a-time run's CPU ms a token, its busiest threads, and its steps by
 the engine core's own timestamps of each request (decode seconds per step after its prefill) and, with the drafter,

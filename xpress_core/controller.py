@@ -1,6 +1,7 @@
 """How much to speculate, round by round (docs/DESIGN.md §2.6): a fixed (K, T, L); ``auto``, a fixed setting chosen at
 load by what these models and this machine measured (``choose_setting``, ``engine.chosen_setting``, ``ChosenControl``);
-and for drafters whose drafts carry no tree of chances, the counting model ``AutoControl``. The rounds' settings and their prices (``CostModel``).
+and for drafters whose drafts carry no tree of chances, the counting model ``AutoControl``. The rounds' settings and
+their prices (``CostModel``).
 
 The counting model picks, before each round, the setting with the most expected tokens per second:
 

@@ -464,22 +464,14 @@ class RoundRecorder(FixedControl):
 
 
 def measured_taus(models: Models, candidates, sampled: bool) -> dict[RoundSetting, float]:
-    """Tokens a round at each candidate emits on ``CHOICE_PROMPTS``, greedy or at ``CHOICE_TEMPERATURE``: at T = 1 read
-    off decodes at the widest K, whose first k x L nodes are the tree of k drafts (``accepted_with_fewer``); at T > 1
-    (refinement passes along a tree's paths, not nested) each candidate decoded."""
+    """Tokens a round at each candidate (K, 1, L) emits on ``CHOICE_PROMPTS``, greedy or at ``CHOICE_TEMPERATURE``,
+    read off decodes at the widest K, whose first k x L nodes are the tree of k drafts (``accepted_with_fewer``)."""
     cfg = DecodeConfig(temperature=CHOICE_TEMPERATURE if sampled else 0.0, max_new_tokens=CHOICE_TOKENS)
     chat = bool(getattr(models.tokenizer, "chat_template", None))
     prompts = [encode_prompt(models.tokenizer, text, chat) for text in CHOICE_PROMPTS]
-    widest = {s.steps: s for s in sorted(candidates, key=lambda s: s.drafts)}
-    accepted: dict[RoundSetting, list[int]] = {s: [] for s in candidates}
-    for run in [widest[1]] if 1 in widest else []:
-        for counts in recorded_rounds(models, prompts, round_config(cfg, run)):
-            for s in candidates:
-                if s.steps == 1:
-                    accepted[s].append(counts[s.drafts - 1])
-    for run in [s for s in candidates if s.steps > 1]:
-        accepted[run] = [counts[-1] for counts in recorded_rounds(models, prompts, round_config(cfg, run))]
-    return {s: 1.0 + statistics.fmean(a) if a else 1.0 for s, a in accepted.items()}
+    widest = max(candidates, key=lambda s: s.drafts)
+    rounds = recorded_rounds(models, prompts, round_config(cfg, widest))
+    return {s: 1.0 + statistics.fmean(counts[s.drafts - 1] for counts in rounds) if rounds else 1.0 for s in candidates}
 
 
 def recorded_rounds(models: Models, prompts, cfg: DecodeConfig) -> list[tuple[int, ...]]:
