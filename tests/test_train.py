@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tests.oracles import hf_greedy, run
 from tests.tiny import SENTENCES, make_target
 from xpress_core.config import DecodeConfig
+from xpress_core.drafters.diffusion_model import XpressDrafter
 from xpress_core.engine import decode, decode_to_end
 from xpress_core.models import encode_prompt, load_models
 from xpress_core.train.corpus import render_chat
@@ -144,6 +145,14 @@ def pipeline(tmp_path_factory):
         *["--steps", "40", "--batch-size", "8", "--rank", "16", "--anchors", "4", "--lr", "3e-3", "--eval-every", "20"],
         *["--replies-only", "--data", str(root / "corpus"), "--dialogue-rows", "8"],
         *["--co-train", "--drafter-lr", "0.1", "--drafter-weight", "1.5"],
+    )
+    # A large target's recipe: its features read once into the workdir, the head alone, the result kept in bf16.
+    out["refiner_cached"] = train_cli(
+        "refiner",
+        *["--target", str(root / "target"), "--drafter", str(root / "drafter"), "--distill-dir", str(root / "distill")],
+        *["--workdir", str(root / "refiner_c"), "--out", str(root / "refined_c"), "--prompt-len", "24"],
+        *["--steps", "30", "--batch-size", "8", "--rank", "16", "--anchors", "4", "--lr", "3e-3", "--eval-every", "30"],
+        *["--cache-features", "--soft", "0", "--target-dtype", "bf16", "--save-bf16", "--dialogue-rows", "0"],
     )
     return out
 
@@ -583,6 +592,33 @@ def test_a_refiner_head_trains_logs_a_curve_per_pass_and_decodes_exactly(pipelin
     for diversity in ("tree", "none"):
         cfg = DecodeConfig(drafts=2, steps=3, block=8, diversity=diversity, max_new_tokens=20)
         assert list(decode_to_end(models, prompt_ids, cfg).token_ids) == reference.tolist()
+
+
+def test_a_refiner_head_trains_on_cached_features_and_is_stored_in_bf16(pipeline):
+    """``train refiner --cache-features --soft 0 --target-dtype bf16 --save-bf16`` (SmolLM2's recipe): the training
+    rows' features are read once into the workdir, the loss goes down, only the head moves, the drafter is stored in
+    bf16, and decoding with passes is the target's."""
+    root = pipeline["root"]
+    assert json.loads((root / "refiner_c" / "features" / "features.json").read_text())["rows"] == 128 - 64
+    log = losses(root / "refiner_c")
+    assert log[-1] < log[0]
+    assert pipeline["refiner_cached"]["refiner_recipe"]["cached_features"] is True
+    refined = XpressDrafter.from_pretrained(root / "refined_c")
+    assert next(refined.parameters()).dtype == torch.bfloat16 and refined.refiner is not None
+    before = XpressDrafter.from_pretrained(root / "drafter", dtype=torch.bfloat16).state_dict()
+    assert all(torch.equal(before[name], w) for name, w in refined.state_dict().items() if name in before)
+    models = load_models(root / "target", root / "refined_c", device="cpu", dtype="float32")
+    prompt_ids = encode_prompt(models.tokenizer, "I want to book a table", chat=True)
+    reference = models.target.generate(prompt_ids, max_new_tokens=20, do_sample=False)[0, prompt_ids.shape[1] :]
+    cfg = DecodeConfig(drafts=1, steps=3, block=8, max_new_tokens=20)
+    assert list(decode_to_end(models, prompt_ids, cfg).token_ids) == reference.tolist()
+
+
+def test_the_refiner_step_refuses_cached_features_with_soft_labels(tmp_path):
+    from tests.oracles import cli
+
+    failed = cli("train", "refiner", "--cache-features", "--soft", "0.5", "--distill-dir", str(tmp_path / "none"))
+    assert failed.returncode != 0 and "--soft 0" in failed.stderr
 
 
 def test_a_target_without_a_chat_template_trains_a_drafter_written_in_the_dflash_format(zoo, tmp_path):

@@ -10,7 +10,13 @@ from pathlib import Path
 from ..config import NOISE_TYPES
 from ..data import DEFAULT_DATA
 from ..errors import XpressError
-from .refiner_cli import add_device_arg, add_refiner_step, run_refiner_step
+from .refiner_cli import (
+    add_device_arg,
+    add_large_target_args,
+    add_refiner_step,
+    add_target_dtype_arg,
+    run_refiner_step,
+)
 
 DEFAULT_WORK = Path("runs")
 # ``train compare``'s settings: one draft and the K = 4 tree, at every T the card measures
@@ -106,12 +112,7 @@ def add_distillation_args(step: argparse.ArgumentParser, name: str) -> None:
     step.add_argument("--prompt-len", type=int, default=96)
     step.add_argument("--new-tokens", type=int, default=96)
     step.add_argument("--distill-batch", type=int, default=64, help="rows the target continues at once")
-    step.add_argument(
-        "--target-dtype",
-        choices=("fp32", "bf16"),
-        default="fp32",
-        help="the target's dtype while it writes and is read (bf16: what decoding runs on a CPU with native bf16)",
-    )
+    add_target_dtype_arg(step)
 
 
 def add_training_args(step: argparse.ArgumentParser) -> None:
@@ -165,23 +166,13 @@ def add_diffusion_drafter_args(step: argparse.ArgumentParser) -> None:
         "with --init, added at zero so the drafter starts as it was",
     )
     step.add_argument("--init", help="start from this drafter directory instead of a fresh one")
-    step.add_argument(
-        "--cache-features",
-        action="store_true",
-        help="read the target over the training rows once and keep its features in --workdir (a large target: "
-        "its forward then costs nothing per step); trains on the rows' tokens (--soft 0)",
-    )
+    add_large_target_args(step)
     step.add_argument(
         "--format",
         choices=("xpress", "dflash"),
         default="xpress",
         help="dflash: train the architecture the DFlash format holds and write --out in that format "
         "(what serving engines load; xPress loads it too)",
-    )
-    step.add_argument(
-        "--save-bf16",
-        action="store_true",
-        help="store --out in bf16: half the file, what the engine runs on CPU (it trains in fp32 either way)",
     )
     step.add_argument(
         "--noise",

@@ -26,10 +26,12 @@ import torch
 from ..drafters.diffusion_model import XpressDrafter
 from ..drafters.refiner import previous_tokens
 from ..errors import XpressError
+from ..models.ours import drafter_head
 from .drafter import (
     ReplyTokens,
     TargetReading,
     block_inputs,
+    cached_features,
     context_features,
     distillation_loss,
     drafted_weights,
@@ -41,7 +43,7 @@ from .drafter import (
     reply_tokens,
     soft_targets,
 )
-from .loop import TrainConfig, draw_rows, save_trained, split_held_out, train
+from .loop import TrainConfig, draw_indices, save_trained, split_held_out, train
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,7 @@ def refiner_loss(
         hidden = block_hidden(drafter, reading, blocks)  # (B, M, L, H)
     ids = per_block(blocks.block_ids, span)  # (B, M, L+1): root and tokens 1..L
     roots, tokens = ids[..., 0], ids[..., 1:]
-    target_logp = soft_targets(reading, per_block(blocks.positions, span)[..., 1:])
+    target_logp = soft_targets(reading, per_block(blocks.positions, span)[..., 1:]) if recipe.soft > 0 else None
     weights = torch.exp(-torch.arange(span - 1, dtype=torch.float32, device=tokens.device) / recipe.decay)  # (L,)
     weights = (
         weights.expand_as(tokens) if drafted is None else weights * drafted_weights(drafted, blocks.positions, span)
@@ -194,13 +196,19 @@ def train_refiner(
     distillation: dict | None = None,
     continued_from: dict | None = None,
     dialogue_rows: torch.Tensor | None = None,
+    cache_features: bool = False,
 ) -> dict:
     """Train ``drafter``'s refiner head (and, with ``recipe.co_train``, the drafter along) on distilled sequences
     (N, S) with the frozen ``target``; save the drafter with its head to ``out_dir``. ``dialogue_rows``: greedy rows
-    of held-out dialogues (``distill.held_out_dialogue_rows``), whose replies' curve tells runs apart."""
+    of held-out dialogues (``distill.held_out_dialogue_rows``), whose replies' curve tells runs apart.
+    ``cache_features``: the target's features of the training rows read once into ``workdir`` (as the drafter's own
+    training keeps them, ``train/drafter.py``), not at every step; the loss is then on the rows' tokens (soft 0)."""
+    if cache_features and recipe.soft > 0:
+        raise XpressError("cached features hold no logits: train the refiner with --soft 0")
     for p in target.parameters():
         p.requires_grad_(False)
-    drafter.bind(target)
+    # An fp32 head beside a bf16 target: the evaluations run outside autocast, where its packed head refuses fp32 rows.
+    drafter.bind(target, drafter_head(target, torch.float32))
     for name, p in drafter.named_parameters():
         p.requires_grad_(recipe.co_train or name.startswith("refiner."))
     held_out, train_seqs = split_held_out(seqs)
@@ -211,10 +219,13 @@ def train_refiner(
     if recipe.replies_only and replies is None:
         raise XpressError("--replies-only needs chat rows: the tokenizer has no <|assistant|> and <|end|> tokens")
     curve_passes = max(recipe.passes + 1, 4)  # one pass past the trained ones: what a longer T would add
+    taps = drafter.config.tapped_layers
+    features = cached_features(target, train_seqs, taps, workdir / "features") if cache_features else None
 
     def loss_fn(rng: np.random.Generator) -> torch.Tensor:
-        batch_seqs = draw_rows(train_seqs, rng, cfg.batch_size)
-        reading = read_target(target, batch_seqs, drafter.config.tapped_layers)
+        rows = draw_indices(train_seqs, rng, cfg.batch_size)
+        batch_seqs = train_seqs[rows]
+        reading = read_target(target, batch_seqs, taps) if features is None else TargetReading(features[rows], None)
         drafted = in_replies(batch_seqs, replies) if recipe.replies_only else None
         blocks = make_blocks(batch_seqs, first_anchor, block, recipe.anchors, rng, torch.float32, 1.0, drafted)
         return refiner_loss(drafter, reading, blocks, recipe, drafted)
@@ -236,7 +247,7 @@ def train_refiner(
     summary = train(drafter, loss_fn, cfg, workdir, desc="refiner", eval_fn=eval_fn, lr_scale=lr_scale)
     summary["heldout_refiner"] = eval_fn()
     drafter.config.refiner_gains = pass_gains(summary["heldout_refiner"]["greedy"]["passes"])
-    summary["refiner_recipe"] = asdict(recipe)
+    summary["refiner_recipe"] = asdict(recipe) | {"cached_features": cache_features}
     summary["distilled_sequences"] = int(seqs.shape[0])
     summary["distillation"] = distillation
     if continued_from:  # the drafter's own training, which the card reports too

@@ -6,6 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
+from ..errors import XpressError
+
 DEFAULT_WORK = Path("runs")
 
 
@@ -57,7 +59,34 @@ def add_refiner_step(steps: argparse._SubParsersAction) -> None:
         help="held-out dialogues (the --data corpus's val.bin) continued by the target: the curve on their replies",
     )
     step.add_argument("--no-bf16", action="store_true")
+    add_target_dtype_arg(step)
+    add_large_target_args(step)
     add_device_arg(step)
+
+
+def add_target_dtype_arg(step: argparse.ArgumentParser) -> None:
+    step.add_argument(
+        "--target-dtype",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="the target's dtype while it writes and is read (bf16: what decoding runs on a CPU with native bf16)",
+    )
+
+
+def add_large_target_args(step: argparse.ArgumentParser) -> None:
+    """What training a diffusion drafter or its head for a large target on a CPU needs: its features read once,
+    the result stored in bf16."""
+    step.add_argument(
+        "--cache-features",
+        action="store_true",
+        help="read the target over the training rows once and keep its features in --workdir (a large target: "
+        "its forward then costs nothing per step); trains on the rows' tokens (--soft 0)",
+    )
+    step.add_argument(
+        "--save-bf16",
+        action="store_true",
+        help="store --out in bf16: half the file, what the engine runs on CPU (it trains in fp32 either way)",
+    )
 
 
 def add_device_arg(step: argparse.ArgumentParser) -> None:
@@ -87,13 +116,16 @@ def run_refiner_step(args: argparse.Namespace) -> dict:
         requested,
         write_distillation,
     )
-    from .drafter import reply_tokens
+    from .drafter import reply_tokens, store_bf16
     from .loop import drafter_training
     from .refiner import RefinerRecipe, attach_refiner, train_refiner
 
     cfg = drafter_training(args, eval_every=args.eval_every)  # first: a missing device is refused before loading
     device = torch.device(cfg.device)
-    target, tokenizer = load_target(args.target, device, torch.float32)
+    if args.cache_features and args.soft > 0:  # before the target loads
+        raise XpressError("--cache-features keeps the target's features, not its logits: it trains with --soft 0")
+    target_dtype = torch.bfloat16 if args.target_dtype == "bf16" else torch.float32
+    target, tokenizer = load_target(args.target, device, target_dtype)
     if args.sequences:  # write what is missing first (resumable), else train on the chunks the folder holds
         write_distillation(target, tokenizer, args.data, args.distill_dir, requested(args))
     seqs = load_distillation(args.distill_dir).to(device)
@@ -111,8 +143,9 @@ def run_refiner_step(args: argparse.Namespace) -> dict:
         replies_only=args.replies_only,
     )
     summary_path = args.drafter / "training_summary.json"
-    return train_refiner(
-        attach_refiner(XpressDrafter.from_pretrained(args.drafter), args.rank).to(device),
+    summary = train_refiner(
+        # fp32 whatever the folder stores (a drafter kept in bf16, --save-bf16): the optimizer steps fp32 weights.
+        attach_refiner(XpressDrafter.from_pretrained(args.drafter, dtype=torch.float32), args.rank).to(device),
         target,
         seqs,
         args.prompt_len,
@@ -127,4 +160,8 @@ def run_refiner_step(args: argparse.Namespace) -> dict:
         dialogue_rows=held_out_dialogue_rows(target, tokenizer, args.data, args.dialogue_rows, requested(args))
         if reply_tokens(tokenizer)
         else None,
+        cache_features=args.cache_features,
     )
+    if args.save_bf16:
+        store_bf16(args.out)
+    return summary
