@@ -187,6 +187,7 @@ def export_refusals(cfg: XpressDrafterConfig) -> list[str]:
         (cfg.fuse_previous, "its block reads the features of the token before the root (fuse_previous)"),
         (cfg.layer_causal is not None, "it has causal or sliding-window layers (export writes full attention)"),
         (getattr(cfg, "refiner_rank", 0) > 0, "it has a refiner head, which DFlash drafters do not have"),
+        (getattr(cfg, "draft_vocab", 0) > 0, "it drafts from a vocabulary of its own, which DFlash drafters do not"),
         (
             cfg.target_num_layers is not None and cfg.target_num_layers - 1 in cfg.tapped_layers,
             (

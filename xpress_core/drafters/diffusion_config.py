@@ -65,6 +65,7 @@ class XpressDrafterConfig(PreTrainedConfig):
         tree_sharpness: float = 1.0,
         refiner_rank: int = 0,
         refiner_gains: list[list[float]] | None = None,
+        draft_vocab: int = 0,
         **kwargs,
     ):
         if noise not in NOISE_TYPES:
@@ -73,6 +74,8 @@ class XpressDrafterConfig(PreTrainedConfig):
             raise ValueError(f"clean_rms must be > 0, got {clean_rms}")
         if refiner_rank < 0:
             raise ValueError(f"refiner_rank must be >= 0, got {refiner_rank}")
+        if not 0 <= draft_vocab < vocab_size:
+            raise ValueError(f"draft_vocab must be 0 (the whole vocabulary) to {vocab_size - 1}, got {draft_vocab}")
         if not 0 < tree_sharpness < math.inf:
             raise ValueError(f"tree_sharpness must be > 0, got {tree_sharpness}")
         self.hidden_size = hidden_size
@@ -114,6 +117,9 @@ class XpressDrafterConfig(PreTrainedConfig):
         # Per number of passes 1, 2, ...: each block position's greedy acceptance after them over after none, on
         # held-out text (``train refiner`` measures it): the prior the controller auto starts T > 1 from.
         self.refiner_gains = refiner_gains
+        # The tokens a draft may hold, where fewer than the vocabulary (draft_vocab.py): their ids are the model's
+        # ``draft_ids`` buffer. 0: every token.
+        self.draft_vocab = draft_vocab
         for name, neutral in DFLASH_FIELDS.items():
             setattr(self, name, kwargs.pop(name, neutral))
         super().__init__(**kwargs)

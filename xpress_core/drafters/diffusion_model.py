@@ -292,6 +292,8 @@ class XpressDrafter(PreTrainedModel):
             if config.refiner_rank
             else None
         )
+        if config.draft_vocab:  # saved with the weights: the token ids the draft vocabulary holds (draft_vocab.py)
+            self.register_buffer("draft_ids", torch.zeros(config.draft_vocab, dtype=torch.long))
         self._shared: tuple[nn.Module, nn.Module] | None = None  # (target embedding, target LM head), not saved
         self.post_init()
 

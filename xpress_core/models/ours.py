@@ -13,6 +13,7 @@ from ..drafters.dflash_format import export_refusals, serving_taps
 from ..drafters.diffusion import TargetConditionedDrafter, diffusion_drafter
 from ..drafters.diffusion_config import XpressDrafterConfig, default_tapped_layers
 from ..drafters.diffusion_model import XpressDrafter
+from ..drafters.draft_vocab import vocabulary_head
 from ..errors import XpressError
 from ..packing import packed_linear
 from .causal import load_target
@@ -56,7 +57,8 @@ def load_conditioned_drafter(
         raise XpressError(
             f"drafter {spec!r} taps layers {cfg.tapped_layers}; the target has only {target.config.num_hidden_layers}"
         )
-    return diffusion_drafter(model.bind(target, drafter_head(target, dtype)), banned)
+    head = drafter_head(target, dtype) or target.get_output_embeddings()
+    return diffusion_drafter(model.bind(target, vocabulary_head(model, head)), banned)
 
 
 def drafter_dtype(target_dtype: torch.dtype, device: torch.device) -> torch.dtype:

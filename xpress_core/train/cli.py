@@ -10,6 +10,7 @@ from pathlib import Path
 from ..config import NOISE_TYPES
 from ..data import DEFAULT_DATA
 from ..errors import XpressError
+from .draft_vocab import add_draft_vocab_step, run_draft_vocab_step
 from .refiner_cli import (
     add_device_arg,
     add_large_target_args,
@@ -29,6 +30,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     add_target_steps(steps)
     add_drafter_steps(steps)
     add_refiner_step(steps)
+    add_draft_vocab_step(steps)
     add_report_steps(steps)
 
 
@@ -425,6 +427,8 @@ def run_train(args: argparse.Namespace) -> int:
         print(json.dumps(run_compare(args)))
     elif args.step == "refiner":
         print(json.dumps(run_refiner_step(args)))
+    elif args.step == "draft-vocab":
+        print(json.dumps(run_draft_vocab_step(args)))
     else:
         print(json.dumps(run_drafter_step(args)))
     return 0
