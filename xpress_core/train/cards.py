@@ -130,10 +130,11 @@ def refiner_text(summary: dict, cfg: dict) -> str:
     weights = f" at weight {recipe['free_weight']}" if "free_weight" in recipe else ""
     if recipe.get("co_train") and "drafter_weight" in recipe:
         weights += f", the drafter's own loss at {recipe['drafter_weight']}"
+    loss = "KL to the target's distribution" if recipe.get("soft", 1.0) > 0 else "cross-entropy on the rows' tokens"
     return (
         f"\n\nA causal refiner head of rank {cfg['refiner_rank']} (`train refiner`, docs/DESIGN.md §3.5) turns `T > 1`"
         f" into refinement passes: each block position re-reads the tokens drafted before it. Trained in {how}; the"
-        f" last with {recipe.get('passes')} free-running passes{weights}, KL to the target's distribution. On the"
+        f" last with {recipe.get('passes')} free-running passes{weights}, {loss}. On the"
         f" {rows}, the draft tokens a chain gets accepted per block after 0, 1, 2, ... passes: {accepted}; given a"
         f" right prefix, agreement at positions 1-4 {agreement}."
     )
@@ -292,26 +293,31 @@ def smollm2_card(asset: Path, command: str) -> str:
     what ``train curve`` wrote of the run's logs)."""
     whole = read_json(asset / "training_summary.json")
     cfg = read_json(asset / "config.json")
-    recipe, written = whole.get("recipe", {}), whole.get("distillation") or {}
+    stages = refiner_stages(whole)
+    own = stages[-1].get("continued_from", {}) if stages else whole  # the drafter's own training, before any head
+    recipe, written = own.get("recipe", {}), own.get("distillation") or {}
     curve = next(iter(read_json(asset / "curve.json").values()), [])
+    head_steps = " + ".join(str(st.get("steps")) for st in reversed(stages))
+    head_wall = minutes(sum(st.get("wall_s", 0) for st in stages))
+    head_row = f"\n| refiner head | {head_steps} steps, {head_wall} of wall time |" if stages else ""
     rows = "\n".join(f"| {p['tokens_seen'] / 1e6:.2f} M | {p['tau']:.2f} | {p['wall_min']:.0f} min |" for p in curve)
     return f"""# xPress diffusion drafter for SmolLM2-135M-Instruct
 
 A target-conditioned masked block-diffusion drafter (`XpressDrafter`) for SmolLM2-135M-Instruct (the `smollm2`
 preset): {cfg.get("num_hidden_layers")} layers, hidden {cfg.get("hidden_size")}, block size {cfg.get("block_size")},
 tapped target layers {cfg.get("tapped_layers")} of 30. It reuses the target's embedding and LM head (not stored here),
-so it works with that target only. No refiner head yet. Stored in bf16.
+so it works with that target only.{draft_vocab_text(whole, cfg)} Stored in bf16.
 
-Trained by self-distillation: the target (bf16) wrote {whole.get("distilled_sequences")} replies of
+Trained by self-distillation: the target (bf16) wrote {own.get("distilled_sequences")} replies of
 {written.get("new_tokens")} tokens to {written.get("prompt_len")}-token prompts ending at its reply marker
-({distillation_text(whole)}); its tapped features were read once (`--cache-features`); {recipe.get("anchors")} anchors
+({distillation_text(own)}); its tapped features were read once (`--cache-features`); {recipe.get("anchors")} anchors
 a sequence, each block masked at a random ratio (a share of {recipe.get("full_share", 0.5):g} masked whole); the loss is
-{loss_text(recipe)}.
+{loss_text(recipe)}.{refiner_text(whole, cfg)}
 
 | | |
 |---|---|
 | parameters (own) | {whole.get("parameters", 0) / 1e6:.2f} M |
-| training | {training_time(whole)} on a shared 2-core CPU |
+| training | {training_time(own)} on a shared 2-core CPU |{head_row}
 
 Command: `{command}`
 
@@ -325,6 +331,18 @@ held-out `sgd_dev` chats, measured by the run at each evaluation.
 {rows}
 
 {SMOLLM2_DATA}"""
+
+
+def draft_vocab_text(summary: dict, cfg: dict) -> str:
+    """The draft vocabulary's sentence (``train draft-vocab``); empty for a drafter that drafts from every token."""
+    if not cfg.get("draft_vocab"):
+        return ""
+    figures = summary.get("draft_vocab", {})
+    coverage = f" ({figures['held_out_coverage']:.1%} of its held-out rows' written tokens)" if figures else ""
+    return (
+        f" It drafts from the {cfg['draft_vocab']:,} tokens the target wrote most in its distillation{coverage}, its"
+        " head computed over those alone (`train draft-vocab`, docs/DESIGN.md §3.6)."
+    )
 
 
 def write_cards(assets: Path, commands: dict[str, str]) -> None:
