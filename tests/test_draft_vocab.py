@@ -63,7 +63,6 @@ def test_the_step_counts_what_the_target_wrote_outside_the_held_out_rows(zoo, tm
     """Rows of 4 prompt + 4 written tokens: the first 64 rows (held out) and every prompt hold token 7 only, which
     the training rows' written tokens hold 8 times against 3's 96 and 11's 24: the two kept are 3 and 11, and the
     held-out rows' coverage is none."""
-    vocab = XpressDrafter.from_pretrained(zoo["drafter_llama"]).config.vocab_size
     rows = torch.full((96, 8), 7, dtype=torch.int32)
     rows[64:, 4:] = torch.tensor([3, 3, 3, 11], dtype=torch.int32)
     rows[64:, 7] = torch.tensor([11] * 24 + [7] * 8, dtype=torch.int32)
@@ -84,4 +83,3 @@ def test_the_step_counts_what_the_target_wrote_outside_the_held_out_rows(zoo, tm
     cut_drafter = XpressDrafter.from_pretrained(out)
     assert cut_drafter.config.draft_vocab == 2 and cut_drafter.draft_ids.tolist() == [3, 11]
     assert (out / "tokenizer.json").exists() or (out / "tokenizer_config.json").exists()
-    assert vocab > 2

@@ -16,7 +16,9 @@ from .refiner_cli import (
     add_large_target_args,
     add_refiner_step,
     add_target_dtype_arg,
+    check_cached_features,
     run_refiner_step,
+    target_dtype,
 )
 
 DEFAULT_WORK = Path("runs")
@@ -452,8 +454,7 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
     from .drafter import extend_drafter, in_dflash_layout, store_bf16, tie_key_norms, train_drafter
 
     device = torch.device(cfg.device)
-    target_dtype = torch.bfloat16 if args.target_dtype == "bf16" else torch.float32
-    target, tokenizer = load_target(args.target, device, target_dtype)
+    target, tokenizer = load_target(args.target, device, target_dtype(args))
     distilled = write_distillation(target, tokenizer, args.data, args.distill_dir, requested(args))
     seqs = load_distillation(distilled).to(device)
     written_by = distillation_record(args.distill_dir)
@@ -519,8 +520,7 @@ def check_distillation_args(args: argparse.Namespace) -> None:
     """Before the target loads: enough rows to train on beside the held-out ones, and data the distillation reads."""
     from .loop import HELD_OUT
 
-    if getattr(args, "cache_features", False) and args.soft > 0:
-        raise XpressError("--cache-features keeps the target's features, not its logits: it trains with --soft 0")
+    check_cached_features(args)
     if args.sequences < HELD_OUT + args.batch_size:
         raise XpressError(
             f"--sequences {args.sequences}: the first {HELD_OUT} are held out, so at least {HELD_OUT + args.batch_size} "

@@ -73,6 +73,19 @@ def add_target_dtype_arg(step: argparse.ArgumentParser) -> None:
     )
 
 
+def target_dtype(args: argparse.Namespace):
+    """The torch dtype ``--target-dtype`` asks for."""
+    import torch
+
+    return torch.bfloat16 if args.target_dtype == "bf16" else torch.float32
+
+
+def check_cached_features(args: argparse.Namespace) -> None:
+    """Cached features hold no logits: ``--cache-features`` trains on the rows' tokens only."""
+    if getattr(args, "cache_features", False) and args.soft > 0:
+        raise XpressError("--cache-features keeps the target's features, not its logits: it trains with --soft 0")
+
+
 def add_large_target_args(step: argparse.ArgumentParser) -> None:
     """What training a diffusion drafter or its head for a large target on a CPU needs: its features read once,
     the result stored in bf16."""
@@ -122,10 +135,8 @@ def run_refiner_step(args: argparse.Namespace) -> dict:
 
     cfg = drafter_training(args, eval_every=args.eval_every)  # first: a missing device is refused before loading
     device = torch.device(cfg.device)
-    if args.cache_features and args.soft > 0:  # before the target loads
-        raise XpressError("--cache-features keeps the target's features, not its logits: it trains with --soft 0")
-    target_dtype = torch.bfloat16 if args.target_dtype == "bf16" else torch.float32
-    target, tokenizer = load_target(args.target, device, target_dtype)
+    check_cached_features(args)  # before the target loads
+    target, tokenizer = load_target(args.target, device, target_dtype(args))
     if args.sequences:  # write what is missing first (resumable), else train on the chunks the folder holds
         write_distillation(target, tokenizer, args.data, args.distill_dir, requested(args))
     seqs = load_distillation(args.distill_dir).to(device)
