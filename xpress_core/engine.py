@@ -21,6 +21,7 @@ from .config import TREE, DecodeConfig
 from .controller import (
     AUTO_DRAFTS,
     CHOSEN_STEPS,
+    SPECULATE_MARGIN,
     AutoControl,
     ChosenControl,
     CostModel,
@@ -419,6 +420,7 @@ def chosen_setting(models: Models, costs: CostModel) -> SettingChoice | None:
     key = machine.machine_key(
         threads,
         candidates=[c.as_tuple() for c in candidates],
+        margin=SPECULATE_MARGIN,  # the rule that chose: a cached choice made without the margin is measured again
         target=loaded_identity(models.target),
         drafter=loaded_identity(getattr(drafter, "model", None)) | {"kind": type(drafter).__name__},
     )
