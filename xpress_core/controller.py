@@ -82,6 +82,11 @@ class RoundSetting:
     def plain(self) -> bool:
         return self.block == 0
 
+    @property
+    def nodes(self) -> int:
+        """Draft tokens the round's tree verifies (K x L)."""
+        return self.drafts * self.block
+
     def as_tuple(self) -> tuple[int, int, int]:
         return (self.drafts, self.steps, self.block)
 
@@ -145,7 +150,7 @@ class CostModel:
         """Seconds of a round; a tree of K drafts of L tokens has at most K x L nodes (branching keeps them apart)."""
         if setting.plain:
             return self.verify_s(0) + self.other_s
-        return self.drafting_s(setting) + self.after_draft_s(setting.drafts * setting.block)
+        return self.drafting_s(setting) + self.after_draft_s(setting.nodes)
 
     def verify_s(self, nodes: int) -> float:
         """Seconds of the verify forward over the root and ``nodes`` drafted nodes (none: a plain step's forward)."""
@@ -222,7 +227,7 @@ def choose_setting(taus: dict[RoundSetting, float], costs: CostModel) -> tuple[R
     plain_s = costs.round_s(PLAIN_STEP)
     figures = {"plain": {"tau": 1.0, "round_ms": 1000 * plain_s, "tokens_per_s": 1.0 / plain_s}}
     best, best_rate = PLAIN_STEP, 1.0 / plain_s
-    for setting in sorted(taus, key=lambda s: (s.drafts * s.block, s.steps)):
+    for setting in sorted(taus, key=lambda s: (s.nodes, s.steps)):
         seconds = costs.round_s(setting)
         rate = taus[setting] / seconds
         figures[setting_name(setting)] = {"tau": taus[setting], "round_ms": 1000 * seconds, "tokens_per_s": rate}
