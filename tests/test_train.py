@@ -316,6 +316,24 @@ def test_a_foreign_chat_template_marks_where_replies_start(zoo):
     assert len(ends) == 3 and all(list(ids[e - len(marker) : e]) == marker for e in ends)
 
 
+def test_turns_keep_each_conversations_first_replies(zoo):
+    """``--turns N``: prompts end only at the first N replies of each conversation of the corpus, found by the opening
+    the template renders every conversation with (its default system turn for SmolLM2-like templates)."""
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    from xpress_core.train.distill import prompt_ends
+
+    tokenizer = AutoTokenizer.from_pretrained(zoo["tokenizer"])
+    turn = [{"role": "user", "content": "hello there"}, {"role": "assistant", "content": "hi"}]
+    one, two = (list(tokenizer.apply_chat_template(turn * n, tokenize=True, return_dict=False)) for n in (3, 2))
+    ids = np.asarray(one + two)  # two conversations: three replies, then two
+    every = prompt_ends(ids, tokenizer, 1)
+    assert len(every) == 5
+    assert list(prompt_ends(ids, tokenizer, 1, turns=1)) == [every[0], every[3]]
+    assert list(prompt_ends(ids, tokenizer, 1, turns=2)) == [every[0], every[1], every[3], every[4]]
+
+
 def test_held_out_rows_rewritten_greedily_are_the_targets_greedy_continuations(pipeline):
     import torch
 
@@ -752,3 +770,27 @@ def test_no_held_out_dialogue_rows_are_continued_when_none_are_asked_or_there_is
     # Neither case reaches the target (None here): nothing to continue.
     assert held_out_dialogue_rows(None, None, [tmp_path], 0, DistillConfig()) is None
     assert held_out_dialogue_rows(None, None, [tmp_path / "elsewhere"], 8, DistillConfig()) is None
+
+
+def test_a_card_says_which_distillation_a_co_training_run_read():
+    """A refiner run that co-trained the drafter on other rows (``--turns 2``) is named on the card; one on the
+    drafter's own rows, or a head trained on the frozen drafter, adds nothing."""
+    from xpress_core.train.cards import later_distillation_text, prompts_text, refiner_stages
+
+    own_rows = {"sequences": 64, "prompt_len": 24, "new_tokens": 8, "sample_fraction": 0.5, "temperature": 0.8}
+    opening = own_rows | {"seed": 3, "turns": 2, "chunks": 4}
+    drafter = {"steps": 10, "distillation": own_rows}
+    head = {"steps": 5, "refiner_recipe": {"co_train": False}, "distillation": own_rows, "continued_from": drafter}
+
+    def co_trained(rows, below):
+        return {"steps": 5, "refiner_recipe": {"co_train": True}, "distillation": rows, "distilled_sequences": 64} | {
+            "continued_from": below
+        }
+
+    assert prompts_text(own_rows) == "24-token prompts ending at its reply marker"
+    assert prompts_text(opening) == "24-token prompts ending at one of a conversation's first 2 replies"
+    assert later_distillation_text(refiner_stages(head), drafter) == ""
+    assert later_distillation_text(refiner_stages(co_trained(own_rows | {"chunks": 4}, head)), drafter) == ""
+    twice = co_trained(opening, co_trained(opening, head))
+    text = later_distillation_text(refiner_stages(twice), drafter)
+    assert text.startswith(" The last 2 refiner runs co-trained") and "first 2 replies" in text and "seed 3" in text

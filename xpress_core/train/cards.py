@@ -85,12 +85,18 @@ Command: `{command}`
 {DATA_CREDITS}"""
 
 
+def summary_chain(summary: dict) -> list[dict]:
+    """A summary and every one it continued (``continued_from``), the last run first."""
+    chain = []
+    while summary:
+        chain.append(summary)
+        summary = summary.get("continued_from", {})
+    return chain
+
+
 def training_time(summary: dict) -> str:
     """Steps and wall time over every stage (a drafter trained with ``--init`` continues an earlier one)."""
-    stages = []
-    while summary:
-        stages.append(summary)
-        summary = summary.get("continued_from")
+    stages = summary_chain(summary)
     steps, wall = sum(st.get("steps", 0) for st in stages), sum(st.get("wall_s", 0) for st in stages)
     split = (
         f" in {len(stages)} runs ({' + '.join(str(st.get('steps')) for st in reversed(stages))})"
@@ -98,6 +104,30 @@ def training_time(summary: dict) -> str:
         else ""
     )
     return f"{steps} steps{split}, {minutes(wall)} of wall time"
+
+
+def prompts_text(written: dict) -> str:
+    """Where a distillation's prompts ended (``--turns``: only at a conversation's first replies)."""
+    turns = written.get("turns", 0)
+    where = f"one of a conversation's first {turns} replies" if turns else "its reply marker"
+    return f"{written.get('prompt_len')}-token prompts ending at {where}"
+
+
+def later_distillation_text(stages: list[dict], own: dict) -> str:
+    """The sentence on the other distillation the last refiner runs co-trained the drafter on; empty when they read
+    the drafter's own rows."""
+    last, first = stages[0] if stages else {}, own.get("distillation") or {}
+    written = last.get("distillation") or {}
+    same = {k: v for k, v in written.items() if k != "chunks"} == {k: v for k, v in first.items() if k != "chunks"}
+    if not last.get("refiner_recipe", {}).get("co_train") or not written or same:
+        return ""
+    co_trained = sum(st["refiner_recipe"].get("co_train", False) and st.get("distillation") == written for st in stages)
+    runs = "refiner run" if co_trained == 1 else f"{co_trained} refiner runs"
+    return (
+        f" The last {runs} co-trained the drafter on another distillation: "
+        f"{last.get('distilled_sequences')} replies of {written.get('new_tokens')} tokens to {prompts_text(written)}"
+        f" ({distillation_text(last)}, seed {written.get('seed')}), the opening turns the app and the bench ask for."
+    )
 
 
 def refiner_stages(summary: dict) -> list[dict]:
@@ -309,10 +339,10 @@ tapped target layers {cfg.get("tapped_layers")} of 30. It reuses the target's em
 so it works with that target only.{draft_vocab_text(whole, cfg)} Stored in bf16.
 
 Trained by self-distillation: the target (bf16) wrote {own.get("distilled_sequences")} replies of
-{written.get("new_tokens")} tokens to {written.get("prompt_len")}-token prompts ending at its reply marker
+{written.get("new_tokens")} tokens to {prompts_text(written)}
 ({distillation_text(own)}); its tapped features were read once (`--cache-features`); {recipe.get("anchors")} anchors
 a sequence, each block masked at a random ratio (a share of {recipe.get("full_share", 0.5):g} masked whole); the loss is
-{loss_text(recipe)}.{refiner_text(whole, cfg)}
+{loss_text(recipe)}.{refiner_text(whole, cfg)}{later_distillation_text(stages, own)}
 
 | | |
 |---|---|
@@ -337,7 +367,7 @@ def draft_vocab_text(summary: dict, cfg: dict) -> str:
     """The draft vocabulary's sentence (``train draft-vocab``); empty for a drafter that drafts from every token."""
     if not cfg.get("draft_vocab"):
         return ""
-    figures = summary.get("draft_vocab", {})
+    figures = next((st["draft_vocab"] for st in summary_chain(summary) if "draft_vocab" in st), {})
     coverage = f" ({figures['held_out_coverage']:.1%} of its held-out rows' written tokens)" if figures else ""
     return (
         f" It drafts from the {cfg['draft_vocab']:,} tokens the target wrote most in its distillation{coverage}, its"

@@ -114,6 +114,12 @@ def add_distillation_args(step: argparse.ArgumentParser, name: str) -> None:
         help="share of the distilled sequences the target writes by sampling (the rest greedy)",
     )
     step.add_argument("--prompt-len", type=int, default=96)
+    step.add_argument(
+        "--turns",
+        type=int,
+        default=0,
+        help="prompts end at one of a conversation's first N replies (a chat template's; 0: at any reply)",
+    )
     step.add_argument("--new-tokens", type=int, default=96)
     step.add_argument("--distill-batch", type=int, default=64, help="rows the target continues at once")
     add_target_dtype_arg(step)

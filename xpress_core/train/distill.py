@@ -30,6 +30,7 @@ class DistillConfig:
     sample_fraction: float = 0.5  # the rest is greedy
     temperature: float = 0.8
     seed: int = 0
+    turns: int = 0  # prompts end at one of a conversation's first `turns` replies; 0: at any reply
 
 
 def requested(args) -> DistillConfig:
@@ -42,6 +43,7 @@ def requested(args) -> DistillConfig:
         batch_size=args.distill_batch,
         sample_fraction=args.sample_fraction,
         seed=args.distill_seed,
+        turns=args.turns,
     )
 
 
@@ -70,18 +72,56 @@ def reply_marker(tokenizer) -> list[int]:
     return prompted[len(plain) :] if prompted[: len(plain)] == plain else []
 
 
-def prompt_ends(tokens: np.ndarray, tokenizer, prompt_len: int) -> np.ndarray:
+def conversation_opening(tokenizer) -> list[int]:
+    """The tokens every conversation the chat template renders starts with (for SmolLM2 its default system turn
+    and ``<|im_start|>user\n``): what tells where one conversation of the corpus ends and the next begins."""
+    first, second = (
+        list(getattr(ids, "input_ids", ids))
+        for ids in (
+            tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=True)
+            for text in ("a", "zebra?")
+        )
+    )
+    common = next((i for i, (a, b) in enumerate(zip(first, second)) if a != b), min(len(first), len(second)))
+    return first[:common]
+
+
+def occurrences(tokens: np.ndarray, pattern: list[int]) -> np.ndarray:
+    """Positions right after each occurrence of ``pattern`` in ``tokens``."""
+    n = len(pattern)
+    windows = np.lib.stride_tricks.sliding_window_view(tokens, n)
+    return np.nonzero((windows == np.asarray(pattern)).all(axis=1))[0] + n
+
+
+def early_replies(tokens: np.ndarray, ends: np.ndarray, opening: list[int], turns: int) -> np.ndarray:
+    """The ``ends`` among their conversation's first ``turns`` replies. Why: a reply deep in a corpus dialogue
+    follows the corpus's own assistant turns, while the app's and the bench's conversations start with a user turn
+    and hold the target's own replies; the target answers a conversation's opening in another style (SmolLM2: "I'm
+    sorry for any confusion, but as a chatbot..."), which those windows rarely show the drafter."""
+    starts = occurrences(tokens, opening) if opening else np.zeros(0, dtype=np.int64)
+    if starts.size == 0:
+        raise XpressError("the chat template renders no opening to find conversations by: distill without --turns")
+    conversation = np.searchsorted(starts, ends, side="right")  # 0: before the first opening
+    first_of = np.searchsorted(conversation, conversation, side="left")  # ends are sorted: each one's first end
+    rank = np.arange(ends.size) - first_of
+    return ends[(rank < turns) & (conversation > 0)]
+
+
+def prompt_ends(tokens: np.ndarray, tokenizer, prompt_len: int, turns: int = 0) -> np.ndarray:
     """Where prompts end: right after a reply's opening marker when the tokenizer's chat template has one (the
-    drafter then learns replies, what the app asks of it), else every position."""
+    drafter then learns replies, what the app asks of it), else every position; ``turns`` > 0 keeps a
+    conversation's first ``turns`` replies (``early_replies``)."""
     first = prompt_len
     marker = reply_marker(tokenizer)
     if marker:
-        n = len(marker)
-        windows = np.lib.stride_tricks.sliding_window_view(tokens, n)
-        ends = np.nonzero((windows == np.asarray(marker)).all(axis=1))[0] + n
+        ends = occurrences(tokens, marker)
+        if turns:
+            ends = early_replies(tokens, ends, conversation_opening(tokenizer), turns)
         ends = ends[(ends >= first) & (ends < tokens.size)]
         if ends.size:
             return ends
+    elif turns:
+        raise XpressError("--turns needs a tokenizer with a chat template")
     return np.arange(first, tokens.size)
 
 
@@ -118,6 +158,8 @@ def distillation_record(out_dir: Path) -> dict | None:
 def claim_folder(out_dir: Path, cfg: DistillConfig) -> None:
     """Resume only what this config wrote: which chunks are sampled, and from which prompts, depends on all of it."""
     recorded, wanted = distillation_record(out_dir), asdict(cfg)
+    if recorded is not None:  # a setting added since the folder was written: it was written at the default
+        recorded = asdict(DistillConfig()) | recorded
     if recorded is not None and recorded != wanted:
         differ = ", ".join(f"{k} {recorded.get(k)} -> {v}" for k, v in wanted.items() if recorded.get(k) != v)
         raise XpressError(f"{out_dir} holds a distillation written with other settings ({differ}): use another folder")
@@ -139,7 +181,7 @@ def held_out_dialogue_rows(target, tokenizer, data: list[Path], rows: int, cfg: 
     if rows <= 0 or len(data) != 1 or not (data[0] / "val.bin").exists():
         return None
     tokens = load_tokens(data[0] / "val.bin").astype(np.int64)
-    ends = prompt_ends(tokens, tokenizer, cfg.prompt_len)
+    ends = prompt_ends(tokens, tokenizer, cfg.prompt_len, cfg.turns)
     picks = np.random.default_rng(7).choice(ends, size=min(rows, ends.size), replace=False)
     return continue_batch(
         target, prompt_windows(tokens, picks, cfg.prompt_len, target.device), cfg.new_tokens, 0.0, None
@@ -152,7 +194,7 @@ def write_distillation(target, tokenizer, data: list[Path], out_dir: Path, cfg: 
     out_dir.mkdir(parents=True, exist_ok=True)
     claim_folder(out_dir, cfg)
     tokens = corpus_tokens(data, tokenizer)
-    ends = prompt_ends(tokens, tokenizer, cfg.prompt_len)
+    ends = prompt_ends(tokens, tokenizer, cfg.prompt_len, cfg.turns)
     chunks = -(-cfg.sequences // cfg.batch_size)
     device = target.device
     for chunk in tqdm(range(chunks), desc="distill", mininterval=5):
