@@ -150,7 +150,8 @@ def refiner_text(summary: dict, cfg: dict) -> str:
     co_trained = sum(bool(st["refiner_recipe"].get("co_train")) for st in stages)
     steps = " + ".join(str(st.get("steps")) for st in reversed(stages))
     how = (
-        f"{len(stages)} runs ({steps} steps), the last {co_trained} co-training the drafter along (its own loss kept)"
+        f"{len(stages)} runs ({steps} steps), the last {'' if co_trained == 1 else f'{co_trained} '}co-training the"
+        " drafter along (its own loss kept)"
         if co_trained
         else f"{steps} steps on the frozen drafter"
     )
