@@ -322,6 +322,7 @@ def test_turns_keep_each_conversations_first_replies(zoo):
     import numpy as np
     from transformers import AutoTokenizer
 
+    from xpress_core.errors import XpressError
     from xpress_core.train.distill import prompt_ends
 
     tokenizer = AutoTokenizer.from_pretrained(zoo["tokenizer"])
@@ -332,6 +333,10 @@ def test_turns_keep_each_conversations_first_replies(zoo):
     assert len(every) == 5
     assert list(prompt_ends(ids, tokenizer, 1, turns=1)) == [every[0], every[3]]
     assert list(prompt_ends(ids, tokenizer, 1, turns=2)) == [every[0], every[1], every[3], every[4]]
+    with pytest.raises(XpressError, match="--turns"):  # a bad count, or none left, is refused: never every position
+        prompt_ends(ids, tokenizer, 1, turns=-1)
+    with pytest.raises(XpressError, match="first 1 replies"):
+        prompt_ends(ids, tokenizer, len(ids), turns=1)
 
 
 def test_held_out_rows_rewritten_greedily_are_the_targets_greedy_continuations(pipeline):

@@ -7,6 +7,7 @@ Every figure in a card comes from a file a training or evaluation step wrote (``
 from __future__ import annotations
 
 import json
+from itertools import takewhile
 from pathlib import Path
 
 DATA_CREDITS = """## Training data and licences
@@ -116,27 +117,25 @@ def prompts_text(written: dict) -> str:
 def later_distillation_text(stages: list[dict], own: dict) -> str:
     """The sentence on the other distillation the last refiner runs co-trained the drafter on; empty when they read
     the drafter's own rows."""
-    last, first = stages[0] if stages else {}, own.get("distillation") or {}
+    last = stages[0] if stages else {}
     written = last.get("distillation") or {}
-    same = {k: v for k, v in written.items() if k != "chunks"} == {k: v for k, v in first.items() if k != "chunks"}
-    if not last.get("refiner_recipe", {}).get("co_train") or not written or same:
+    if not last.get("refiner_recipe", {}).get("co_train") or not written:
+        return ""
+    if {**written, "chunks": None} == {**(own.get("distillation") or {}), "chunks": None}:  # the drafter's own rows
         return ""
     co_trained = sum(st["refiner_recipe"].get("co_train", False) and st.get("distillation") == written for st in stages)
     runs = "refiner run" if co_trained == 1 else f"{co_trained} refiner runs"
+    why = ", the opening turns the app and the bench ask for" if written.get("turns") else ""
     return (
         f" The last {runs} co-trained the drafter on another distillation: "
         f"{last.get('distilled_sequences')} replies of {written.get('new_tokens')} tokens to {prompts_text(written)}"
-        f" ({distillation_text(last)}, seed {written.get('seed')}), the opening turns the app and the bench ask for."
+        f" ({distillation_text(last)}, seed {written.get('seed')}){why}."
     )
 
 
 def refiner_stages(summary: dict) -> list[dict]:
     """The ``train refiner`` runs a drafter's summary holds, the last first (each continued the one below it)."""
-    stages = []
-    while "refiner_recipe" in summary:
-        stages.append(summary)
-        summary = summary.get("continued_from", {})
-    return stages
+    return list(takewhile(lambda st: "refiner_recipe" in st, summary_chain(summary)))
 
 
 def refiner_text(summary: dict, cfg: dict) -> str:

@@ -113,6 +113,8 @@ def prompt_ends(tokens: np.ndarray, tokenizer, prompt_len: int, turns: int = 0) 
     conversation's first ``turns`` replies (``early_replies``)."""
     first = prompt_len
     marker = reply_marker(tokenizer)
+    if turns and (turns < 0 or not marker):
+        raise XpressError(f"--turns counts a chat template's replies: 1 or more with one, else 0; got {turns}")
     if marker:
         ends = occurrences(tokens, marker)
         if turns:
@@ -120,8 +122,8 @@ def prompt_ends(tokens: np.ndarray, tokenizer, prompt_len: int, turns: int = 0) 
         ends = ends[(ends >= first) & (ends < tokens.size)]
         if ends.size:
             return ends
-    elif turns:
-        raise XpressError("--turns needs a tokenizer with a chat template")
+        if turns:  # every position would distil mid-turn text the option was asked to leave out
+            raise XpressError(f"no conversation's first {turns} replies end {prompt_len} tokens or more into the text")
     return np.arange(first, tokens.size)
 
 
