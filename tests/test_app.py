@@ -348,15 +348,20 @@ def test_empty_message_answers_without_loading_or_decoding(config, message):
     assert not fresh.is_loaded(TINY)
 
 
-def test_the_model_note_says_which_dtype_the_loaded_models_run_in_and_why(config):
+def test_the_model_note_says_which_dtype_the_loaded_models_run_in_and_what_auto_runs(config):
     """Before the preset loads, the note says where its models come from; once a reply has loaded them, also the
-    dtype they run in and why (here the tests' CPU default, conftest.py), as the status line does."""
+    dtype they run in and why (here the tests' CPU default, conftest.py), as the status line does, and the setting
+    auto chose at load with its figures."""
     fresh = ModelCache(config)
     assert "Runs in" not in fresh.describe(TINY)
     last = final(list(run_chat(fresh, "hello", [], settings())))
     note = fresh.describe(TINY)
+    chosen = fresh.load(TINY).speculative.costs.chosen  # the tiny drafter's trees carry their chances: chosen at load
     assert note.startswith(f"target `{fresh.presets[TINY].target}`")
-    assert note.endswith("\n\nRuns in float32: auto: this CPU has no native bf16 arithmetic.")
+    assert note.endswith(
+        f"\n\nRuns in float32: auto: this CPU has no native bf16 arithmetic.\n\nAuto runs {chosen.summary()}."
+    )
+    assert "tokens/s" not in note and "plain steps" in note  # the figures, in a round's plain steps
     assert "Ran in float32 (auto: this CPU has no native bf16 arithmetic)" in last.status
 
 

@@ -35,6 +35,7 @@ from xpress_core.bench.report import SCHEMA
 from xpress_core.bench.summary import summarize
 from xpress_core.cli import main
 from xpress_core.config import DecodeConfig
+from xpress_core.controller import SettingChoice, setting_name
 from xpress_core.data import (
     PROMPT_SETS,
     PROMPTS,
@@ -48,6 +49,7 @@ from xpress_core.data import (
 )
 from xpress_core.errors import XpressError
 from xpress_core.models import load_models
+from xpress_core.models.dtypes import native_bf16
 from xpress_core.records import RATIO_DIGITS
 
 GRID = "K=1,4 T=1 L=4 diversity=branch-first; K=4 T=2 L=4 verify=batch"  # K branched rows, and a draft tree
@@ -128,6 +130,12 @@ def test_bench_outputs_are_complete_and_valid(bench_run):
     # The tests' CPU default is fp32 without timing (conftest.py), and the run says why.
     assert doc["machine"]["dtype_choice"]["dtype"] == doc["machine"]["dtype"] == "float32"
     assert doc["machine"]["dtype_choice"]["reason"] == "auto: this CPU has no native bf16 arithmetic"
+    assert doc["machine"]["native_bf16"] is native_bf16() and doc["machine"]["cpu"]
+    # xpress-auto's choice, with the figures that chose it (each mode's: plain and the candidates)
+    choice = SettingChoice.from_json(doc["auto_choice"], "read")
+    assert doc["auto_choice"]["reason"].startswith("measured at load")
+    for mode in ("greedy", "sampled"):
+        assert {"plain", setting_name(choice.setting(mode == "sampled"))} <= set(choice.figures[mode])
     assert doc["models"]["drafter_noise"] == "mask" and doc["models"]["drafter_tree_sharpness"] == 1.0  # its config's
     # search: every setting, greedy, on 1 prompt; final: generate (the run's fp32 and bf16), best assisted, lookup,
     # xpress-none, the one finalist xPress setting and xpress-auto, at both temperatures, on both prompts.

@@ -355,8 +355,17 @@ def test_settings_reach_the_round_log_and_the_cli_decides_by_default(zoo, llama,
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert out["token_ids"] == hf_greedy(models, prompts[0], new=24) and out["dtype"] == "float32"
     assert [[r["K"], r["T"], r["L"]] for r in records[1:]] == out["settings"] and len(out["settings"]) == out["rounds"]
+    # auto's choice, in the output with the figures that chose it: every drafting round ran it
+    greedy = out["auto_choice"]["settings"]["greedy"]
+    assert (
+        all(s[:2] == greedy[:2] for s in out["settings"] if s[2]) and "plain" in out["auto_choice"]["figures"]["greedy"]
+    )
     pinned = json.loads(cli(*args, "-L", "4").stdout)
     assert pinned["settings"] == [[1, 1, 4]] * pinned["rounds"]  # one of -K/-T/-L pins the setting
+    assert pinned["auto_choice"] is None
+    text = cli(*args[:-3])  # without --json: the choice is said on stderr, after the reply
+    summary = SettingChoice.from_json(out["auto_choice"], "cached").summary().removesuffix(" (cached)")
+    assert text.returncode == 0 and f"[auto runs {summary} (cached in " in text.stderr
 
 
 def test_a_choice_costs_far_less_than_a_millisecond():
@@ -399,6 +408,21 @@ def test_the_setting_with_the_most_hand_computed_tokens_per_second_is_chosen_a_w
     assert choose_setting(dict.fromkeys(TREES, 3.8), UNIT_COSTS)[0] == RoundSetting(1, 1, 8)
     assert choose_setting(dict.fromkeys(TREES, 3.0), UNIT_COSTS)[0] == PLAIN_STEP
     assert candidate_settings(8, (1, 2)) == (*TREES, *(RoundSetting(k, 2, 8) for k in (1, 2, 4)))
+
+
+def test_the_choice_says_what_auto_runs_in_its_figures_terms_and_where_plain_steps_won_what_lost():
+    """The summary the CLI, the bench and the app show: taus 4, 5, 6 at the unit costs above choose (1, 1, 8), 4
+    tokens a round of 3.7 plain steps (1.08x); taus of 3 choose plain steps, the best drafting setting (1, 1, 8) at
+    3 / 3.7 = 0.81x."""
+    greedy, greedy_figures = choose_setting(dict(zip(TREES, (4.0, 5.0, 6.0))), UNIT_COSTS)
+    sampled, sampled_figures = choose_setting(dict.fromkeys(TREES, 3.0), UNIT_COSTS)
+    choice = SettingChoice(greedy, sampled, {"greedy": greedy_figures, "sampled": sampled_figures}, "measured here")
+    assert choice.summary() == (
+        "greedy 1x1x8 (tau 4.00 a round of 3.70 plain steps, 1.08x plain decoding expected); sampled plain steps (the "
+        "best drafting setting, 1x1x8: tau 3.00 a round of 3.70 plain steps, 0.81x plain decoding expected) "
+        "(measured here)"
+    )
+    assert SettingChoice(greedy, sampled, {}, "cached").summary() == "greedy 1x1x8; sampled plain (cached)"
 
 
 def test_auto_keeps_the_chosen_setting_whatever_a_round_accepted():

@@ -185,7 +185,11 @@ class ModelCache:
         line = f"target `{preset.target}` · drafter `{preset.drafter}` · {where}{needs}"
         with self._index_lock:
             loaded = self._loaded.get(name)
-        return f"{line}\n\n{dtype_note(loaded.speculative.dtype_choice)}" if loaded else line
+        if not loaded:
+            return line
+        costs = loaded.speculative.costs
+        auto = f"\n\nAuto runs {costs.chosen.summary()}." if costs and costs.chosen else ""
+        return f"{line}\n\n{dtype_note(loaded.speculative.dtype_choice)}{auto}"
 
     def load(self, name: str) -> Loaded:
         """The preset's models, loaded if they were not (downloads included), without running them: what the web

@@ -177,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_generate(args: argparse.Namespace) -> int:
     from .chat import fit_prompt
-    from .engine import decode
+    from .engine import calibrated, decode
     from .models import context_limit
     from .precision import load_fastest
     from .records import json_record
@@ -186,6 +186,8 @@ def run_generate(args: argparse.Namespace) -> int:
 
     cfg = check_generate_args(args)
     models = load_fastest(**model_choice(args))
+    if cfg.auto:  # calibrated here rather than in decode: the choice it makes is reported below
+        models = calibrated(models)
     prompt = fit_prompt(models.tokenizer, args.prompt, args.chat, context_limit(models.target), cfg.max_new_tokens)
     if prompt.notice:
         print(f"note: {prompt.notice}", file=sys.stderr)
@@ -209,11 +211,13 @@ def run_generate(args: argparse.Namespace) -> int:
         except OSError as error:  # checked writable before decoding, yet a disk can fill up meanwhile
             raise XpressError(f"--log {str(args.log)!r} could not be written: {error.strerror or error}") from None
     gain = refinement_gain(traces)
+    auto_choice = models.costs.chosen if cfg.auto and models.costs else None
     if args.json:
         refinement = None if gain is None else json_record(asdict(gain))
         choice = models.dtype_choice
         plain = against_fastest_plain(traces, choice)  # every speedup over the fastest plain decoding here
         extra = {"dtype_choice": choice.to_json(), "refinement": refinement, "over_fastest_plain": plain}
+        extra["auto_choice"] = auto_choice.to_json() if auto_choice else None
         print(json.dumps(result.to_json() | extra))
     else:
         print(
@@ -225,6 +229,8 @@ def run_generate(args: argparse.Namespace) -> int:
         )
         if gain is not None:
             print(f"[{refinement_line(gain)}]", file=sys.stderr)
+        if auto_choice:
+            print(f"[auto runs {auto_choice.summary()}]", file=sys.stderr)
     return 0
 
 

@@ -21,6 +21,7 @@ from .config import TREE, DecodeConfig
 from .controller import (
     AUTO_DRAFTS,
     CHOSEN_STEPS,
+    MODES,
     SPECULATE_MARGIN,
     AutoControl,
     ChosenControl,
@@ -437,9 +438,6 @@ def chosen_setting(models: Models, costs: CostModel) -> SettingChoice | None:
     choice = SettingChoice(figures["greedy"][0], figures["sampled"][0], {m: f[1] for m, f in figures.items()}, reason)
     machine.store_entry(path, key, choice.to_json())
     return choice
-
-
-MODES = ("greedy", "sampled")
 
 
 def loaded_identity(model) -> dict:

@@ -309,6 +309,8 @@ def run_bench(args: argparse.Namespace) -> int:
     )
     plan = RunPlan(settings, temperatures, max_new_tokens, repeats, args.warmup, args.seed)
     models = load_bench_models(args, settings, choice)
+    if models.costs and models.costs.chosen:  # what xpress-auto will run, before an hour of measuring
+        print(f"note: xpress-auto runs {models.costs.chosen.summary()}", file=sys.stderr)
     for prompt in prompts:  # measured as fitted; say which were cut
         notice = prompt.fitted(models.tokenizer, context_limit(models.target), plan.max_new_tokens).notice
         if notice:

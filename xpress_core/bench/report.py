@@ -14,6 +14,8 @@ import torch
 
 from ..config import REFINE_MODES, TREE
 from ..data import prompt_class
+from ..machine import cpu_identity
+from ..models.dtypes import native_bf16
 from ..records import json_record
 from .measure import Measurement
 from .methods import HF_ASSISTED, HF_LOOKUP, REFERENCE, XPRESS, XPRESS_AUTO, XPRESS_NONE, BenchModels
@@ -207,6 +209,10 @@ def machine_info(models: BenchModels) -> dict:
     info = {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
+        # Which CPU, and whether it computes bf16 natively: the same models' costs differ by kind (SmolLM2's verify
+        # over 9 tokens 1.5x a one-token forward in fp32 with AVX-512 BF16, 1.8x with AVX2 alone).
+        "cpu": cpu_identity()["cpu"],
+        "native_bf16": native_bf16(),
         "cpu_threads": torch.get_num_threads(),
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -253,6 +259,7 @@ def write_outputs(stages: Sequence[Stage], args: argparse.Namespace, models: Ben
         "schema": SCHEMA,
         "args": {k: v if isinstance(v, (int, float, bool, type(None))) else str(v) for k, v in vars(args).items()},
         "machine": machine_info(models),
+        "auto_choice": chosen.to_json() if (chosen := models.costs and models.costs.chosen) else None,
         "models": {
             "target": args.target,
             "drafter": args.drafter,
