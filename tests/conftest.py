@@ -26,6 +26,15 @@ def fp32_by_default():
         yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def cache_in_session_tmp(tmp_path_factory):
+    """Module fixtures (the app's caches and servers, the bench run) run before each test's own folder is set
+    (``dtype_cache_in_tmp``): what they measure and keep goes to one folder of the session's, never the user's."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XPRESS_CACHE_DIR", str(tmp_path_factory.mktemp("session-cache")))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def dtype_cache_in_tmp(tmp_path, monkeypatch):
     """``--dtype auto``'s cached choices (precision.cache_file) and converted models go to the test's own folder, never

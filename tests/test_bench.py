@@ -70,7 +70,17 @@ def prompt_file(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def bench_run(zoo, prompt_file, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("bench") / "bench.json"
-    code = main(
+    # A module's fixture runs before the per-test cache folder (conftest.py) is set: its choices, auto's setting
+    # among them, go to a folder of its own, never the user's, and are measured afresh.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XPRESS_CACHE_DIR", str(tmp_path_factory.mktemp("xpress-cache")))
+        code = bench_main(zoo, prompt_file, out)
+    assert code == 0
+    return out
+
+
+def bench_main(zoo, prompt_file, out: Path) -> int:
+    return main(
         [
             "bench",
             "--target",
@@ -104,8 +114,6 @@ def bench_run(zoo, prompt_file, tmp_path_factory) -> Path:
             "--no-progress",
         ]
     )
-    assert code == 0
-    return out
 
 
 def test_bench_outputs_are_complete_and_valid(bench_run):
