@@ -190,17 +190,19 @@ def test_bench_outputs_are_complete_and_valid(bench_run):
             assert summary["tau"] == pytest.approx(
                 sum(int(k) * v for k, v in summary["tau_hist"].items()) / rounds, abs=1e-3
             )
-            reference = next(
-                s
-                for s in summaries
-                if s["method"] == REFERENCE and not s["setting"] and s["temperature"] == summary["temperature"]
+            # over the fastest plain decoding: generate in whichever dtype decoded faster here (fp32 on a CPU with
+            # native bf16, either without: with AVX2 alone the tiny target's bf16 steps ran 9 % faster)
+            reference = max(
+                (s for s in summaries if s["method"] == REFERENCE and s["temperature"] == summary["temperature"]),
+                key=lambda s: s["tokens_per_s"],
             )
             assert summary["speedup"] == pytest.approx(summary["tokens_per_s"] / reference["tokens_per_s"], rel=1e-2)
             assert set(summary["ms_per_token"]) == {"prefill", "draft", "verify", "other"}
             shares = summary["ms_per_token"]
             assert summary["prefill_share"] == pytest.approx(shares["prefill"] / sum(shares.values()), abs=2e-3)
-    reference = [s for s in doc["summaries"] if s["method"] == REFERENCE and not s["setting"]]
-    assert all(s["speedup"] == 1.0 for s in reference)
+    for temperature in TEMPERATURES:  # the faster generate is the unit, the other at most level with it
+        generate = [s for s in doc["summaries"] if s["method"] == REFERENCE and s["temperature"] == temperature]
+        assert max(s["speedup"] for s in generate) == 1.0 and min(s["speedup"] for s in generate) <= 1.0
 
 
 def test_bench_figures_table_and_goals_come_from_its_summaries(bench_run):
