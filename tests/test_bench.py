@@ -70,50 +70,46 @@ def prompt_file(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def bench_run(zoo, prompt_file, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("bench") / "bench.json"
-    # A module's fixture runs before the per-test cache folder (conftest.py) is set: its choices, auto's setting
-    # among them, go to a folder of its own, never the user's, and are measured afresh.
+    # A folder of its own, not the session's (conftest.py): auto's setting is measured afresh, never read back from
+    # another module's run of the same tiny models.
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XPRESS_CACHE_DIR", str(tmp_path_factory.mktemp("xpress-cache")))
-        code = bench_main(zoo, prompt_file, out)
+        code = main(
+            [
+                "bench",
+                "--target",
+                str(zoo["llama"]),
+                "--drafter",
+                str(zoo["drafter_llama"]),
+                "--ar-drafter",
+                str(zoo["ar_drafter"]),
+                "--prompts",
+                str(prompt_file),
+                "--grid",
+                GRID,
+                "--assisted-tokens",
+                "2,default",
+                "--lookup-tokens",
+                "3",
+                "--max-new-tokens",
+                "12",
+                "--repeats",
+                "1",
+                "--temperatures",
+                "0,0.7",
+                "--search-prompts",
+                "1",
+                "--finalists",
+                "1",
+                "--threads",
+                "1",
+                "--json",
+                str(out),
+                "--no-progress",
+            ]
+        )
     assert code == 0
     return out
-
-
-def bench_main(zoo, prompt_file, out: Path) -> int:
-    return main(
-        [
-            "bench",
-            "--target",
-            str(zoo["llama"]),
-            "--drafter",
-            str(zoo["drafter_llama"]),
-            "--ar-drafter",
-            str(zoo["ar_drafter"]),
-            "--prompts",
-            str(prompt_file),
-            "--grid",
-            GRID,
-            "--assisted-tokens",
-            "2,default",
-            "--lookup-tokens",
-            "3",
-            "--max-new-tokens",
-            "12",
-            "--repeats",
-            "1",
-            "--temperatures",
-            "0,0.7",
-            "--search-prompts",
-            "1",
-            "--finalists",
-            "1",
-            "--threads",
-            "1",
-            "--json",
-            str(out),
-            "--no-progress",
-        ]
-    )
 
 
 def test_bench_outputs_are_complete_and_valid(bench_run):

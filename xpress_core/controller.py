@@ -271,7 +271,7 @@ class SettingChoice:
         return self.sampled if sampled else self.greedy
 
     def to_json(self) -> dict:
-        settings = {"greedy": self.greedy.as_tuple(), "sampled": self.sampled.as_tuple()}
+        settings = {mode: self.setting(mode == "sampled").as_tuple() for mode in MODES}
         return {"settings": settings, "figures": self.figures, "reason": self.reason}
 
     def summary(self) -> str:
@@ -284,7 +284,7 @@ class SettingChoice:
 
     @classmethod
     def from_json(cls, entry: dict, reason: str) -> SettingChoice:
-        settings = {mode: RoundSetting(*entry["settings"][mode]) for mode in ("greedy", "sampled")}
+        settings = {mode: RoundSetting(*entry["settings"][mode]) for mode in MODES}
         return cls(**settings, figures=entry["figures"], reason=reason)
 
 
