@@ -5,6 +5,9 @@ product within bf16 rounding (float64), which holds on every CPU."""
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -14,16 +17,21 @@ from transformers import AutoModelForCausalLM
 from tests.oracles import hf_greedy
 from xpress_app.config import Hardware
 from xpress_core.config import DecodeConfig
+from xpress_core.drafters.base import NoDrafter
 from xpress_core.engine import decode_to_end
 from xpress_core.models import EMBEDDED_DRAFTER, EMBEDDED_TARGET, encode_prompt, load_models
 from xpress_core.packing import (
     CHECK_TOKENS,
     EXACT_ROWS,
+    ONE_TOKEN_ATEN,
     SHARED_INPUT_GROUPS,
+    TIMING_TURNS,
     PackedLinear,
     SharedPart,
+    aten_kernels,
     bucket_rows,
     fuse_shared_inputs,
+    one_token_kernels,
     pack_linears,
     packed_linear,
     packing_available,
@@ -58,6 +66,9 @@ def test_packed_models_decode_the_same_tokens_as_unpacked(zoo, monkeypatch, pair
     logits, greedy ``generate`` and the engine's speculative and sampled tokens are those of the unpacked models."""
     target, drafter = (zoo["llama"], zoo["drafter_llama"]) if pair == "zoo" else (EMBEDDED_TARGET, EMBEDDED_DRAFTER)
     packed = load_models(target, drafter, device="cpu", dtype="bfloat16")
+    # The packed products alone: where this CPU ran one-token forwards faster through ATen, the packed target would
+    # compute its plain steps as the unpacked one does with oneDNN off (the test at the end of this file).
+    object.__setattr__(packed.target, ONE_TOKEN_ATEN, False)
     plain = unpacked_models(monkeypatch, target, drafter, device="cpu", dtype="bfloat16")
     linears = sum(isinstance(m, nn.Linear) for m in plain.target.modules())
     assert packed_count(packed.target) == linears and packed_count(plain.target) == 0
@@ -344,3 +355,75 @@ def test_a_group_whose_shared_product_differs_keeps_its_layers(monkeypatch):
     monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", wrong)
     assert fuse_shared_inputs(module) == 0
     assert all(type(getattr(module, name)) is PackedLinear for group in SHARED_INPUT_GROUPS for name in group)
+
+
+@needs_bf16_packing
+def test_under_aten_kernels_packed_layers_give_f_linears_own_outputs_and_onednn_comes_back_on():
+    """``aten_kernels``: alone and in shared products, a packed layer computes what ``F.linear`` computes with
+    oneDNN off (ATen's kernels), bit for bit, at one row and at several; oneDNN is on again afterwards, an error
+    inside included."""
+    module = projection_group(bias=True)
+    layers = {name: getattr(module, name) for group in SHARED_INPUT_GROUPS for name in group}
+    fuse_shared_inputs(module)
+    with torch.no_grad():
+        for count in (1, 7):
+            x = torch.randn(1, count, 256).to(torch.bfloat16)
+            with aten_kernels():
+                assert not torch.backends.mkldnn.enabled
+                for name, layer in layers.items():
+                    assert torch.equal(getattr(module, name)(x), F.linear(x, layer.weight, layer.bias))
+    assert torch.backends.mkldnn.enabled
+    with pytest.raises(RuntimeError), aten_kernels():
+        raise RuntimeError("a forward that failed")
+    assert torch.backends.mkldnn.enabled
+
+
+class SleepingModel(nn.Module):
+    """A stand-in target whose forward takes ``seconds[aten]``, with one (never run) packed layer."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, packed_s: float, aten_s: float, packed: bool = True):
+        super().__init__()
+        self.layer = PackedLinear(nn.Linear(2, 2), None) if packed else nn.Linear(2, 2)
+        self.seconds = {False: packed_s, True: aten_s}
+        self.calls = 0
+
+    def forward(self, input_ids, use_cache):
+        assert input_ids.shape == (1, 1) and not use_cache
+        self.calls += 1
+        time.sleep(self.seconds[not torch.backends.mkldnn.enabled])
+
+
+def test_one_token_forwards_go_through_aten_only_where_timed_faster_by_the_margin():
+    """``one_token_kernels`` times a one-token forward both ways in turns, and keeps ATen on the model where it was
+    ``ATEN_MARGIN`` faster; a model with nothing packed is not timed."""
+    for packed_s, aten_s, kept in ((0.006, 0.003, True), (0.003, 0.006, False), (0.004, 0.004, False)):
+        model = SleepingModel(packed_s, aten_s)
+        assert one_token_kernels(model) is kept and getattr(model, ONE_TOKEN_ATEN) is kept
+        assert model.calls == 2 * (TIMING_TURNS + 1)
+    unpacked = SleepingModel(0.006, 0.003, packed=False)
+    assert one_token_kernels(unpacked) is False and unpacked.calls == 0 and not hasattr(unpacked, ONE_TOKEN_ATEN)
+
+
+@pytest.mark.parametrize("aten", [True, False])
+def test_the_engines_one_token_forwards_run_where_the_target_was_timed_fastest(zoo, monkeypatch, aten):
+    """Plain steps (one token) run through ATen where the target keeps it, every wider forward (the prompt, the
+    verify of a draft) through the packed products, and oneDNN is on after the request: the flag is read off every
+    target forward of a plain and a speculative decode."""
+    models = load_models(zoo["llama"], zoo["drafter_llama"], device="cpu", dtype="bfloat16")
+    object.__setattr__(models.target, ONE_TOKEN_ATEN, aten)
+    seen, forward = [], models.target.forward
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs["input_ids"].shape[-1], torch.backends.mkldnn.enabled))
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(models.target, "forward", spy)
+    ids = encode_prompt(models.tokenizer, PROMPT, chat=True)
+    decode_to_end(replace(models, drafter=NoDrafter()), ids, DecodeConfig(max_new_tokens=6))
+    decode_to_end(models, ids, DecodeConfig(drafts=2, steps=1, block=4, max_new_tokens=12))
+    widths = {width for width, _ in seen}
+    assert 1 in widths and any(width > 1 for width in widths)
+    assert all(enabled is (width > 1 or not aten) for width, enabled in seen)
+    assert torch.backends.mkldnn.enabled

@@ -30,7 +30,10 @@ same tensor; any other call computes its own.
 
 from __future__ import annotations
 
+import statistics
+import time
 from collections.abc import Iterable
+from contextlib import contextmanager, nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -70,12 +73,65 @@ class PackedLinear(nn.Module):
         self.packed = packed  # an opaque oneDNN tensor: not a parameter or buffer, so never saved or moved
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):  # the packed one has no backward
+        if unpacked_here(x, self.weight):
             return F.linear(x, self.weight, self.bias)
         return packed_product(x, self.packed, self.bias, self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def unpacked_here(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether a packed layer computes as ``F.linear`` does: with a gradient (the packed product has no backward), or
+    where the caller turned oneDNN off (``aten_kernels``)."""
+    return not torch.backends.mkldnn.enabled or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+
+
+@contextmanager
+def aten_kernels():
+    """oneDNN off for the forwards inside: packed layers compute as ``F.linear`` does, through ATen's own kernels.
+
+    Why: on a CPU with AVX-512 BF16 and no AMX, SmolLM2's one-token bf16 forward ran in 28.0 ms through ATen against
+    35.6 ms through the packed oneDNN products (HF's unpacked model: 27.2 ms ATen, 44.9 ms oneDNN; medians of 120
+    forwards in turns, 2 threads), while a forward over 9 tokens took about twice as long through ATen: one token is
+    a matrix-vector product, memory-bound, which ATen's kernel streams faster. ``one_token_kernels`` measures it per
+    model. The flag is the process's: a forward on another thread meanwhile computes through ATen too (the same
+    products, summed in another order: bf16 outputs may differ by rounding, as between oneDNN's kernels)."""
+    before = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = False
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.enabled = before
+
+
+# Set on a target at load (``one_token_kernels``): its one-token forwards (plain steps) run in ``aten_kernels``.
+ONE_TOKEN_ATEN = "_xpress_one_token_aten"
+# ATen must be this much faster to be kept: the two sum in another order, so a choice that flipped with the machine's
+# noise would change bf16 plain decoding's rounding from one load to the next for nothing.
+ATEN_MARGIN = 1.05
+TIMING_TURNS = 6
+
+
+def one_token_kernels(model: nn.Module) -> bool:
+    """Time ``model``'s one-token forward through its packed products and through ATen (``aten_kernels``), in turns
+    after one of each that warms up, and keep ATen on the model (``ONE_TOKEN_ATEN``) where its median is
+    ``ATEN_MARGIN`` faster; whether it was. Nothing timed where nothing is packed (off a CPU, outside bf16)."""
+    if not any(isinstance(m, PackedLinear | SharedPart) for m in model.modules()):
+        return False
+    ids = torch.zeros(1, 1, dtype=torch.long, device=model.device)
+    times: dict[bool, list[float]] = {False: [], True: []}
+    with torch.no_grad():
+        for turn in range(TIMING_TURNS + 1):
+            for aten, seconds in times.items():
+                with aten_kernels() if aten else nullcontext():
+                    start = time.perf_counter()
+                    model(input_ids=ids, use_cache=False)
+                    if turn:
+                        seconds.append(time.perf_counter() - start)
+    faster = statistics.median(times[False]) > ATEN_MARGIN * statistics.median(times[True])
+    object.__setattr__(model, ONE_TOKEN_ATEN, faster)  # not a module attribute a state dict or a move would see
+    return faster
 
 
 def packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
@@ -206,7 +262,7 @@ class SharedPart(nn.Module):
         self.product, self.part, self.start = product, part, start
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):  # the packed one has no backward
+        if unpacked_here(x, self.weight):
             return F.linear(x, self.weight, self.bias)
         return self.product.output(x, self.part)[..., self.start : self.start + self.out_features]
 

@@ -14,7 +14,7 @@ from ..drafters.autoregressive import AutoregressiveDrafter
 from ..errors import XpressError
 from ..head import ROWS_HEAD
 from ..hub import ModelSpec
-from ..packing import fp32_rows_linear
+from ..packing import fp32_rows_linear, one_token_kernels
 from ..presets import Access
 from .dtypes import fp32_on_native_bf16_cpu
 from .pretrained import check_tokenizer_match, load_pretrained, load_tokenizer, resolve_model
@@ -34,6 +34,7 @@ def load_target(spec: str | Path | ModelSpec, device: torch.device, dtype: torch
     check_target_layers(target.config)
     check_tree_attention(target.config)
     use_grouped_attention(target)  # a CPU's verify forwards (attention.py)
+    one_token_kernels(target)  # its plain steps' products: packed oneDNN's or ATen's, whichever is faster here
     if fp32_on_native_bf16_cpu(target.dtype, target.device):
         keep_rows_head(target)
     return target, load_tokenizer(spec.name)
