@@ -427,3 +427,25 @@ def test_the_engines_one_token_forwards_run_where_the_target_was_timed_fastest(z
     assert 1 in widths and any(width > 1 for width in widths)
     assert all(enabled is (width > 1 or not aten) for width, enabled in seen)
     assert torch.backends.mkldnn.enabled
+
+
+@pytest.mark.parametrize("aten", [True, False])
+def test_an_autoregressive_drafters_one_token_forwards_run_where_it_was_timed_fastest(zoo, monkeypatch, aten):
+    """A chain drafted token by token: its one-token forwards through ATen where the drafter keeps it, its forwards
+    over several tokens (the prompt, a round's committed tokens) and over several rows (K drafts) through oneDNN."""
+    models = load_models(zoo["llama"], zoo["ar_drafter"], device="cpu", dtype="bfloat16")
+    model = models.drafter.model
+    object.__setattr__(model, ONE_TOKEN_ATEN, aten)
+    seen, forward = [], model.forward
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs["input_ids"].numel(), torch.backends.mkldnn.enabled))
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", spy)
+    ids = encode_prompt(models.tokenizer, PROMPT, chat=True)
+    for drafts in (1, 2):
+        decode_to_end(models, ids, DecodeConfig(drafts=drafts, steps=1, block=4, max_new_tokens=12))
+    assert {1} < {tokens for tokens, _ in seen}
+    assert all(enabled is (tokens > 1 or not aten) for tokens, enabled in seen)
+    assert torch.backends.mkldnn.enabled

@@ -73,6 +73,7 @@ def load_autoregressive_drafter(
     """A small causal LM with the target's tokenizer and vocabulary, drafting token by token (drafters/autoregressive.py)."""
     check_tokenizer_match("drafter", spec.name, tokenizer)
     model = load_causal_lm("drafter", spec, device, dtype, access=access)
+    one_token_kernels(model)  # a chain drafts one token a forward: as the target's plain steps
     if model.config.vocab_size != target.config.vocab_size:
         raise XpressError(
             f"drafter {spec.name!r} has vocabulary size {model.config.vocab_size}, the target {target.config.vocab_size}"
