@@ -358,17 +358,22 @@ def test_a_group_whose_shared_product_differs_keeps_its_layers(monkeypatch):
 
 
 @needs_bf16_packing
-def test_under_aten_kernels_packed_layers_give_f_linears_own_outputs_and_onednn_comes_back_on():
+def test_under_aten_kernels_packed_layers_give_f_linears_own_outputs_and_onednn_comes_back_on(monkeypatch):
     """``aten_kernels``: alone and in shared products, a packed layer computes what ``F.linear`` computes with
-    oneDNN off (ATen's kernels), bit for bit, at one row and at several; oneDNN is on again afterwards, an error
-    inside included."""
+    oneDNN off (ATen's kernels), bit for bit, at one row and at several, and no packed product runs; oneDNN is on
+    again afterwards, an error inside included."""
     module = projection_group(bias=True)
     layers = {name: getattr(module, name) for group in SHARED_INPUT_GROUPS for name in group}
     fuse_shared_inputs(module)
+
+    def refused(*args):
+        raise AssertionError("a packed product ran with oneDNN off")
+
     with torch.no_grad():
         for count in (1, 7):
             x = torch.randn(1, count, 256).to(torch.bfloat16)
-            with aten_kernels():
+            with aten_kernels(), monkeypatch.context() as patch:
+                patch.setattr("xpress_core.packing.packed_product", refused)
                 assert not torch.backends.mkldnn.enabled
                 for name, layer in layers.items():
                     assert torch.equal(getattr(module, name)(x), F.linear(x, layer.weight, layer.bias))

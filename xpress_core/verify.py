@@ -6,7 +6,6 @@ wait for it, and finds the kept nodes there: a verify and its commit make the ho
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -14,7 +13,7 @@ import torch
 from . import cache as kv
 from .head import HeadRows, headless_forward, plain_head
 from .models import Models, tapped_forward
-from .packing import ONE_TOKEN_ATEN, aten_kernels
+from .packing import kernels_for
 from .tree import DraftTree, to_device, tree_attention_mask, tree_tensors, windowed_mask
 
 
@@ -34,7 +33,7 @@ def target_forward(models: Models, ids, positions, mask, cache, last_only: bool 
     inputs = {"input_ids": ids, "position_ids": positions, "attention_mask": mask, "cache": cache, "use_cache": True}
     if read_first is not None:
         return headless_forward(models.target, models.drafter.tapped_layers, read_first, **inputs)
-    with aten_kernels() if ids.shape[-1] == 1 and getattr(models.target, ONE_TOKEN_ATEN, False) else nullcontext():
+    with kernels_for(models.target, ids):
         return tapped_forward(models.target, models.drafter.tapped_layers, last_only=last_only, **inputs)
 
 

@@ -7,7 +7,6 @@ committed by the target are fed lazily at the next draft call.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -15,7 +14,7 @@ import torch
 from .. import cache as kv
 from ..config import DecodeConfig
 from ..controller import RoundSetting
-from ..packing import ONE_TOKEN_ATEN, aten_kernels
+from ..packing import kernels_for
 from ..trace import MASKED, DenoiseStep
 from ..tree import to_device
 from .base import (
@@ -65,8 +64,7 @@ class AutoregressiveDrafter(Drafter):
     def next_logits(self, ids: torch.Tensor, cache) -> torch.Tensor:
         """(R, V) allowed logits after the last of each row's (R, Q) ids, the LM head run there only; one token through
         ATen's kernels where the model was timed faster so (``packing.one_token_kernels``)."""
-        aten = ids.numel() == 1 and getattr(self.model, ONE_TOKEN_ATEN, False)
-        with aten_kernels() if aten else nullcontext():
+        with kernels_for(self.model, ids):
             out = self.model(input_ids=ids, cache=cache, use_cache=True, **logits_kept(self.model, 1))
         return allowed_logits(out.logits[:, -1], self.banned)
 
