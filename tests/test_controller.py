@@ -25,15 +25,20 @@ from xpress_core.controller import (
     AutoControl,
     ChosenControl,
     CostModel,
+    FixedControl,
+    RecordedRound,
     RoundSetting,
     SettingChoice,
     candidate_settings,
     choose_setting,
     denoise_work,
+    nodes_worth_verifying,
+    path_chances,
+    replayed,
     setting_name,
 )
 from xpress_core.costs import calibration_drafts, fit_draft_costs, fit_verify_costs, timed_in_turns
-from xpress_core.drafters.base import NoDrafter
+from xpress_core.drafters.base import Drafts, NoDrafter
 from xpress_core.drafters.masked import MaskedDiffusionDrafter
 from xpress_core.engine import Models, calibrate, calibrated, control, decode
 from xpress_core.models import encode_prompt, load_models
@@ -393,29 +398,100 @@ UNIT_COSTS = CostModel(1.0, 0.1, 0.9, 0.1, 0.0, draft_work=lambda s: (1, s.block
 TREES = [RoundSetting(k, 1, 8) for k in (1, 2, 4)]
 
 
+def recorded(*accepted_orders: tuple[int, ...], chances: float = 1.0) -> list[RecordedRound]:
+    """Rounds of a 32-node tree (the widest candidate's, (4, 1, 8)), every node's path chance ``chances``, each round
+    accepting the nodes at these places of the best-first order."""
+    return [RecordedRound((chances,) * 32, orders) for orders in accepted_orders]
+
+
+SURE_THREE = (0, 1, 2)  # three nodes accepted, all among the first 8: every candidate accepts them
+
+
 def test_the_setting_with_the_most_hand_computed_tokens_per_second_is_chosen_a_wider_one_by_a_margin():
-    """Taus 4, 5, 6: 4 / 3.7 = 1.081, 5 / 4.5 = 1.111, 6 / 6.1 = 0.984 tokens/s against a plain step's 1: (2, 1, 8)
-    is the fastest but beats (1, 1, 8) by 2.8 %, under the 5 % margin: (1, 1, 8). Taus 4, 5.2: 1.156 beats 1.081 by
-    6.9 %: (2, 1, 8). Taus of 3.8 (1.027 over plain: no margin against a plain step): (1, 1, 8); taus of 3 beat no
-    plain step: plain. A pure function of the figures."""
-    taus = dict(zip(TREES, (4.0, 5.0, 6.0)))
-    chosen, figures = choose_setting(taus, UNIT_COSTS)
+    """Sure nodes (path chance 1 against a node's row at 0.1 plain steps) are all verified, so a (K, 1, 8) round is
+    priced 3.7, 4.5 and 6.1 s. Two rounds, one accepting its first three nodes, one nodes 0-2, 8, 9, 16 and 17 (K = 1
+    keeps 3, K = 2 five, K = 4 seven): taus 4, 5, 6, and 4 / 3.7 = 1.081, 5 / 4.5 = 1.111, 6 / 6.1 = 0.984 tokens/s
+    against a plain step's 1: (2, 1, 8) is the fastest but beats (1, 1, 8) by 2.8 %, under the 5 % margin: (1, 1, 8).
+    Taus 4, 5.2 (five rounds: 1.156 beats 1.081 by 6.9 %): (2, 1, 8). Taus of 3.8 (1.027 over plain: no margin
+    against a plain step): (1, 1, 8); taus of 3 beat no plain step: plain. A pure function of the figures."""
+    rounds = recorded(SURE_THREE, (0, 1, 2, 8, 9, 16, 17))
+    chosen, figures = choose_setting(rounds, TREES, UNIT_COSTS)
     assert chosen == RoundSetting(1, 1, 8)
-    assert figures["2x1x8"] == {"tau": 5.0, "round_ms": pytest.approx(4500.0), "tokens_per_s": pytest.approx(5 / 4.5)}
+    assert figures["2x1x8"] == {
+        "tau": 5.0,
+        "round_ms": pytest.approx(4500.0),
+        "tokens_per_s": pytest.approx(5 / 4.5),
+        "nodes": 16.0,
+    }
     assert figures["plain"]["tokens_per_s"] == pytest.approx(1.0)
-    assert choose_setting(dict(reversed(taus.items())), UNIT_COSTS) == (chosen, figures)
-    assert choose_setting(dict(zip(TREES, (4.0, 5.2, 6.0))), UNIT_COSTS)[0] == RoundSetting(2, 1, 8)
-    assert choose_setting(dict.fromkeys(TREES, 3.8), UNIT_COSTS)[0] == RoundSetting(1, 1, 8)
-    assert choose_setting(dict.fromkeys(TREES, 3.0), UNIT_COSTS)[0] == PLAIN_STEP
+    assert choose_setting(rounds[::-1], TREES[::-1], UNIT_COSTS) == (chosen, figures)
+    wide = recorded(*[SURE_THREE] * 4, (0, 1, 2, *range(8, 14), *range(16, 20)))
+    wide_chosen, wide_figures = choose_setting(wide, TREES, UNIT_COSTS)
+    assert [wide_figures[setting_name(s)]["tau"] for s in TREES] == pytest.approx([4.0, 5.2, 6.0])
+    assert wide_chosen == RoundSetting(2, 1, 8)
+    assert choose_setting(recorded(*[SURE_THREE] * 4, (0, 1)), TREES, UNIT_COSTS)[0] == RoundSetting(1, 1, 8)
+    assert choose_setting(recorded((0, 1)), TREES, UNIT_COSTS)[0] == PLAIN_STEP
+    assert choose_setting([], TREES, UNIT_COSTS)[0] == PLAIN_STEP  # nothing drafted: nothing to choose on
     assert candidate_settings(8, (1, 2)) == (*TREES, *(RoundSetting(k, 2, 8) for k in (1, 2, 4)))
+
+
+def test_a_tree_verifies_the_best_first_nodes_whose_chances_pay_for_their_rows():
+    """At the unit costs a node's row costs 0.1 plain steps: path chances 0.9, 0.5, 0.3, 0.15, 0.05 gain 0.8, 1.2,
+    1.4, 1.45 and 1.4 tokens over their price with 1-5 nodes, so four (0.15 pays for its row, 0.05 does not). A
+    forward over drafts that costs 0.5 more than a plain step (``verify_draft_s``) takes 0.5 from every count but
+    none: still four; but chances 0.3, 0.1 then gain -0.3 and -0.4, under a plain step's 0: none."""
+    chances = [0.9, 0.5, 0.3, 0.15, 0.05]
+    assert nodes_worth_verifying(chances, UNIT_COSTS) == 4
+    stepped = replace(UNIT_COSTS, verify_draft_s=0.5)
+    assert nodes_worth_verifying(chances, stepped) == 4
+    assert nodes_worth_verifying([0.3, 0.1], stepped) == 0
+    assert nodes_worth_verifying([], UNIT_COSTS) == 0
+    assert nodes_worth_verifying([1.0] * 32, UNIT_COSTS) == 32
+    # A tree's path chances: each node's own chances multiplied along its path, best first, a shared node once.
+    assert path_chances([(0, 1, 3), (0, 2)], [(0.9, 0.8, 0.5), (0.9, 0.6)]) == pytest.approx([0.9, 0.72, 0.54, 0.36])
+    # The replay counts the accepted nodes it verified only, and prices the cut: path chances of 0.05 verify none (a
+    # plain step after a (1, 1, 8) draft: 1.9 + 1 s) and accept none.
+    assert replayed(recorded(SURE_THREE, chances=0.05), TREES[0], UNIT_COSTS) == (1, pytest.approx(2.9), 0)
+
+
+def test_auto_cuts_a_drafted_tree_to_its_paying_nodes_and_a_pinned_setting_verifies_all():
+    """Two paths sharing their first node, path chances 0.9, 0.72, 0.54 and 0.36 best first; a node's row priced 0.5
+    plain steps: gains 0.4, 0.62, 0.66, 0.52 with 1-4 nodes, so the first three: the first path keeps its first two
+    tokens, the second both. First chances of 0.05 keep none: the root alone, a plain step."""
+    drafts = Drafts(((10, 11, 12), (10, 20)), order=((0, 1, 3), (0, 2)), chances=((0.9, 0.8, 0.5), (0.9, 0.6)))
+    costs = replace(UNIT_COSTS, verify_forward_s=0.5, verify_token_s=0.5)
+    cut = ChosenControl(TREES[0], costs).to_verify(drafts)
+    assert cut == replace(drafts, tokens=((10, 11), (10, 20)), order=((0, 1), (0, 2)), chances=((0.9, 0.8), (0.9, 0.6)))
+    unsure = replace(drafts, chances=((0.05, 0.5, 0.5), (0.05, 0.5)))
+    assert ChosenControl(TREES[0], costs).to_verify(unsure).tokens == ()
+    assert ChosenControl(TREES[0]).to_verify(unsure) == unsure  # no prices: nothing cut
+    assert FixedControl(DecodeConfig(drafts=2, block=3)).to_verify(unsure) == unsure
+
+
+def test_auto_equals_generate_where_it_verifies_part_of_its_trees(embedded):
+    """The embedded pair (a trained drafter's chances) at prices that make a node's row cost a quarter of a plain
+    step: auto verifies part of its (2, 1, 4) trees in some rounds, and its tokens are still ``generate``'s, greedy;
+    the same seed gives the same tokens at 0.7."""
+    chosen = SettingChoice(RoundSetting(2, 1, 4), RoundSetting(2, 1, 4), {"greedy": {}, "sampled": {}})
+    costs = CostModel(1e-3, 1e-4, 3e-3, 1e-3, 0.0, chosen=chosen)
+    sizes = []
+    for text in PROMPTS[:3]:
+        prompt_ids = encode_prompt(embedded.tokenizer, text, chat=True)
+        events, result = run(embedded, prompt_ids, AUTO, costs=costs)
+        sizes += [e.tree_size for e in events if e.index]
+        assert list(result.token_ids) == hf_greedy(embedded, prompt_ids, new=AUTO.max_new_tokens)
+    assert any(0 < n < 8 for n in sizes), sizes
+    sampled = DecodeConfig(auto=True, temperature=0.7, seed=5, max_new_tokens=32)
+    first, second = (run(embedded, prompt_ids, sampled, costs=costs)[1] for _ in range(2))
+    assert first.token_ids == second.token_ids
 
 
 def test_the_choice_says_what_auto_runs_in_its_figures_terms_and_where_plain_steps_won_what_lost():
     """The summary the CLI, the bench and the app show: taus 4, 5, 6 at the unit costs above choose (1, 1, 8), 4
     tokens a round of 3.7 plain steps (1.08x); taus of 3 choose plain steps, the best drafting setting (1, 1, 8) at
     3 / 3.7 = 0.81x."""
-    greedy, greedy_figures = choose_setting(dict(zip(TREES, (4.0, 5.0, 6.0))), UNIT_COSTS)
-    sampled, sampled_figures = choose_setting(dict.fromkeys(TREES, 3.0), UNIT_COSTS)
+    greedy, greedy_figures = choose_setting(recorded(SURE_THREE, (0, 1, 2, 8, 9, 16, 17)), TREES, UNIT_COSTS)
+    sampled, sampled_figures = choose_setting(recorded((0, 1)), TREES, UNIT_COSTS)
     choice = SettingChoice(greedy, sampled, {"greedy": greedy_figures, "sampled": sampled_figures}, "measured here")
     assert choice.summary() == (
         "greedy 1x1x8 (tau 4.00 a round of 3.70 plain steps, 1.08x plain decoding expected); sampled plain steps (the "
@@ -456,14 +532,15 @@ def test_auto_runs_the_setting_chosen_at_load_and_equals_generate(llama):
 
 def test_the_choice_is_measured_once_per_machine_threads_and_models_and_cached_with_its_figures(llama, monkeypatch):
     models, _ = llama
-    calls = []
-    measured = engine.measured_taus
+    calls, recordings = [], {}
+    recorded_rounds = engine.recorded_rounds
 
-    def counted(models, candidates, sampled):
+    def counted(models, sampled, widest):
         calls.append(sampled)
-        return measured(models, candidates, sampled)
+        recordings[sampled] = recorded_rounds(models, sampled, widest)
+        return recordings[sampled]
 
-    monkeypatch.setattr(engine, "measured_taus", counted)
+    monkeypatch.setattr(engine, "recorded_rounds", counted)
     costs = calibrate(models)
     first = costs.chosen
     assert calls == [False, True] and first.reason.startswith("measured at load")
@@ -471,7 +548,9 @@ def test_the_choice_is_measured_once_per_machine_threads_and_models_and_cached_w
     for mode in ("greedy", "sampled"):
         taus = {s: first.figures[mode][setting_name(s)]["tau"] for s in candidates}
         assert taus[candidates[0]] <= taus[candidates[1]] <= taus[candidates[2]]  # nested trees: more nodes, more kept
-        assert choose_setting(taus, costs)[0] == first.setting(mode == "sampled")
+        rounds = recordings[mode == "sampled"]
+        assert rounds and all(len(r.chances) == candidates[-1].nodes for r in rounds)
+        assert choose_setting(rounds, candidates, costs)[0] == first.setting(mode == "sampled")
     again = calibrate(models).chosen
     assert len(calls) == 2 and again.reason.startswith("cached in") and again.figures == first.figures
     assert (again.greedy, again.sampled) == (first.greedy, first.sampled)

@@ -19,7 +19,7 @@ what is drafted, and the acceptance walk decides what is kept.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from .config import DecodeConfig
@@ -186,6 +186,10 @@ class FixedControl:
     def choose(self, remaining: int) -> RoundSetting:
         return self.setting
 
+    def to_verify(self, drafts):
+        """The part of the round's drafts the verify runs on: all of them."""
+        return drafts
+
     def observe(self, setting: RoundSetting, accepted: int, with_fewer: tuple[int, ...] = ()) -> None:
         pass
 
@@ -214,11 +218,66 @@ def setting_name(setting: RoundSetting) -> str:
     return "plain" if setting.plain else "{}x{}x{}".format(*setting.as_tuple())
 
 
-def choose_setting(taus: dict[RoundSetting, float], costs: CostModel) -> tuple[RoundSetting, dict]:
-    """The setting with the most expected tokens per second, expected tokens a round (``taus``, measured) over its
-    calibrated seconds, or a plain step where none beats one; taken in order of verified nodes, a drafting setting
-    replaces a narrower drafting one only where it beats it by ``SPECULATE_MARGIN``; and the figures that chose it
-    (per setting: tau, round ms, tokens/s). A pure function of the measured figures.
+@dataclass(frozen=True)
+class RecordedRound:
+    """A drafting round at the widest candidate, as ``choose_setting`` replays it: its tree's nodes' path chances in
+    the order the drafter chose them (``path_chances``), and the places in that order of the nodes it accepted."""
+
+    chances: tuple[float, ...]
+    accepted: tuple[int, ...]
+
+
+def path_chances(orders: Sequence[Sequence[int]], chances: Sequence[Sequence[float]]) -> list[float]:
+    """Each node's chance of being reached and accepted (its path's own chances multiplied), best first: read off a
+    tree's paths (``Drafts.order``, ``Drafts.chances``), where a node shared by several paths appears in each."""
+    by_order: dict[int, float] = {}
+    for path_orders, own in zip(orders, chances):
+        chance = 1.0
+        for order, c in zip(path_orders, own):
+            chance *= c
+            by_order[order] = chance
+    return [by_order[o] for o in sorted(by_order)]
+
+
+def nodes_worth_verifying(chances: Sequence[float], costs: CostModel) -> int:
+    """How many of a tree's best-first nodes (``chances``: their path chances) to verify: the count whose expected
+    accepted tokens (their chances' sum) most exceed the verify's seconds beyond a plain step's, counted in the tokens
+    plain steps write in them; 0, the root alone (a plain step). The draft is paid either way.
+
+    Why: on SmolLM2 (bf16, 2 threads) a plain step took 24 ms and a (1, 1, 8) round 38.6 ms, 4.9 of them drafting,
+    while its chain emitted 1.44 tokens a round on new stories: 0.85x plain decoding. The drafter's chances tell a
+    sure block from a guess (greedy, a node whose path chance is under 0.1 was accepted in 17 % of the rounds that
+    reached it, over 0.9 in 98 %), and a replay of the 60 held prompts' rounds at their measured prices put this cut
+    at 1.26x plain decoding greedy against the whole chain's 1.07x (lab log, "auto verifies what its chances pay")."""
+    plain_s = costs.round_s(PLAIN_STEP)
+    best, count, expected = 0.0, 0, 0.0
+    for n, chance in enumerate(chances, start=1):
+        expected += chance
+        gain = expected - (costs.after_draft_s(n) - plain_s) / plain_s
+        if gain > best:
+            best, count = gain, n
+    return count
+
+
+def replayed(rounds: Sequence[RecordedRound], setting: RoundSetting, costs: CostModel) -> tuple[int, float, int]:
+    """Tokens, priced seconds and verified nodes of the recorded rounds, had each drafted ``setting``'s tree (the first
+    K x L nodes of the widest: ``best_first_paths``) and verified what ``nodes_worth_verifying`` keeps of it."""
+    tokens, seconds, nodes = 0, 0.0, 0
+    for r in rounds:
+        n = nodes_worth_verifying(r.chances[: setting.nodes], costs)
+        tokens += 1 + sum(order < n for order in r.accepted)  # the accepted path's nodes come in that order
+        seconds += costs.drafting_s(setting) + (costs.after_draft_s(n) if n else costs.round_s(PLAIN_STEP))
+        nodes += n
+    return tokens, seconds, nodes
+
+
+def choose_setting(
+    rounds: Sequence[RecordedRound], candidates: Sequence[RoundSetting], costs: CostModel
+) -> tuple[RoundSetting, dict]:
+    """The setting with the most tokens per calibrated second on the recorded rounds (``replayed``), or a plain step
+    where none beats one; taken in order of drafted nodes, a drafting setting replaces a narrower drafting one only
+    where it beats it by ``SPECULATE_MARGIN``; and the figures that chose it (per setting: tau, round ms, tokens/s,
+    nodes verified a round). A pure function of the recorded rounds and the costs.
 
     Why the margin: on SmolLM2 (2, 1, 8) was expected at 1.000x and 1.003x (1, 1, 8) and ran 0.982x and 0.972x it in
     the bench (stops 63, 64), and on the embedded pair's held text a wide choice ran 0.87-0.88x (1, 1, 8) (issue 58):
@@ -227,10 +286,17 @@ def choose_setting(taus: dict[RoundSetting, float], costs: CostModel) -> tuple[R
     plain_s = costs.round_s(PLAIN_STEP)
     figures = {"plain": {"tau": 1.0, "round_ms": 1000 * plain_s, "tokens_per_s": 1.0 / plain_s}}
     best, best_rate = PLAIN_STEP, 1.0 / plain_s
-    for setting in sorted(taus, key=lambda s: (s.nodes, s.steps)):
-        seconds = costs.round_s(setting)
-        rate = taus[setting] / seconds
-        figures[setting_name(setting)] = {"tau": taus[setting], "round_ms": 1000 * seconds, "tokens_per_s": rate}
+    for setting in sorted(candidates, key=lambda s: (s.nodes, s.steps)):
+        if not rounds:
+            break
+        tokens, seconds, nodes = replayed(rounds, setting, costs)
+        rate, count = tokens / seconds, len(rounds)
+        figures[setting_name(setting)] = {
+            "tau": tokens / count,
+            "round_ms": 1000 * seconds / count,
+            "tokens_per_s": rate,
+            "nodes": nodes / count,
+        }
         if rate > best_rate * (1.0 if best == PLAIN_STEP else SPECULATE_MARGIN):
             best, best_rate = setting, rate
     return best, figures
@@ -289,19 +355,35 @@ class SettingChoice:
 
 
 class ChosenControl(FixedControl):
-    """``auto`` where the drafter's trees carry their chances: every round at the setting chosen at load, its block
-    cut where the reply ends sooner. Nothing is chosen per round: stopping drafting after three rounds in a row that
-    did not pay (stops 54-61) held level with never stopping on the embedded pair and lost 2-5 % on SmolLM2, whose
-    drafting round costs about 1.3 plain steps (lab log, "auto's stop rule retired")."""
+    """``auto`` where the drafter's trees carry their chances: every round drafts the setting chosen at load, its block
+    cut where the reply ends sooner, and verifies the best-first nodes its chances pay for (``nodes_worth_verifying``:
+    none, a plain step, where the draft is a guess). Nothing else is chosen per round: stopping drafting after three
+    rounds in a row that did not pay (stops 54-61) held level with never stopping on the embedded pair and lost 2-5 %
+    on SmolLM2, whose drafting round costs about 1.3 plain steps (lab log, "auto's stop rule retired")."""
 
-    def __init__(self, setting: RoundSetting):
-        self.setting = setting
+    def __init__(self, setting: RoundSetting, costs: CostModel | None = None):
+        self.setting, self.costs = setting, costs
 
     def choose(self, remaining: int) -> RoundSetting:
         block = min(self.setting.block, remaining - 1)  # drafting past the reply's end gains nothing
         if self.setting.plain or block < 1:
             return PLAIN_STEP
         return replace(self.setting, steps=min(self.setting.steps, block), block=block)
+
+    def to_verify(self, drafts):
+        """The drafts cut to their first ``nodes_worth_verifying`` nodes in best-first order (a tree's ancestors come
+        before their children, so every path keeps a prefix); as they are without prices or chances."""
+        if self.costs is None or not drafts.order:
+            return drafts
+        count = nodes_worth_verifying(path_chances(drafts.order, drafts.chances), self.costs)
+        kept = [sum(order < count for order in orders) for orders in drafts.order]
+        paths = [i for i, length in enumerate(kept) if length]
+        return replace(
+            drafts,
+            tokens=tuple(drafts.tokens[i][: kept[i]] for i in paths),
+            order=tuple(drafts.order[i][: kept[i]] for i in paths),
+            chances=tuple(drafts.chances[i][: kept[i]] for i in paths),
+        )
 
 
 class AutoControl:
@@ -428,6 +510,10 @@ class AutoControl:
         for k in AUTO_DRAFTS:
             if k < setting.drafts and k <= len(with_fewer) and (k, setting.steps) in self.reached:
                 self.count((k, setting.steps), setting.block, with_fewer[k - 1])
+
+    def to_verify(self, drafts):
+        """The counting model verifies what it chose to draft."""
+        return drafts
 
     def timed(self, measured) -> None:
         """The counting model plans at the calibrated prices only."""

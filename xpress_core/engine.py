@@ -27,11 +27,13 @@ from .controller import (
     ChosenControl,
     CostModel,
     FixedControl,
+    RecordedRound,
     RoundSetting,
     SettingChoice,
     auto_longest_block,
     candidate_settings,
     choose_setting,
+    path_chances,
 )
 from .costs import calibration_drafts, fitted_costs, timed_in_turns
 from .drafters.base import DraftRandomness, Drafts, NoDrafter
@@ -126,7 +128,7 @@ def control(models: Models, cfg: DecodeConfig, costs: CostModel | None) -> Fixed
     costs = costs or models.costs or calibrate(models)
     if cfg.diversity == TREE and models.drafter.offers_chances:
         chain = RoundSetting(1, 1, auto_longest_block(models.drafter.max_block))
-        return ChosenControl(costs.chosen.setting(not cfg.greedy) if costs.chosen else chain)
+        return ChosenControl(costs.chosen.setting(not cfg.greedy) if costs.chosen else chain, costs)
     can_draft = not isinstance(models.drafter, NoDrafter)
     return AutoControl(
         costs,
@@ -237,7 +239,7 @@ def decode(
     ``watch``: the events carry the drafter's denoise steps (for the visualizer); without it drafting builds no
     per-step lists and the events carry none. ``costs``: the stage costs ``auto`` plans with (default: the models',
     or measured now: a caller that serves many requests keeps ``calibrated(models)``). ``settings``: the rounds'
-    control (default ``control(models, cfg, costs)``; ``measured_taus`` passes one that records the rounds).
+    control (default ``control(models, cfg, costs)``; ``recorded_rounds`` passes one that records the rounds).
     """
     cfg.validate()
     if not cfg.auto:
@@ -263,7 +265,7 @@ def decode(
         with WORK_MODE():
             t0 = clock.mark()
             setting = settings.choose(output_limit(models, state, cfg) - len(state.output))
-            drafts = draft(models, state, cfg, setting, watch)
+            drafts = settings.to_verify(draft(models, state, cfg, setting, watch))
             t1 = clock.mark()
             tree = build_tree(state.root, cut_drafts(drafts.tokens, models, state))
             verified = verifier.verify(models, state, tree)
@@ -395,7 +397,7 @@ def calibrate(models: Models, repeats: int = 5) -> CostModel:
 
 
 SETTING_CACHE = "setting_choice.json"  # auto's settings chosen before, per machine, threads and models
-# The requests ``measured_taus`` decodes: none of the benchmark's prompts, a chat's kinds of request.
+# The requests ``recorded_rounds`` decodes: none of the benchmark's prompts, a chat's kinds of request.
 CHOICE_PROMPTS = (
     "Hi! Can you help me find a good place to eat dinner tonight?",
     "I would like to book two tickets for a movie this weekend.",
@@ -410,7 +412,8 @@ CHOICE_TEMPERATURE = 0.7  # the sampled setting is chosen at the app's and the b
 
 def chosen_setting(models: Models, costs: CostModel) -> SettingChoice | None:
     """auto's fixed settings (greedy and sampled) for a drafter whose trees carry their chances: the candidate with the
-    most expected tokens per second (``choose_setting``: ``measured_taus`` over the round's calibrated seconds), chosen
+    most tokens per calibrated second, each round verifying what its chances pay for (``choose_setting`` replays the
+    ``recorded_rounds`` of the widest candidate, whose first k x L nodes are the tree of k drafts), chosen
     once per machine, threads and models and kept in the cache folder with the figures that chose it, as the dtype
     is (``precision.py``). None for other drafters (the counting model plans per round)."""
     drafter = models.drafter
@@ -422,6 +425,7 @@ def chosen_setting(models: Models, costs: CostModel) -> SettingChoice | None:
         threads,
         candidates=[c.as_tuple() for c in candidates],
         margin=SPECULATE_MARGIN,  # the rule that chose: a cached choice made without the margin is measured again
+        verify="nodes worth verifying",  # ... or without the cut by chances (``nodes_worth_verifying``)
         target=loaded_identity(models.target),
         drafter=loaded_identity(getattr(drafter, "model", None)) | {"kind": type(drafter).__name__},
     )
@@ -432,7 +436,9 @@ def chosen_setting(models: Models, costs: CostModel) -> SettingChoice | None:
     except (KeyError, TypeError):
         pass
     start = time.perf_counter()
-    figures = {mode: choose_setting(measured_taus(models, candidates, mode == "sampled"), costs) for mode in MODES}
+    widest = max(candidates, key=lambda s: s.nodes)
+    rounds = {mode: recorded_rounds(models, mode == "sampled", widest) for mode in MODES}
+    figures = {mode: choose_setting(rounds[mode], candidates, costs) for mode in MODES}
     where = f"{threads} thread" + ("" if threads == 1 else "s")
     reason = f"measured at load, {where}, in {time.perf_counter() - start:.1f} s"
     choice = SettingChoice(figures["greedy"][0], figures["sampled"][0], {m: f[1] for m, f in figures.items()}, reason)
@@ -450,38 +456,35 @@ def loaded_identity(model) -> dict:
 
 
 class RoundRecorder(FixedControl):
-    """A fixed setting whose rounds are kept: per round, the draft tokens k drafts would have accepted, k = 1..K
-    (``accepted_with_fewer``), or for a tree refined along its paths the round's own."""
-
-    counts_fewer = True
+    """A fixed setting whose drafts are kept, to be read with the rounds' events (``recorded_rounds``)."""
 
     def __init__(self, cfg: DecodeConfig):
         super().__init__(cfg)
-        self.rounds: list[tuple[int, ...]] = []
+        self.drafts: Drafts | None = None
 
-    def observe(self, setting: RoundSetting, accepted: int, with_fewer: tuple[int, ...] = ()) -> None:
-        self.rounds.append(with_fewer or (0,) * (setting.drafts - 1) + (accepted,))
+    def to_verify(self, drafts: Drafts) -> Drafts:
+        self.drafts = drafts
+        return drafts
 
 
-def measured_taus(models: Models, candidates, sampled: bool) -> dict[RoundSetting, float]:
-    """Tokens a round at each candidate (K, 1, L) emits on ``CHOICE_PROMPTS``, greedy or at ``CHOICE_TEMPERATURE``,
-    read off decodes at the widest K, whose first k x L nodes are the tree of k drafts (``accepted_with_fewer``)."""
+def recorded_rounds(models: Models, sampled: bool, widest: RoundSetting) -> list[RecordedRound]:
+    """The drafting rounds of decodes at the widest candidate on ``CHOICE_PROMPTS``, greedy or at
+    ``CHOICE_TEMPERATURE``: per round its tree's path chances best first and the places in that order of the nodes it
+    accepted (the path whose tokens begin with the accepted ones: a tree's shared nodes sit in every path through
+    them), for ``choose_setting`` to replay every candidate on."""
     cfg = DecodeConfig(temperature=CHOICE_TEMPERATURE if sampled else 0.0, max_new_tokens=CHOICE_TOKENS)
     chat = bool(getattr(models.tokenizer, "chat_template", None))
-    prompts = [encode_prompt(models.tokenizer, text, chat) for text in CHOICE_PROMPTS]
-    widest = max(candidates, key=lambda s: s.drafts)
-    rounds = recorded_rounds(models, prompts, round_config(cfg, widest))
-    return {s: 1.0 + statistics.fmean(counts[s.drafts - 1] for counts in rounds) if rounds else 1.0 for s in candidates}
-
-
-def recorded_rounds(models: Models, prompts, cfg: DecodeConfig) -> list[tuple[int, ...]]:
-    """``RoundRecorder``'s rounds over the prompts, each decoded at ``cfg``."""
     rounds = []
-    for prompt in prompts:
+    cfg = round_config(cfg, widest)
+    for text in CHOICE_PROMPTS:
         recorder = RoundRecorder(cfg)
-        for _ in decode(models, prompt, cfg, settings=recorder):
-            pass
-        rounds += recorder.rounds
+        for event in decode(models, encode_prompt(models.tokenizer, text, chat), cfg, settings=recorder):
+            drafts = recorder.drafts
+            if not isinstance(event, RoundTrace) or event.index == 0 or drafts is None or not drafts.order:
+                continue
+            a = event.accept_len
+            orders = next(o[:a] for t, o in zip(drafts.tokens, drafts.order) if tuple(t[:a]) == event.accepted)
+            rounds.append(RecordedRound(tuple(path_chances(drafts.order, drafts.chances)), tuple(orders)))
     return rounds
 
 
