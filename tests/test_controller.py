@@ -42,7 +42,7 @@ from xpress_core.drafters.base import Drafts, NoDrafter
 from xpress_core.drafters.masked import MaskedDiffusionDrafter
 from xpress_core.engine import Models, calibrate, calibrated, control, decode
 from xpress_core.models import encode_prompt, load_models
-from xpress_core.trace import RoundTrace, write_jsonl
+from xpress_core.trace import MASKED, DenoiseStep, RoundTrace, write_jsonl
 
 # Stage costs like the embedded pair's in bf16 (ms), fixed so that every choice below is reproducible.
 COSTS = CostModel(
@@ -462,6 +462,11 @@ def test_auto_cuts_a_drafted_tree_to_its_paying_nodes_and_a_pinned_setting_verif
     costs = replace(UNIT_COSTS, verify_forward_s=0.5, verify_token_s=0.5)
     cut = ChosenControl(TREES[0], costs).to_verify(drafts)
     assert cut == replace(drafts, tokens=((10, 11), (10, 20)), order=((0, 1), (0, 2)), chances=((0.9, 0.8), (0.9, 0.6)))
+    # Watched, the step that shows the tree shows the part verified (the panel's last frame), an earlier one as it was.
+    earlier = DenoiseStep(((10, MASKED, MASKED),), ((0.9, 0.1, 0.1),))
+    watched = replace(drafts, steps=(earlier, DenoiseStep(drafts.tokens, drafts.chances, kind="tree")))
+    shown = ChosenControl(TREES[0], costs).to_verify(watched).steps
+    assert shown == (earlier, DenoiseStep(cut.tokens, cut.chances, kind="tree"))
     unsure = replace(drafts, chances=((0.05, 0.5, 0.5), (0.05, 0.5)))
     assert ChosenControl(TREES[0], costs).to_verify(unsure).tokens == ()
     assert ChosenControl(TREES[0]).to_verify(unsure) == unsure  # no prices: nothing cut

@@ -372,17 +372,21 @@ class ChosenControl(FixedControl):
 
     def to_verify(self, drafts):
         """The drafts cut to their first ``nodes_worth_verifying`` nodes in best-first order (a tree's ancestors come
-        before their children, so every path keeps a prefix); as they are without prices or chances."""
+        before their children, so every path keeps a prefix), and the watched step that shows them (a panel's last
+        frame is the tree verified); as they are without prices or chances."""
         if self.costs is None or not drafts.order:
             return drafts
         count = nodes_worth_verifying(path_chances(drafts.order, drafts.chances), self.costs)
         kept = [sum(order < count for order in orders) for orders in drafts.order]
-        paths = [i for i, length in enumerate(kept) if length]
+
+        def cut(rows):
+            return tuple(row[:length] for row, length in zip(rows, kept) if length)
+
+        steps = drafts.steps
+        if steps and steps[-1].tokens == drafts.tokens:
+            steps = (*steps[:-1], replace(steps[-1], tokens=cut(drafts.tokens), confidence=cut(drafts.chances)))
         return replace(
-            drafts,
-            tokens=tuple(drafts.tokens[i][: kept[i]] for i in paths),
-            order=tuple(drafts.order[i][: kept[i]] for i in paths),
-            chances=tuple(drafts.chances[i][: kept[i]] for i in paths),
+            drafts, tokens=cut(drafts.tokens), steps=steps, order=cut(drafts.order), chances=cut(drafts.chances)
         )
 
 
