@@ -30,6 +30,7 @@ from xpress_core.controller import (
     RoundSetting,
     SettingChoice,
     candidate_settings,
+    chance_share,
     choose_setting,
     denoise_work,
     nodes_worth_verifying,
@@ -422,6 +423,7 @@ def test_the_setting_with_the_most_hand_computed_tokens_per_second_is_chosen_a_w
         "round_ms": pytest.approx(4500.0),
         "tokens_per_s": pytest.approx(5 / 4.5),
         "nodes": 16.0,
+        "share": 8 / 32,  # eight accepted among the first 16 nodes of two rounds, each node's path chance 1
     }
     assert figures["plain"]["tokens_per_s"] == pytest.approx(1.0)
     assert choose_setting(rounds[::-1], TREES[::-1], UNIT_COSTS) == (chosen, figures)
@@ -447,6 +449,13 @@ def test_a_tree_verifies_the_best_first_nodes_whose_chances_pay_for_their_rows()
     assert nodes_worth_verifying([0.3, 0.1], stepped) == 0
     assert nodes_worth_verifying([], UNIT_COSTS) == 0
     assert nodes_worth_verifying([1.0] * 32, UNIT_COSTS) == 32
+    # Chances worth twice what they say (``chance_share``): 0.6 and 0.2 gain 0.0 and 0.1 over a plain step, so two;
+    # and no node counts for more than one token.
+    assert nodes_worth_verifying([0.3, 0.1], stepped, share=2.0) == 2
+    assert nodes_worth_verifying([0.9, 0.05], UNIT_COSTS, share=2.0) == 1
+    assert chance_share(recorded(SURE_THREE, (0, 1, 2, 8, 9, 16, 17)), 8) == pytest.approx(6 / 16)
+    assert chance_share(recorded(SURE_THREE, (0, 1, 2, 8, 9, 16, 17)), 32) == pytest.approx(10 / 64)
+    assert chance_share([], 8) == 1.0
     # A tree's path chances: each node's own chances multiplied along its path, best first, a shared node once.
     assert path_chances([(0, 1, 3), (0, 2)], [(0.9, 0.8, 0.5), (0.9, 0.6)]) == pytest.approx([0.9, 0.72, 0.54, 0.36])
     # The replay counts the accepted nodes it verified only, and prices the cut: path chances of 0.05 verify none (a
@@ -486,6 +495,11 @@ def test_auto_equals_generate_where_it_verifies_part_of_its_trees(embedded):
         sizes += [e.tree_size for e in events if e.index]
         assert list(result.token_ids) == hf_greedy(embedded, prompt_ids, new=AUTO.max_new_tokens)
     assert any(0 < n < 8 for n in sizes), sizes
+    # The greedy choice's chances are worth their measured share in its rounds; the sampled plain steps cut nothing.
+    figures = {"greedy": {"2x1x4": {"share": 1.7}}, "sampled": {}}
+    measured = replace(costs, chosen=SettingChoice(RoundSetting(2, 1, 4), PLAIN_STEP, figures))
+    assert control(embedded, AUTO, measured).share == 1.7
+    assert control(embedded, replace(AUTO, temperature=0.7), measured).share == 1.0
     sampled = DecodeConfig(auto=True, temperature=0.7, seed=5, max_new_tokens=32)
     first, second = (run(embedded, prompt_ids, sampled, costs=costs)[1] for _ in range(2))
     assert first.token_ids == second.token_ids
@@ -556,6 +570,9 @@ def test_the_choice_is_measured_once_per_machine_threads_and_models_and_cached_w
         rounds = recordings[mode == "sampled"]
         assert rounds and all(len(r.chances) == candidates[-1].nodes for r in rounds)
         assert choose_setting(rounds, candidates, costs)[0] == first.setting(mode == "sampled")
+        chosen = first.setting(mode == "sampled")
+        share = 1.0 if chosen == PLAIN_STEP else chance_share(rounds, chosen.nodes)
+        assert first.share(mode == "sampled") == pytest.approx(share)  # what auto's rounds then cut with
     again = calibrate(models).chosen
     assert len(calls) == 2 and again.reason.startswith("cached in") and again.figures == first.figures
     assert (again.greedy, again.sampled) == (first.greedy, first.sampled)

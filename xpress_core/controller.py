@@ -239,10 +239,10 @@ def path_chances(orders: Sequence[Sequence[int]], chances: Sequence[Sequence[flo
     return [by_order[o] for o in sorted(by_order)]
 
 
-def nodes_worth_verifying(chances: Sequence[float], costs: CostModel) -> int:
-    """How many of a tree's best-first nodes (``chances``: their path chances) to verify: the count whose expected
-    accepted tokens (their chances' sum) most exceed the verify's seconds beyond a plain step's, counted in the tokens
-    plain steps write in them; 0, the root alone (a plain step). The draft is paid either way.
+def nodes_worth_verifying(chances: Sequence[float], costs: CostModel, share: float = 1.0) -> int:
+    """How many of a tree's best-first nodes (``chances``: their path chances, each times ``share``, at most 1) to
+    verify: the count whose expected accepted tokens (the sum) most exceed the verify's seconds beyond a plain step's,
+    counted in the tokens plain steps write in them; 0, the root alone (a plain step). The draft is paid either way.
 
     Why: on SmolLM2 (bf16, 2 threads) a plain step took 24 ms and a (1, 1, 8) round 38.6 ms, 4.9 of them drafting,
     while its chain emitted 1.44 tokens a round on new stories: 0.85x plain decoding. The drafter's chances tell a
@@ -252,19 +252,33 @@ def nodes_worth_verifying(chances: Sequence[float], costs: CostModel) -> int:
     plain_s = costs.round_s(PLAIN_STEP)
     best, count, expected = 0.0, 0, 0.0
     for n, chance in enumerate(chances, start=1):
-        expected += chance
+        expected += min(1.0, chance * share)
         gain = expected - (costs.after_draft_s(n) - plain_s) / plain_s
         if gain > best:
             best, count = gain, n
     return count
 
 
-def replayed(rounds: Sequence[RecordedRound], setting: RoundSetting, costs: CostModel) -> tuple[int, float, int]:
+def chance_share(rounds: Sequence[RecordedRound], nodes: int) -> float:
+    """Draft tokens the recorded rounds accepted among their trees' first ``nodes`` nodes per token those nodes' path
+    chances expected (1 without any): what a chance is worth in this mode. Why: greedy chances are the drafter's sharpened softmax, which says how sure it is
+    of its token, not how often the target agrees; sampled ones are the coupled scores'. On SmolLM2's held prompts
+    (the (1, 1, 8) chain) greedy rounds accepted 1.73x what the chances expected and sampled ones 0.66x, and a replay
+    of those rounds at their measured prices cut with the chances times 1.73 ran 1.180x plain decoding greedy where the
+    chances as they are ran 1.142x (sampled: level either way)."""
+    expected = sum(sum(r.chances[:nodes]) for r in rounds)
+    accepted = sum(sum(order < nodes for order in r.accepted) for r in rounds)
+    return accepted / expected if expected > 0 else 1.0
+
+
+def replayed(
+    rounds: Sequence[RecordedRound], setting: RoundSetting, costs: CostModel, share: float = 1.0
+) -> tuple[int, float, int]:
     """Tokens, priced seconds and verified nodes of the recorded rounds, had each drafted ``setting``'s tree (the first
     K x L nodes of the widest: ``best_first_paths``) and verified what ``nodes_worth_verifying`` keeps of it."""
     tokens, seconds, nodes = 0, 0.0, 0
     for r in rounds:
-        n = nodes_worth_verifying(r.chances[: setting.nodes], costs)
+        n = nodes_worth_verifying(r.chances[: setting.nodes], costs, share)
         tokens += 1 + sum(order < n for order in r.accepted)  # the accepted path's nodes come in that order
         seconds += costs.drafting_s(setting) + (costs.after_draft_s(n) if n else costs.round_s(PLAIN_STEP))
         nodes += n
@@ -277,7 +291,8 @@ def choose_setting(
     """The setting with the most tokens per calibrated second on the recorded rounds (``replayed``), or a plain step
     where none beats one; taken in order of drafted nodes, a drafting setting replaces a narrower drafting one only
     where it beats it by ``SPECULATE_MARGIN``; and the figures that chose it (per setting: tau, round ms, tokens/s,
-    nodes verified a round). A pure function of the recorded rounds and the costs.
+    nodes verified a round, the chances' share it cut with: ``chance_share``). A pure function of the recorded rounds
+    and the costs.
 
     Why the margin: on SmolLM2 (2, 1, 8) was expected at 1.000x and 1.003x (1, 1, 8) and ran 0.982x and 0.972x it in
     the bench (stops 63, 64), and on the embedded pair's held text a wide choice ran 0.87-0.88x (1, 1, 8) (issue 58):
@@ -289,13 +304,15 @@ def choose_setting(
     for setting in sorted(candidates, key=lambda s: (s.nodes, s.steps)):
         if not rounds:
             break
-        tokens, seconds, nodes = replayed(rounds, setting, costs)
+        share = chance_share(rounds, setting.nodes)
+        tokens, seconds, nodes = replayed(rounds, setting, costs, share)
         rate, count = tokens / seconds, len(rounds)
         figures[setting_name(setting)] = {
             "tau": tokens / count,
             "round_ms": 1000 * seconds / count,
             "tokens_per_s": rate,
             "nodes": nodes / count,
+            "share": share,
         }
         if rate > best_rate * (1.0 if best == PLAIN_STEP else SPECULATE_MARGIN):
             best, best_rate = setting, rate
@@ -336,6 +353,11 @@ class SettingChoice:
     def setting(self, sampled: bool) -> RoundSetting:
         return self.sampled if sampled else self.greedy
 
+    def share(self, sampled: bool) -> float:
+        """What a chance is worth for the setting chosen in this mode (its figures' ``chance_share``; 1 where none)."""
+        mode = "sampled" if sampled else "greedy"
+        return self.figures.get(mode, {}).get(setting_name(self.setting(sampled)), {}).get("share", 1.0)
+
     def to_json(self) -> dict:
         settings = {mode: self.setting(mode == "sampled").as_tuple() for mode in MODES}
         return {"settings": settings, "figures": self.figures, "reason": self.reason}
@@ -361,8 +383,8 @@ class ChosenControl(FixedControl):
     rounds in a row that did not pay (stops 54-61) held level with never stopping on the embedded pair and lost 2-5 %
     on SmolLM2, whose drafting round costs about 1.3 plain steps (lab log, "auto's stop rule retired")."""
 
-    def __init__(self, setting: RoundSetting, costs: CostModel | None = None):
-        self.setting, self.costs = setting, costs
+    def __init__(self, setting: RoundSetting, costs: CostModel | None = None, share: float = 1.0):
+        self.setting, self.costs, self.share = setting, costs, share
 
     def choose(self, remaining: int) -> RoundSetting:
         block = min(self.setting.block, remaining - 1)  # drafting past the reply's end gains nothing
@@ -376,7 +398,7 @@ class ChosenControl(FixedControl):
         frame is the tree verified); as they are without prices or chances."""
         if self.costs is None or not drafts.order:
             return drafts
-        count = nodes_worth_verifying(path_chances(drafts.order, drafts.chances), self.costs)
+        count = nodes_worth_verifying(path_chances(drafts.order, drafts.chances), self.costs, self.share)
         kept = [sum(order < count for order in orders) for orders in drafts.order]
 
         def cut(rows):

@@ -128,7 +128,9 @@ def control(models: Models, cfg: DecodeConfig, costs: CostModel | None) -> Fixed
     costs = costs or models.costs or calibrate(models)
     if cfg.diversity == TREE and models.drafter.offers_chances:
         chain = RoundSetting(1, 1, auto_longest_block(models.drafter.max_block))
-        return ChosenControl(costs.chosen.setting(not cfg.greedy) if costs.chosen else chain, costs)
+        if costs.chosen is None:
+            return ChosenControl(chain, costs)
+        return ChosenControl(costs.chosen.setting(not cfg.greedy), costs, costs.chosen.share(not cfg.greedy))
     can_draft = not isinstance(models.drafter, NoDrafter)
     return AutoControl(
         costs,
@@ -425,7 +427,7 @@ def chosen_setting(models: Models, costs: CostModel) -> SettingChoice | None:
         threads,
         candidates=[c.as_tuple() for c in candidates],
         margin=SPECULATE_MARGIN,  # the rule that chose: a cached choice made without the margin is measured again
-        verify="nodes worth verifying",  # ... or without the cut by chances (``nodes_worth_verifying``)
+        verify="nodes worth verifying, chances by their share",  # ... or without the cut (``nodes_worth_verifying``)
         target=loaded_identity(models.target),
         drafter=loaded_identity(getattr(drafter, "model", None)) | {"kind": type(drafter).__name__},
     )
