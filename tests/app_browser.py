@@ -9,6 +9,10 @@ from pathlib import Path
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 TIMEOUT_MS = 60_000
+# A whole reply's wait: 5-6 s on a quiet 2-core machine, but once over 60 s in CI (two test workers, the server and
+# chromium drawing a frame per denoise step on the same 2 cores). A reply that never comes still fails, saying the
+# status it stopped at.
+REPLY_TIMEOUT_MS = 180_000
 BOT = "#chatbot [data-testid='bot']"
 DONE = re.compile(r"✓ (\d+) tokens in (\d+) rounds · τ = ([\d.]+)")
 
@@ -40,7 +44,16 @@ def status(page) -> str:
 
 
 def wait_done(page) -> re.Match:
-    page.wait_for_function("document.querySelector('#status').innerText.includes('✓')")
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function("document.querySelector('#status').innerText.includes('✓')", timeout=REPLY_TIMEOUT_MS)
+    except PlaywrightTimeout:
+        bots = page.locator(BOT)
+        last = bots.last.inner_text() if bots.count() else "(no reply)"
+        raise AssertionError(
+            f"no reply ended within {REPLY_TIMEOUT_MS / 1000:.0f} s: status {status(page)!r}, last reply {last!r}"
+        ) from None
     return DONE.search(status(page))
 
 
