@@ -426,7 +426,9 @@ def chosen_setting(models: Models, costs: CostModel) -> SettingChoice | None:
     key = machine.machine_key(
         threads,
         candidates=[c.as_tuple() for c in candidates],
-        margin=SPECULATE_MARGIN,  # the rule that chose: a cached choice made without the margin is measured again
+        # The rule that chose: a cached choice made without the margin, or without it against plain steps, is
+        # measured again.
+        margin={"over": "plain steps and narrower trees", "factor": SPECULATE_MARGIN},
         verify="nodes worth verifying, chances by their share",  # ... or without the cut (``nodes_worth_verifying``)
         target=loaded_identity(models.target),
         drafter=loaded_identity(getattr(drafter, "model", None)) | {"kind": type(drafter).__name__},
