@@ -298,7 +298,7 @@ def choose_setting(
     the bench (stops 63, 64), and on the embedded pair's held text a wide choice ran 0.87-0.88x (1, 1, 8) (issue 58):
     an estimate within a few per cent of a narrower one's is a near-even bet that the wider verify loses. Against a
     plain step too (as the counting model, ``AutoControl``): SmolLM2's sampled (1, 1, 8), expected at 1.03x plain
-    steps, ran 0.99x them over 60 held prompts and 0.90x on new stories (stop 69); the embedded pair's sampled
+    steps, ran 0.99x them over 60 held prompts and 0.90x on new stories (stop 68); the embedded pair's sampled
     choices are expected at 1.1-1.4x plain."""
     plain_s = costs.round_s(PLAIN_STEP)
     figures = {"plain": {"tau": 1.0, "round_ms": 1000 * plain_s, "tokens_per_s": 1.0 / plain_s}}
