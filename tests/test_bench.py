@@ -7,6 +7,7 @@ import argparse
 import csv
 import json
 import os
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,11 +29,12 @@ from xpress_core.bench.methods import (
     XPRESS_AUTO,
     XPRESS_NONE,
     BenchModels,
+    Outcome,
     Setting,
     method_settings,
 )
 from xpress_core.bench.report import SCHEMA
-from xpress_core.bench.summary import summarize
+from xpress_core.bench.summary import Measurement, prompt_interval, summarize
 from xpress_core.cli import main
 from xpress_core.config import DecodeConfig
 from xpress_core.controller import SettingChoice, setting_name
@@ -215,6 +217,17 @@ def test_bench_figures_table_and_goals_come_from_its_summaries(bench_run):
     # 0.125 here, so the two agree within half a percent and the JSON's rounding, whatever the timings.
     share = next(s["prefill_share"] for s in generate if not s["setting"])
     assert abs(float(generate_row.split(" | ")[6].rstrip("%")) - 100 * share) <= 0.5 + 0.05
+    # Below it, auto per class: the JSON's ratios and intervals (rounded to 3 places there, to 3 and 2 here), verdicts
+    cell = re.compile(r"([\d.]+) \(([\d.]+)-([\d.]+)\) (met|short|within noise)")
+    for c in doc["goals"]["auto_per_class"]:
+        row = next(line for line in table if line.startswith(f"| {c['class']} | {c['temperature']:g} |"))
+        columns = row.split(" | ")
+        for judged, text in ((c["auto_over_plain"], columns[3]), (c["auto_over_best_fixed"], columns[4])):
+            ratio, low, high, verdict = cell.fullmatch(text).groups()
+            assert float(ratio) == pytest.approx(judged["ratio"], abs=1.1e-3)
+            assert [float(low), float(high)] == pytest.approx(judged["interval"], abs=6e-3)
+            assert verdict == ("met" if judged["met"] else "short" if judged["short"] else "within noise")
+        assert row.endswith(f"| {c['auto_over_best_fixed']['rival_setting']} |")
     assert {"best_xpress", "engine_overhead", "refinement", "auto", "auto_over_best_fixed"} <= set(doc["goals"])
     over_fixed = doc["goals"]["auto_over_best_fixed"]
     auto, fixed = (
@@ -262,6 +275,9 @@ def test_auto_is_judged_per_prompt_class_from_the_final_calls(bench_run):
         assert over["rival_setting"] == best
         assert over["ratio"] == pytest.approx(auto / rate(group, temperature, XPRESS, best), **rounded)
         assert over["met"] == (over["ratio"] >= over["goal"])
+        for judged in (over, c["auto_over_plain"]):  # each prompt class's interval (``prompt_interval``)
+            low, high = judged["interval"]
+            assert 0 < low <= high and judged["short"] == (high < judged["goal"])
         repeats = sorted({r["repeat"] for r in rows})
         assert over["per_repeat"] == pytest.approx(
             [
@@ -270,6 +286,28 @@ def test_auto_is_judged_per_prompt_class_from_the_final_calls(bench_run):
             ],
             **rounded,
         )
+
+
+def calls_at(method: str, rates: dict[str, tuple[int, float]]) -> list[Measurement]:
+    """One call per prompt: ``rates`` maps a prompt to its (new tokens, seconds)."""
+    outcome = Outcome((), 0.0, 0.0, 0.0, (), (), 0, 0.0)
+    return [
+        Measurement(Setting(method), 0.0, prompt, 0, 1, seconds, replace(outcome, token_ids=(0,) * tokens))
+        for prompt, (tokens, seconds) in rates.items()
+    ]
+
+
+def test_a_class_ratio_comes_with_the_interval_its_prompts_put_it_in():
+    """Resampling the prompts: where auto runs 1.2x its rival on every prompt, every draw reads 1.2; with two prompts
+    at 0.8x and 1.25x of equal weight, a quarter of the draws holds the first twice (0.8) and a quarter the second
+    (1.25): the 5th and 95th percentiles."""
+    auto = calls_at(XPRESS_AUTO, {"a": (60, 1.0), "b": (30, 1.0)})
+    rival = calls_at(XPRESS, {"a": (50, 1.0), "b": (25, 1.0)})
+    assert prompt_interval(auto, rival) == pytest.approx((1.2, 1.2))
+    auto = calls_at(XPRESS_AUTO, {"a": (40, 1.0), "b": (50, 1.0), "only-here": (10, 1.0)})
+    rival = calls_at(XPRESS, {"a": (50, 1.0), "b": (40, 1.0)})
+    assert prompt_interval(auto, rival) == pytest.approx((0.8, 1.25))  # prompts both ran only
+    assert prompt_interval(auto, []) == (0.0, 0.0)
 
 
 def same_setting(row: dict, summary: dict) -> bool:

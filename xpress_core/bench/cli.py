@@ -323,7 +323,7 @@ def run_bench(args: argparse.Namespace) -> int:
         plan = replace(plan, settings=choose_finalists(stages[0].run.summaries, args.finalists))
     stages.append(run_stage(FINAL_STAGE, models, prompts, plan, args.no_progress))
     files = write_outputs(stages, args, models)
-    print(markdown_table(stages[-1].run.summaries))
+    print(markdown_table(stages[-1].run.summaries, stages[-1].run.measurements))
     print(
         json.dumps(
             {
