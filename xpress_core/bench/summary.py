@@ -168,7 +168,7 @@ def prompt_interval(calls: Sequence[Measurement], rival: Sequence[Measurement], 
     replacement (``BOOTSTRAP_ROUNDS`` times, each prompt's calls of every repeat together, both sides the same draw):
     how far a ratio over one class's prompts moves with the prompts that happened to be in it. Why: on 6-29 prompts a
     class, one repeat, the same method read 0.91-1.02x itself, and fixed settings a few per cent apart swapped places
-    from run to run (lab log, stop 70); a shortfall is one only where the whole interval lies below the goal."""
+    from run to run (lab log, stop 69); a shortfall is one only where the whole interval lies below the goal."""
     import torch
 
     def per_prompt(ms: Sequence[Measurement]) -> dict[str, tuple[int, float]]:
