@@ -22,6 +22,7 @@ from xpress_core.controller import (
     PLAIN_STEP,
     PRIOR_ACCEPT,
     PRIOR_ACCEPT_SAMPLED,
+    SPECULATE_MARGIN,
     AutoControl,
     ChosenControl,
     CostModel,
@@ -32,6 +33,7 @@ from xpress_core.controller import (
     candidate_settings,
     chance_share,
     choose_setting,
+    confirmed,
     denoise_work,
     nodes_worth_verifying,
     path_chances,
@@ -437,6 +439,35 @@ def test_the_setting_with_the_most_hand_computed_tokens_per_second_is_chosen_a_w
     assert candidate_settings(8, (1, 2)) == (*TREES, *(RoundSetting(k, 2, 8) for k in (1, 2, 4)))
 
 
+def test_drafting_stands_only_where_decoding_confirms_it_beats_plain_steps_by_the_margin():
+    """100 tokens in 1 s drafting against 100 in 1.05 s of plain steps: exactly the 5 % margin, kept; in 1.04 s, 4 %
+    short of it: plain steps. A plain choice, or nothing timed, stays as it is."""
+    tree = RoundSetting(1, 1, 8)
+    assert confirmed(tree, (100, 1.0), (100, 1.05)) == tree
+    assert confirmed(tree, (100, 1.0), (100, 1.04)) == PLAIN_STEP
+    assert confirmed(PLAIN_STEP, (100, 1.0), (1, 1.0)) == PLAIN_STEP
+    assert confirmed(tree, (0, 0.0), (100, 1.0)) == tree
+
+
+def test_a_choice_that_decodes_no_faster_than_plain_steps_is_plain_and_says_so(llama, monkeypatch):
+    """The decodes that confirm a drafting choice, stood in for: drafting as fast as plain steps turns both modes'
+    choices to plain steps, the summary saying what decoding measured."""
+    models, _ = llama
+    asked = []
+
+    def level(models, sampled, setting, costs, share):
+        asked.append((sampled, setting))
+        return [(100, 1.0), (100, 1.0)]
+
+    monkeypatch.setattr(engine, "decoded_in_turns", level)
+    choice = calibrate(models).chosen
+    assert asked and (choice.greedy, choice.sampled) == (PLAIN_STEP, PLAIN_STEP)
+    for sampled, setting in asked:
+        mode = "sampled" if sampled else "greedy"
+        assert choice.figures[mode][setting_name(setting)]["decoded_over_plain"] == 1.0
+        assert f"{setting_name(setting)}: tau" in choice.summary() and "1.00x decoded" in choice.summary()
+
+
 def test_a_tree_verifies_the_best_first_nodes_whose_chances_pay_for_their_rows():
     """At the unit costs a node's row costs 0.1 plain steps: path chances 0.9, 0.5, 0.3, 0.15, 0.05 gain 0.8, 1.2,
     1.4, 1.45 and 1.4 tokens over their price with 1-5 nodes, so four (0.15 pays for its row, 0.05 does not). A
@@ -569,7 +600,12 @@ def test_the_choice_is_measured_once_per_machine_threads_and_models_and_cached_w
         assert taus[candidates[0]] <= taus[candidates[1]] <= taus[candidates[2]]  # nested trees: more nodes, more kept
         rounds = recordings[mode == "sampled"]
         assert rounds and all(len(r.chances) == candidates[-1].nodes for r in rounds)
-        assert choose_setting(rounds, candidates, costs)[0] == first.setting(mode == "sampled")
+        replayed_choice = choose_setting(rounds, candidates, costs)[0]
+        decoded = first.figures[mode].get(setting_name(replayed_choice), {}).get("decoded_over_plain")
+        # Drafting stands where it also decoded the requests faster than plain steps by the margin (``confirmed``)
+        assert (decoded is None) == replayed_choice.plain
+        kept = replayed_choice if decoded is None or decoded >= SPECULATE_MARGIN else PLAIN_STEP
+        assert first.setting(mode == "sampled") == kept
         chosen = first.setting(mode == "sampled")
         share = 1.0 if chosen == PLAIN_STEP else chance_share(rounds, chosen.nodes)
         assert first.share(mode == "sampled") == pytest.approx(share)  # what auto's rounds then cut with

@@ -8,6 +8,7 @@ draft: a fixed (K, T, L), or ``auto``'s choice.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -22,6 +23,7 @@ from .controller import (
     AUTO_DRAFTS,
     CHOSEN_STEPS,
     MODES,
+    PLAIN_STEP,
     SPECULATE_MARGIN,
     AutoControl,
     ChosenControl,
@@ -33,12 +35,13 @@ from .controller import (
     auto_longest_block,
     candidate_settings,
     choose_setting,
+    confirmed,
     path_chances,
+    setting_name,
 )
 from .costs import calibration_drafts, fitted_costs, timed_in_turns
 from .drafters.base import DraftRandomness, Drafts, NoDrafter
 from .errors import XpressError
-from .hub import is_local
 from .models import Models, context_limit, encode_prompt, eos_ids
 from .sampling import TargetNoise, draw_token
 from .trace import DecodeResult, RoundTrace, StageClock, peak_memory_mb
@@ -430,8 +433,9 @@ def chosen_setting(models: Models, costs: CostModel) -> SettingChoice | None:
         # measured again.
         margin={"over": "plain steps and narrower trees", "factor": SPECULATE_MARGIN},
         verify="nodes worth verifying, chances by their share",  # ... or without the cut (``nodes_worth_verifying``)
-        target=loaded_identity(models.target),
-        drafter=loaded_identity(getattr(drafter, "model", None)) | {"kind": type(drafter).__name__},
+        confirmed="decoded against plain steps",  # ... or drafting on the replay's word alone (``confirmed``)
+        target=machine.loaded_identity(models.target),
+        drafter=machine.loaded_identity(getattr(drafter, "model", None)) | {"kind": type(drafter).__name__},
     )
     try:
         return SettingChoice.from_json(
@@ -443,20 +447,34 @@ def chosen_setting(models: Models, costs: CostModel) -> SettingChoice | None:
     widest = max(candidates, key=lambda s: s.nodes)
     rounds = {mode: recorded_rounds(models, mode == "sampled", widest) for mode in MODES}
     figures = {mode: choose_setting(rounds[mode], candidates, costs) for mode in MODES}
+    settings = {}
+    for mode, (setting, figured) in figures.items():
+        if not setting.plain:  # drafting only where it also decodes faster than plain steps
+            chosen = figured[setting_name(setting)]
+            drafting, plain = decoded_in_turns(models, mode == "sampled", setting, costs, chosen["share"])
+            chosen["decoded_over_plain"] = drafting[0] / drafting[1] / (plain[0] / plain[1])
+            setting = confirmed(setting, drafting, plain)
+        settings[mode] = setting
     where = f"{threads} thread" + ("" if threads == 1 else "s")
     reason = f"measured at load, {where}, in {time.perf_counter() - start:.1f} s"
-    choice = SettingChoice(figures["greedy"][0], figures["sampled"][0], {m: f[1] for m, f in figures.items()}, reason)
+    choice = SettingChoice(settings["greedy"], settings["sampled"], {m: f[1] for m, f in figures.items()}, reason)
     machine.store_entry(path, key, choice.to_json())
     return choice
 
 
-def loaded_identity(model) -> dict:
-    """A loaded model as a cached choice depends on it (``machine.model_identity``), its dtype included."""
-    if model is None:
-        return {}
-    name = str(getattr(model, "name_or_path", "") or "")
-    config = model.config.to_dict() if hasattr(model.config, "to_dict") else vars(model.config)
-    return machine.model_identity(name, is_local(name), config) | {"dtype": str(model.dtype)}
+def decoded_in_turns(models: Models, sampled: bool, setting: RoundSetting, costs: CostModel, share: float) -> list:
+    """[(tokens, seconds) at ``setting`` as ``auto`` drafts it (cut by its chances), the same with plain steps]:
+    ``CHOICE_PROMPTS`` decoded both ways request by request, so that the machine's drift hits both alike; seconds are
+    the rounds' own (prefill and events left out), greedy or at ``CHOICE_TEMPERATURE``."""
+    cfg = DecodeConfig(temperature=CHOICE_TEMPERATURE if sampled else 0.0, max_new_tokens=CHOICE_TOKENS)
+    chat, totals = bool(getattr(models.tokenizer, "chat_template", None)), [(0, 0.0), (0, 0.0)]
+    for text, way in itertools.product(CHOICE_PROMPTS, (0, 1)):
+        control = ChosenControl(setting, costs, share) if way == 0 else ChosenControl(PLAIN_STEP)
+        for event in decode(models, encode_prompt(models.tokenizer, text, chat), cfg, settings=control):
+            if isinstance(event, RoundTrace) and event.index:
+                tokens, seconds = totals[way]
+                totals[way] = (tokens + len(event.emitted), seconds + event.draft_s + event.verify_s + event.other_s)
+    return totals
 
 
 class RoundRecorder(FixedControl):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from .hub import cache_folder
+from .hub import cache_folder, is_local
 
 
 def cpu_identity() -> dict:
@@ -39,6 +39,15 @@ def model_identity(name: str, local: bool, config) -> dict:
                 weights.append([path.name, stat.st_size, stat.st_mtime_ns])
     config = json.dumps(dict(config or {}), sort_keys=True, default=str)
     return {"name": name, "config": hashlib.sha256(config.encode()).hexdigest(), "weights": weights}
+
+
+def loaded_identity(model) -> dict:
+    """A loaded model as a cached choice depends on it (``model_identity``), its dtype included."""
+    if model is None:
+        return {}
+    name = str(getattr(model, "name_or_path", "") or "")
+    config = model.config.to_dict() if hasattr(model.config, "to_dict") else vars(model.config)
+    return model_identity(name, is_local(name), config) | {"dtype": str(model.dtype)}
 
 
 def machine_key(threads: int, **parts) -> str:
