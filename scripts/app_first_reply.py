@@ -11,15 +11,14 @@ fresh machine also converts SmolLM2's weights and measures the dtype and auto's 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import time
 
+import psutil
 import torch
 
 from tests.app_browser import BOT, CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, send, status, wait_done
-from tests.app_server import OUTPUT, ROOT, free_port, wait_until_serving
+from tests.app_server import serve_app
 
 MESSAGES = (
     "I need a hotel in San Francisco for three nights.",
@@ -47,13 +46,12 @@ def reply_times(page, start: float, message: str) -> dict:
     first = time.monotonic() - start
     done = wait_done(page)
     ended = time.monotonic() - start
-    engine = status(page).split("·")
     return {
         "message": message,
         "first_words_s": round(first, 2),
         "ended_s": round(ended, 2),
         "tokens": int(done.group(1)) if done else None,
-        "status": " ".join(part.strip() for part in engine)[:160],
+        "status": " ".join(status(page).replace("·", " ").split())[:160],
         "reply": page.locator(BOT).last.inner_text()[:200],
     }
 
@@ -61,35 +59,21 @@ def reply_times(page, start: float, message: str) -> dict:
 def main(replies: int = len(MESSAGES)) -> None:
     from playwright.sync_api import sync_playwright
 
-    port, threads = free_port(), torch.get_num_threads()
-    env = {"GRADIO_ANALYTICS_ENABLED": "False", "OMP_NUM_THREADS": str(threads)}  # torch's default, said aloud
-    url = f"http://127.0.0.1:{port}/"
-    OUTPUT.mkdir(exist_ok=True)
-    with open(OUTPUT / "app-first-reply.log", "w") as log:
-        start = time.monotonic()
-        server = subprocess.Popen(
-            [sys.executable, "app.py", "--host", "127.0.0.1", "--port", str(port)],
-            cwd=ROOT,
-            env={**os.environ, **env},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            wait_until_serving(url, server)
-            with sync_playwright() as p:
-                browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-                page = browser.new_page(viewport={"width": 1400, "height": 1000})
-                page.set_default_timeout(TIMEOUT_MS)
-                page.goto(url)
-                page.wait_for_selector("#message textarea")
-                page_s = time.monotonic() - start
-                times = [reply_times(page, start, m) for m in (MESSAGES * replies)[:replies]]
-                browser.close()
-            result = {"threads": threads, "page_up_s": round(page_s, 2), "replies": times} | memory_mb(server.pid)
-            print(json.dumps(result, indent=1, ensure_ascii=False))
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
+    threads = torch.get_num_threads()
+    start = time.monotonic()  # ``serve_app`` starts ``python app.py`` right away
+    # torch's default thread count, said aloud (``serve_app`` would run the server at one)
+    with serve_app({"OMP_NUM_THREADS": str(threads)}, "app-first-reply") as url, sync_playwright() as p:
+        server = next(c for c in psutil.Process().children() if "app.py" in " ".join(c.cmdline()))
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.set_default_timeout(TIMEOUT_MS)
+        page.goto(url)
+        page.wait_for_selector("#message textarea")
+        page_s = time.monotonic() - start
+        times = [reply_times(page, start, m) for m in (MESSAGES * replies)[:replies]]
+        browser.close()
+        result = {"threads": threads, "page_up_s": round(page_s, 2), "replies": times} | memory_mb(server.pid)
+    print(json.dumps(result, indent=1, ensure_ascii=False))
 
 
 if __name__ == "__main__":

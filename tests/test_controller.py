@@ -39,6 +39,7 @@ from xpress_core.controller import (
     path_chances,
     replayed,
     setting_name,
+    speed_ratio,
 )
 from xpress_core.costs import calibration_drafts, fit_draft_costs, fit_verify_costs, timed_in_turns
 from xpress_core.drafters.base import Drafts, NoDrafter
@@ -447,6 +448,7 @@ def test_drafting_stands_only_where_decoding_confirms_it_beats_plain_steps_by_th
     assert confirmed(tree, (100, 1.0), (100, 1.04)) == PLAIN_STEP
     assert confirmed(PLAIN_STEP, (100, 1.0), (1, 1.0)) == PLAIN_STEP
     assert confirmed(tree, (0, 0.0), (100, 1.0)) == tree
+    assert confirmed(tree, (100, 1.0), (0, 1.0)) == tree and speed_ratio((100, 1.0), (0, 1.0)) is None  # no plain rate
 
 
 def test_a_choice_that_decodes_no_faster_than_plain_steps_is_plain_and_says_so(llama, monkeypatch):

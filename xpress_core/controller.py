@@ -328,9 +328,15 @@ def confirmed(setting: RoundSetting, drafting: tuple[int, float], plain: tuple[i
     and requests can both flatter drafting. On the embedded pair's held text at 0.7 the sampled (1, 1, 8) chosen at
     1.15x expected ran 0.89x plain decoding: its drafting rounds cost 1.1-1.4x more against plain steps in decoding than
     priced, and its requests accepted more than the held text (tau 2.33 against 2.08; lab log, stop 69)."""
-    if setting.plain or min(drafting[1], plain[1]) <= 0:
-        return setting
-    return setting if drafting[0] / drafting[1] >= SPECULATE_MARGIN * plain[0] / plain[1] else PLAIN_STEP
+    ratio = speed_ratio(drafting, plain)
+    return setting if setting.plain or ratio is None or ratio >= SPECULATE_MARGIN else PLAIN_STEP
+
+
+def speed_ratio(drafting: tuple[int, float], plain: tuple[int, float]) -> float | None:
+    """Tokens per second of one (tokens, seconds) over another's; None where either wrote nothing or took no time."""
+    if min(drafting[1], plain[0], plain[1]) <= 0:
+        return None
+    return drafting[0] * plain[1] / (drafting[1] * plain[0])
 
 
 MODES = ("greedy", "sampled")  # auto's two choices: greedy decoding and sampling (``SettingChoice``)

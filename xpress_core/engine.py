@@ -38,6 +38,7 @@ from .controller import (
     confirmed,
     path_chances,
     setting_name,
+    speed_ratio,
 )
 from .costs import calibration_drafts, fitted_costs, timed_in_turns
 from .drafters.base import DraftRandomness, Drafts, NoDrafter
@@ -452,7 +453,8 @@ def chosen_setting(models: Models, costs: CostModel) -> SettingChoice | None:
         if not setting.plain:  # drafting only where it also decodes faster than plain steps
             chosen = figured[setting_name(setting)]
             drafting, plain = decoded_in_turns(models, mode == "sampled", setting, costs, chosen["share"])
-            chosen["decoded_over_plain"] = drafting[0] / drafting[1] / (plain[0] / plain[1])
+            if (ratio := speed_ratio(drafting, plain)) is not None:  # None: a request set that decoded nothing
+                chosen["decoded_over_plain"] = ratio
             setting = confirmed(setting, drafting, plain)
         settings[mode] = setting
     where = f"{threads} thread" + ("" if threads == 1 else "s")
@@ -462,15 +464,20 @@ def chosen_setting(models: Models, costs: CostModel) -> SettingChoice | None:
     return choice
 
 
-def decoded_in_turns(models: Models, sampled: bool, setting: RoundSetting, costs: CostModel, share: float) -> list:
-    """[(tokens, seconds) at ``setting`` as ``auto`` drafts it (cut by its chances), the same with plain steps]:
-    ``CHOICE_PROMPTS`` decoded both ways request by request, so that the machine's drift hits both alike; seconds are
-    the rounds' own (prefill and events left out), greedy or at ``CHOICE_TEMPERATURE``."""
+def choice_requests(models: Models, sampled: bool) -> tuple[DecodeConfig, list[torch.Tensor]]:
+    """The choice's requests: ``CHOICE_PROMPTS`` (chats where there is a template), greedy or sampled, as configured."""
     cfg = DecodeConfig(temperature=CHOICE_TEMPERATURE if sampled else 0.0, max_new_tokens=CHOICE_TOKENS)
-    chat, totals = bool(getattr(models.tokenizer, "chat_template", None)), [(0, 0.0), (0, 0.0)]
-    for text, way in itertools.product(CHOICE_PROMPTS, (0, 1)):
+    chat = bool(getattr(models.tokenizer, "chat_template", None))
+    return cfg, [encode_prompt(models.tokenizer, text, chat) for text in CHOICE_PROMPTS]
+
+
+def decoded_in_turns(models: Models, sampled: bool, setting: RoundSetting, costs: CostModel, share: float) -> list:
+    """[(tokens, seconds) at ``setting`` as ``auto`` drafts it, the same with plain steps]: the ``choice_requests``
+    both ways in turns (the machine's drift hits both alike), in the rounds' own seconds (no prefill, no events)."""
+    (cfg, prompts), totals = choice_requests(models, sampled), [(0, 0.0), (0, 0.0)]
+    for prompt, way in itertools.product(prompts, (0, 1)):
         control = ChosenControl(setting, costs, share) if way == 0 else ChosenControl(PLAIN_STEP)
-        for event in decode(models, encode_prompt(models.tokenizer, text, chat), cfg, settings=control):
+        for event in decode(models, prompt, cfg, settings=control):
             if isinstance(event, RoundTrace) and event.index:
                 tokens, seconds = totals[way]
                 totals[way] = (tokens + len(event.emitted), seconds + event.draft_s + event.verify_s + event.other_s)
@@ -490,17 +497,15 @@ class RoundRecorder(FixedControl):
 
 
 def recorded_rounds(models: Models, sampled: bool, widest: RoundSetting) -> list[RecordedRound]:
-    """The drafting rounds of decodes at the widest candidate on ``CHOICE_PROMPTS``, greedy or at
-    ``CHOICE_TEMPERATURE``: per round its tree's path chances best first and the places in that order of the nodes it
-    accepted (the path whose tokens begin with the accepted ones: a tree's shared nodes sit in every path through
-    them), for ``choose_setting`` to replay every candidate on."""
-    cfg = DecodeConfig(temperature=CHOICE_TEMPERATURE if sampled else 0.0, max_new_tokens=CHOICE_TOKENS)
-    chat = bool(getattr(models.tokenizer, "chat_template", None))
+    """The drafting rounds of the ``choice_requests`` decoded at the widest candidate: per round its tree's path
+    chances best first and the places in that order of the nodes it accepted (the path whose tokens begin with the
+    accepted ones: a tree's shared nodes sit in every path through them), for ``choose_setting`` to replay."""
+    cfg, prompts = choice_requests(models, sampled)
     rounds = []
     cfg = round_config(cfg, widest)
-    for text in CHOICE_PROMPTS:
+    for prompt in prompts:
         recorder = RoundRecorder(cfg)
-        for event in decode(models, encode_prompt(models.tokenizer, text, chat), cfg, settings=recorder):
+        for event in decode(models, prompt, cfg, settings=recorder):
             drafts = recorder.drafts
             if not isinstance(event, RoundTrace) or event.index == 0 or drafts is None or not drafts.order:
                 continue

@@ -7,6 +7,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
+
 from ..records import json_record
 from ..trace import tokens_per_round
 from .methods import METHODS, REFERENCE, Outcome, Setting
@@ -169,7 +171,6 @@ def prompt_interval(calls: Sequence[Measurement], rival: Sequence[Measurement], 
     how far a ratio over one class's prompts moves with the prompts that happened to be in it. Why: on 6-29 prompts a
     class, one repeat, the same method read 0.91-1.02x itself, and fixed settings a few per cent apart swapped places
     from run to run (lab log, stop 69); a shortfall is one only where the whole interval lies below the goal."""
-    import torch
 
     def per_prompt(ms: Sequence[Measurement]) -> dict[str, tuple[int, float]]:
         totals: dict[str, tuple[int, float]] = {}
