@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from xpress_core import controller, engine
+from xpress_core import controller, counting, engine
 from xpress_core.config import DecodeConfig
 from xpress_core.controller import PLAIN_STEP, CostModel, RoundSetting
 from xpress_core.data import evaluation_prompts, prompt_class, split_of
@@ -49,14 +49,14 @@ PRICES = (
 )
 
 # The modules whose constants ``--set`` changes (each module reads its own name for a constant).
-CONTROL_MODULES = (controller,)
+CONTROL_MODULES = (controller, counting)
 
 
 def holders(name: str) -> list:
     """The control modules that hold the constant ``name``."""
     found = [module for module in CONTROL_MODULES if hasattr(module, name)]
     if not name.isupper() or not found:
-        raise SystemExit(f"{name}: not a constant of xpress_core/controller.py")
+        raise SystemExit(f"{name}: not a constant of xpress_core/controller.py or counting.py")
     return found
 
 

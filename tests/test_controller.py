@@ -13,19 +13,17 @@ import torch
 
 from tests.fakes import ScriptedDrafter
 from tests.oracles import PROMPTS, check_invariants, cli, hf_greedy, run
-from xpress_core import controller, engine, hub
+from xpress_core import controller, counting, engine, hub
 from xpress_core.config import DecodeConfig
 from xpress_core.controller import (
     CHOSEN_STEPS,
+    FIRST_PROBE,
     LAST_PROBE,
-    MEMORY,
     PLAIN_STEP,
-    PRIOR_ACCEPT,
-    PRIOR_ACCEPT_SAMPLED,
     SPECULATE_MARGIN,
-    AutoControl,
     ChosenControl,
     CostModel,
+    DraftingWorth,
     FixedControl,
     RecordedRound,
     RoundSetting,
@@ -42,6 +40,7 @@ from xpress_core.controller import (
     speed_ratio,
 )
 from xpress_core.costs import calibration_drafts, fit_draft_costs, fit_verify_costs, timed_in_turns
+from xpress_core.counting import MEMORY, PRIOR_ACCEPT, PRIOR_ACCEPT_SAMPLED, AutoControl
 from xpress_core.drafters.base import Drafts, NoDrafter
 from xpress_core.drafters.masked import MaskedDiffusionDrafter
 from xpress_core.engine import Models, calibrate, calibrated, control, decode
@@ -71,7 +70,7 @@ def llama(zoo):
 
 
 def test_round_costs_and_acceptance_estimates_on_known_numbers(monkeypatch):
-    monkeypatch.setattr(controller, "PRIOR_ACCEPT", 0.5)  # round numbers below
+    monkeypatch.setattr(counting, "PRIOR_ACCEPT", 0.5)  # round numbers below
     costs = CostModel(1.0, 0.1, 2.0, 0.5, 0.25)
     assert costs.round_s(RoundSetting(2, 3, 4)) == pytest.approx(3 * (1.0 + 0.1 * 2 * 5) + 2.0 + 0.5 * 9 + 0.25)
     assert costs.round_s(PLAIN_STEP) == pytest.approx(2.0 + 0.5 + 0.25)
@@ -269,7 +268,7 @@ def test_estimates_that_overpromise_are_discounted_by_what_tried_settings_delive
     rates = {
         RoundSetting(k, 1, block): (1 + share * expected_draft_tokens(control, RoundSetting(k, 1, block)))
         / control.costs.round_s(RoundSetting(k, 1, block))
-        for k in controller.AUTO_DRAFTS
+        for k in counting.AUTO_DRAFTS
         for block in range(1, 9)
     }
     best = control.search(8)
@@ -364,10 +363,12 @@ def test_settings_reach_the_round_log_and_the_cli_decides_by_default(zoo, llama,
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert out["token_ids"] == hf_greedy(models, prompts[0], new=24) and out["dtype"] == "float32"
     assert [[r["K"], r["T"], r["L"]] for r in records[1:]] == out["settings"] and len(out["settings"]) == out["rounds"]
-    # auto's choice, in the output with the figures that chose it: every drafting round ran it
-    greedy = out["auto_choice"]["settings"]["greedy"]
+    # auto's choice, in the output with the figures that chose it: every drafting round ran it (where it is plain
+    # steps, the drafting setting its figures measured, ``ChosenControl``'s probes)
+    choice = SettingChoice.from_json(out["auto_choice"], "read")
+    ran = choice.worth(False).setting if choice.greedy.plain else choice.greedy
     assert (
-        all(s[:2] == greedy[:2] for s in out["settings"] if s[2]) and "plain" in out["auto_choice"]["figures"]["greedy"]
+        all(tuple(s[:2]) == ran.as_tuple()[:2] for s in out["settings"] if s[2]) and "plain" in choice.figures["greedy"]
     )
     pinned = json.loads(cli(*args, "-L", "4").stdout)
     assert pinned["settings"] == [[1, 1, 4]] * pinned["rounds"]  # one of -K/-T/-L pins the setting
@@ -467,7 +468,8 @@ def test_a_choice_that_decodes_no_faster_than_plain_steps_is_plain_and_says_so(l
     for sampled, setting in asked:
         mode = "sampled" if sampled else "greedy"
         assert choice.figures[mode][setting_name(setting)]["decoded_over_plain"] == 1.0
-        assert f"{setting_name(setting)}: tau" in choice.summary() and "1.00x decoded" in choice.summary()
+        assert f"{setting_name(setting)} where a request's own rounds pay (tau" in choice.summary()
+        assert "1.00x decoded" in choice.summary()
 
 
 def test_a_tree_verifies_the_best_first_nodes_whose_chances_pay_for_their_rows():
@@ -540,15 +542,15 @@ def test_auto_equals_generate_where_it_verifies_part_of_its_trees(embedded):
 
 def test_the_choice_says_what_auto_runs_in_its_figures_terms_and_where_plain_steps_won_what_lost():
     """The summary the CLI, the bench and the app show: taus 4, 5, 6 at the unit costs above choose (1, 1, 8), 4
-    tokens a round of 3.7 plain steps (1.08x); taus of 3 choose plain steps, the best drafting setting (1, 1, 8) at
-    3 / 3.7 = 0.81x."""
+    tokens a round of 3.7 plain steps (1.08x); taus of 3 choose plain steps, probing with the best drafting setting
+    (1, 1, 8) at 3 / 3.7 = 0.81x."""
     greedy, greedy_figures = choose_setting(recorded(SURE_THREE, (0, 1, 2, 8, 9, 16, 17)), TREES, UNIT_COSTS)
     sampled, sampled_figures = choose_setting(recorded((0, 1)), TREES, UNIT_COSTS)
     choice = SettingChoice(greedy, sampled, {"greedy": greedy_figures, "sampled": sampled_figures}, "measured here")
     assert choice.summary() == (
-        "greedy 1x1x8 (tau 4.00 a round of 3.70 plain steps, 1.08x plain decoding expected); sampled plain steps (the "
-        "best drafting setting, 1x1x8: tau 3.00 a round of 3.70 plain steps, 0.81x plain decoding expected) "
-        "(measured here)"
+        "greedy 1x1x8 (tau 4.00 a round of 3.70 plain steps, 1.08x plain decoding expected); sampled plain steps, "
+        "drafting 1x1x8 where a request's own rounds pay (tau 3.00 a round of 3.70 plain steps, 0.81x plain decoding "
+        "expected) (measured here)"
     )
     assert SettingChoice(greedy, sampled, {}, "cached").summary() == "greedy 1x1x8; sampled plain (cached)"
 
@@ -564,6 +566,82 @@ def test_auto_keeps_the_chosen_setting_whatever_a_round_accepted():
     assert control.choose(remaining=1) == PLAIN_STEP
     assert ChosenControl(RoundSetting(1, 2, 8)).choose(remaining=2) == RoundSetting(1, 1, 1)  # no more steps than L
     assert ChosenControl(PLAIN_STEP).choose(remaining=100) == PLAIN_STEP
+
+
+def test_where_drafting_was_turned_down_a_request_probes_and_drafts_while_its_own_rounds_pay(monkeypatch):
+    """A (1, 1, 8) round priced 3.7 plain steps (UNIT_COSTS), measured at load at tau 2.96: 0.8x plain steps. Counted
+    as 4 rounds with a request's own: a first-round probe accepting nothing reads (1 + 4 x 2.96) / (3.7 + 4 x 3.7) =
+    0.694x, and plain steps follow, probes after 16, 32 and 64 of them, then every 64. A probe accepting 7 reads
+    (8 + 11.84) / 18.5 = 1.072x, over the 5 % margin: drafting goes on; one round accepting nothing after it reads
+    (9 + 11.84) / 22.2 = 0.939x: plain steps again; after two rounds accepting 7, two rounds accepting nothing."""
+    monkeypatch.setattr(controller, "REQUEST_PRIOR", 4.0)
+    chain = TREES[0]
+    worth = DraftingWorth(chain, share=1.0, tau=2.96, steps=3.7, bias=1.0)
+    assert worth.rate(0.0, 0.0) == pytest.approx(0.8) and worth.rate(8, 3.7) == pytest.approx(19.84 / 18.5)
+
+    def picks(accepted):
+        control, chosen = ChosenControl.measured(worth, UNIT_COSTS), []
+        for got in accepted:
+            chosen.append(control.choose(remaining=1000))
+            control.observe(chosen[-1], got if chosen[-1] == chain else 0)
+        return chosen
+
+    assert (FIRST_PROBE, LAST_PROBE) == (16, 64)
+    gaps = [16, 32, 64, 64]
+    want = [chain] + [x for gap in gaps for x in [PLAIN_STEP] * gap + [chain]]
+    assert picks([0] * len(want)) == want
+    assert picks([7, 7, 0, 0, 0]) == [chain] * 4 + [PLAIN_STEP]  # 1.072x, 1.254x, 1.114x, then 1.008x
+    assert picks([7, 0, 0]) == [chain, chain, PLAIN_STEP]
+    # Its price: a round verifying part of its tree costs its draft and that verify; none, its draft and a plain step.
+    control = ChosenControl.measured(worth, UNIT_COSTS)
+    control.verified = 3
+    control.observe(chain, 2)
+    control.verified = 0
+    control.observe(chain, 0)
+    assert (control.tokens, control.steps) == (4, pytest.approx((1.9 + 1.3) + (1.9 + 1.0)))
+
+
+def test_the_measured_worth_of_each_mode_is_the_drafting_setting_its_figures_speak_for():
+    """Where a mode drafts, its setting; where plain steps won, the one decoding turned down, else the best replayed;
+    the bias is the decoded rate over the expected one (1 where nothing was decoded)."""
+    plain = {"tau": 1.0, "round_ms": 10.0, "tokens_per_s": 100.0}
+    one = {"tau": 2.0, "round_ms": 25.0, "tokens_per_s": 80.0, "share": 0.5}
+    two = {"tau": 2.7, "round_ms": 30.0, "tokens_per_s": 90.0, "share": 0.6}
+    turned_down = one | {"decoded_over_plain": 0.72}
+    figures = {
+        "greedy": {"plain": plain, "1x1x8": one, "2x1x8": two},
+        "sampled": {"plain": plain, "1x1x8": turned_down},
+    }
+    choice = SettingChoice(PLAIN_STEP, PLAIN_STEP, figures)
+    assert choice.worth(False) == DraftingWorth(RoundSetting(2, 1, 8), 0.6, 2.7, 3.0, 1.0)
+    assert choice.worth(True) == DraftingWorth(RoundSetting(1, 1, 8), 0.5, 2.0, 2.5, pytest.approx(0.9))
+    drafting = SettingChoice(RoundSetting(1, 1, 8), PLAIN_STEP, figures)
+    assert drafting.worth(False).setting == RoundSetting(1, 1, 8)
+    assert SettingChoice(PLAIN_STEP, PLAIN_STEP, {}).worth(True) is None
+
+
+def test_auto_that_chose_plain_steps_probes_and_its_tokens_stay_the_targets(embedded):
+    """The embedded pair with plain steps chosen both ways and a drafting setting measured at 0.8x: auto's requests
+    draft their first round and probes after plain runs, rounds of both kinds; greedy its tokens are ``generate``'s,
+    and sampled, plain sampling's with the same seed. A mode that drafts keeps drafting whatever its rounds accept."""
+    plain = {"tau": 1.0, "round_ms": 4.0, "tokens_per_s": 250.0}
+    chain = {"tau": 2.8, "round_ms": 14.0, "tokens_per_s": 200.0, "share": 1.0}
+    figures = {mode: {"plain": plain, "1x1x4": chain} for mode in ("greedy", "sampled")}
+    costs = CostModel(1e-3, 1e-4, 3e-3, 1e-3, 0.0, chosen=SettingChoice(PLAIN_STEP, PLAIN_STEP, figures))
+    cut_off = Models(embedded.target, embedded.tokenizer, NoDrafter())
+    for text in PROMPTS[:2]:
+        prompt_ids = encode_prompt(embedded.tokenizer, text, chat=True)
+        _, result = run(embedded, prompt_ids, AUTO, costs=costs)
+        drafted = [i for i, s in enumerate(result.settings) if s != PLAIN_STEP.as_tuple()]
+        assert drafted[0] == 0 and 0 < len(drafted) < len(result.settings), result.settings
+        assert list(result.token_ids) == hf_greedy(embedded, prompt_ids, new=AUTO.max_new_tokens)
+        sampled = DecodeConfig(auto=True, temperature=0.7, seed=4, max_new_tokens=AUTO.max_new_tokens)
+        _, got = run(embedded, prompt_ids, sampled, costs=costs)
+        _, want = run(cut_off, prompt_ids, replace(sampled, auto=False))
+        assert got.token_ids == want.token_ids
+    drafting = replace(costs, chosen=SettingChoice(RoundSetting(1, 1, 4), PLAIN_STEP, figures))
+    assert control(embedded, AUTO, drafting).worth is None
+    assert control(embedded, replace(AUTO, temperature=0.7), drafting).worth.setting == RoundSetting(1, 1, 4)
 
 
 def test_auto_runs_the_setting_chosen_at_load_and_equals_generate(llama):

@@ -11,8 +11,9 @@ import torch
 
 from tests.oracles import NEW, PROMPTS, check_invariants, hf_greedy, plain_sampling, run
 from xpress_core.config import DecodeConfig
-from xpress_core.controller import AutoControl, CostModel, RoundSetting
+from xpress_core.controller import CostModel, RoundSetting
 from xpress_core.costs import fit_draft_costs, round_draft_work
+from xpress_core.counting import AutoControl
 from xpress_core.drafters import diffusion
 from xpress_core.drafters.base import DraftRandomness
 from xpress_core.drafters.diffusion_model import XpressDrafter

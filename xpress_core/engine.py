@@ -20,12 +20,10 @@ from . import cache as kv
 from . import machine
 from .config import TREE, DecodeConfig
 from .controller import (
-    AUTO_DRAFTS,
     CHOSEN_STEPS,
     MODES,
     PLAIN_STEP,
     SPECULATE_MARGIN,
-    AutoControl,
     ChosenControl,
     CostModel,
     FixedControl,
@@ -41,6 +39,7 @@ from .controller import (
     speed_ratio,
 )
 from .costs import calibration_drafts, fitted_costs, timed_in_turns
+from .counting import AUTO_DRAFTS, AutoControl
 from .drafters.base import DraftRandomness, Drafts, NoDrafter
 from .errors import XpressError
 from .models import Models, context_limit, encode_prompt, eos_ids
@@ -124,17 +123,18 @@ def prefill(models: Models, prompt_ids: torch.Tensor, cfg: DecodeConfig) -> tupl
 
 
 def control(models: Models, cfg: DecodeConfig, costs: CostModel | None) -> FixedControl | AutoControl:
-    """The rounds' settings: pinned, or auto: where the drafter's trees carry their chances the setting chosen at load
-    (``chosen_setting``, ``ChosenControl``; one chain of the longest block where costs come without one), else the
-    counting model."""
+    """The rounds' settings: pinned; or auto: the setting chosen at load where the drafter's trees carry chances
+    (``ChosenControl``; where that is plain steps, drafting where a request's rounds pay), else ``AutoControl``."""
     if not cfg.auto:
         return FixedControl(cfg)
     costs = costs or models.costs or calibrate(models)
     if cfg.diversity == TREE and models.drafter.offers_chances:
-        chain = RoundSetting(1, 1, auto_longest_block(models.drafter.max_block))
-        if costs.chosen is None:
-            return ChosenControl(chain, costs)
-        return ChosenControl(costs.chosen.setting(not cfg.greedy), costs, costs.chosen.share(not cfg.greedy))
+        if costs.chosen is None:  # one chain of the longest block
+            return ChosenControl(RoundSetting(1, 1, auto_longest_block(models.drafter.max_block)), costs)
+        setting, worth = costs.chosen.setting(not cfg.greedy), costs.chosen.worth(not cfg.greedy)
+        if setting.plain and worth is not None:  # plain steps, and drafting where a request's rounds pay
+            return ChosenControl.measured(worth, costs)
+        return ChosenControl(setting, costs, costs.chosen.share(not cfg.greedy))
     can_draft = not isinstance(models.drafter, NoDrafter)
     return AutoControl(
         costs,

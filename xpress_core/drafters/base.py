@@ -14,7 +14,8 @@ from functools import cache
 import torch
 
 from ..config import DecodeConfig
-from ..controller import AUTO_STEPS, RoundSetting, denoise_work
+from ..controller import RoundSetting, denoise_work
+from ..counting import AUTO_STEPS
 from ..errors import XpressError
 from ..sampling import noisy_logits
 from ..trace import DenoiseStep, Refinement

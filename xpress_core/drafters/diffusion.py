@@ -13,7 +13,8 @@ from itertools import pairwise
 import torch
 
 from ..config import TREE, DecodeConfig
-from ..controller import AUTO_PASSES, RoundSetting
+from ..controller import RoundSetting
+from ..counting import AUTO_PASSES
 from ..sampling import noisy_logits
 from ..trace import DenoiseStep, Refinement
 from .base import (
