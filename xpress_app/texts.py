@@ -67,7 +67,8 @@ HELP = {
         "Runs the drafts K, steps T and block L chosen when the models loaded for the most expected tokens per second "
         "(the drafter's acceptance on a few requests over the stage costs measured then, drafting kept only where those "
         "requests also decoded faster than plain steps; kept per machine and models), and each round verifies only the "
-        "drafted tokens its chances pay for (none: a plain step). Untick to pin K, T, L below."
+        "drafted tokens its chances pay for (none: a plain step). Where plain steps were chosen, a reply still drafts "
+        "now and then and goes on drafting while that pays on its own text. Untick to pin K, T, L below."
     ),
     "animate": (
         "Replay every round's denoise steps in the draft panel while generating. Slower to watch; "
