@@ -580,7 +580,7 @@ def test_where_drafting_was_turned_down_a_request_probes_and_drafts_while_its_ow
     assert worth.rate(0.0, 0.0) == pytest.approx(0.8) and worth.rate(8, 3.7) == pytest.approx(19.84 / 18.5)
 
     def picks(accepted):
-        control, chosen = ChosenControl.measured(worth, UNIT_COSTS), []
+        control, chosen = ChosenControl(chain, UNIT_COSTS, worth=worth), []
         for got in accepted:
             chosen.append(control.choose(remaining=1000))
             control.observe(chosen[-1], got if chosen[-1] == chain else 0)
@@ -593,7 +593,7 @@ def test_where_drafting_was_turned_down_a_request_probes_and_drafts_while_its_ow
     assert picks([7, 7, 0, 0, 0]) == [chain] * 4 + [PLAIN_STEP]  # 1.072x, 1.254x, 1.114x, then 1.008x
     assert picks([7, 0, 0]) == [chain, chain, PLAIN_STEP]
     # Its price: a round verifying part of its tree costs its draft and that verify; none, its draft and a plain step.
-    control = ChosenControl.measured(worth, UNIT_COSTS)
+    control = ChosenControl(chain, UNIT_COSTS, worth=worth)
     control.verified = 3
     control.observe(chain, 2)
     control.verified = 0

@@ -410,7 +410,12 @@ class ChosenControl(FixedControl):
         self.verified: int | None = None  # nodes the last round's cut kept (None: not cut, all of them)
 
     @classmethod
-    def measured(cls, worth: DraftingWorth, costs: CostModel) -> ChosenControl:
+    def of(cls, choice: SettingChoice, sampled: bool, costs: CostModel) -> ChosenControl:
+        """A mode's choice: its setting; where that is plain steps, its figures' drafting setting with its ``worth``."""
+        setting = choice.setting(sampled)
+        worth = choice.worth(sampled) if setting.plain else None
+        if worth is None:
+            return cls(setting, costs, choice.share(sampled))
         return cls(worth.setting, costs, worth.share, worth)
 
     def choose(self, remaining: int) -> RoundSetting:
@@ -432,14 +437,14 @@ class ChosenControl(FixedControl):
         return True
 
     def observe(self, setting: RoundSetting, accepted: int, with_fewer: tuple[int, ...] = ()) -> None:
-        """A drafting round's tokens and price in plain steps (its draft, and the verify over the nodes it kept, or a
-        plain step's); a plain round lengthens the run of them."""
+        """With a ``worth``: a drafting round's tokens and price in plain steps (its draft, and the verify over the
+        nodes it kept, or a plain step's); a plain round lengthens the run of them."""
+        if self.worth is None:  # the counts feed ``drafts_now`` only: a drafting round pays none of this
+            return
         if setting.plain:
             self.plain_run += 1
             return
         self.plain_run = 0
-        if self.costs is None:  # nothing to price it by (and no ``worth`` to weigh it with)
-            return
         plain_s = self.costs.round_s(PLAIN_STEP)
         nodes = setting.nodes if self.verified is None else self.verified
         rest_s = self.costs.after_draft_s(nodes) if nodes else plain_s

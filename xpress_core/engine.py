@@ -131,10 +131,7 @@ def control(models: Models, cfg: DecodeConfig, costs: CostModel | None) -> Fixed
     if cfg.diversity == TREE and models.drafter.offers_chances:
         if costs.chosen is None:  # one chain of the longest block
             return ChosenControl(RoundSetting(1, 1, auto_longest_block(models.drafter.max_block)), costs)
-        setting, worth = costs.chosen.setting(not cfg.greedy), costs.chosen.worth(not cfg.greedy)
-        if setting.plain and worth is not None:  # plain steps, and drafting where a request's rounds pay
-            return ChosenControl.measured(worth, costs)
-        return ChosenControl(setting, costs, costs.chosen.share(not cfg.greedy))
+        return ChosenControl.of(costs.chosen, not cfg.greedy, costs)
     can_draft = not isinstance(models.drafter, NoDrafter)
     return AutoControl(
         costs,
