@@ -58,8 +58,14 @@ def wait_done(page) -> re.Match:
 
 
 def start_fresh(page) -> None:
+    """An empty chat, once Clear's own reply is in: waiting only for no replies on the page passes at once on an empty
+    chat, and Clear's late reply then emptied the message box a test had just filled (one CI run sent an empty
+    message). Clear empties the box, so a marker left there tells when its reply came."""
+    page.fill("#message textarea", "(clearing)")
     page.click("#clear")
-    page.wait_for_function(f'document.querySelectorAll("{BOT}").length === 0')
+    page.wait_for_function(
+        f'document.querySelectorAll("{BOT}").length === 0 && document.querySelector("#message textarea").value === ""'
+    )
 
 
 def set_checkbox(page, elem_id: str, on: bool) -> None:
