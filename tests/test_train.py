@@ -339,6 +339,45 @@ def test_turns_keep_each_conversations_first_replies(zoo):
         prompt_ends(ids, tokenizer, len(ids), turns=1)
 
 
+def test_clean_openings_hold_their_own_conversation_only_and_read_as_it_alone(zoo):
+    """``--clean-openings``: a prompt is its own conversation, padded on the left; the target continues it and reads
+    it as it reads the conversation alone (the pad masked out), and no drafter block takes the pad as context."""
+    import numpy as np
+    import torch
+    from transformers import AutoTokenizer
+
+    from xpress_core.errors import XpressError
+    from xpress_core.train.distill import PAD, continue_batch, own_starts, prompt_ends, prompt_windows
+    from xpress_core.train.drafter import make_blocks, read_target
+
+    tokenizer = AutoTokenizer.from_pretrained(zoo["tokenizer"])
+    target = AutoModelForCausalLM.from_pretrained(zoo["llama"]).eval()
+    long = [
+        {"role": "user", "content": "hello there, how are you today my good friend"},
+        {"role": "assistant", "content": "hi"},
+    ]
+    short = [{"role": "user", "content": "a table"}, {"role": "assistant", "content": "yes"}]
+    a, b = (list(tokenizer.apply_chat_template(chat, tokenize=True, return_dict=False)) for chat in (long, short))
+    ids = np.asarray(a + b + a)
+    alone = list(prompt_ends(np.asarray(b), tokenizer, 1, turns=1))
+    window = prompt_ends(np.asarray(a), tokenizer, 1, turns=1)[0] - 1  # the long conversation's reply does not fit
+    ends = prompt_ends(ids, tokenizer, window, turns=1, clean=True)
+    assert list(ends) == [len(a) + alone[0]]
+    prompts = prompt_windows(ids, ends, window, torch.device("cpu"), own_starts(ids, tokenizer, ends))
+    pads = window - alone[0]
+    assert pads > 0 and (prompts[0, :pads] == PAD).all() and prompts[0, pads:].tolist() == b[: alone[0]]
+    rows = continue_batch(target, prompts, 6, 0.0, None)
+    assert torch.equal(rows[:, pads:], greedy_without_cache(target, prompts[:, pads:], 6))
+    padded, clean = read_target(target, rows, [0]), read_target(target, rows[:, pads:], [0])
+    assert torch.allclose(padded.features[:, pads:], clean.features, atol=1e-5)
+    assert torch.allclose(padded.logits[:, pads:], clean.logits, atol=1e-4)
+    blocks = make_blocks(rows, window - 1, 2, 3, np.random.default_rng(0), torch.float32)
+    assert (blocks.attention_mask[0, 0, :, :pads] == torch.finfo(torch.float32).min).all()
+    assert (blocks.attention_mask[0, 0, :, pads : window - 1] == 0).all()  # the conversation itself is context
+    with pytest.raises(XpressError, match="--turns"):
+        prompt_ends(ids, tokenizer, window, clean=True)
+
+
 def test_held_out_rows_rewritten_greedily_are_the_targets_greedy_continuations(pipeline):
     import torch
 

@@ -111,7 +111,8 @@ def prompts_text(written: dict) -> str:
     """Where a distillation's prompts ended (``--turns``: only at a conversation's first replies)."""
     turns = written.get("turns", 0)
     where = f"one of a conversation's first {turns} replies" if turns else "its reply marker"
-    return f"{written.get('prompt_len')}-token prompts ending at {where}"
+    alone = ", each its own conversation alone (padded on the left, masked)" if written.get("clean") else ""
+    return f"{written.get('prompt_len')}-token prompts ending at {where}{alone}"
 
 
 def later_distillation_text(stages: list[dict], own: dict) -> str:

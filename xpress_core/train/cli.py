@@ -120,6 +120,11 @@ def add_distillation_args(step: argparse.ArgumentParser, name: str) -> None:
         default=0,
         help="prompts end at one of a conversation's first N replies (a chat template's; 0: at any reply)",
     )
+    step.add_argument(
+        "--clean-openings",
+        action="store_true",
+        help="with --turns: a prompt holds its own conversation only (as the app asks), padded and masked on the left",
+    )
     step.add_argument("--new-tokens", type=int, default=96)
     step.add_argument("--distill-batch", type=int, default=64, help="rows the target continues at once")
     add_target_dtype_arg(step)
@@ -527,6 +532,12 @@ def check_distillation_args(args: argparse.Namespace) -> None:
     from .loop import HELD_OUT
 
     check_cached_features(args)
+    if args.clean_openings and getattr(args, "step", None) == "ar-drafter":
+        raise XpressError(
+            "--clean-openings rows hold masked pads, which `train ar-drafter` does not read: leave it out"
+        )
+    if args.clean_openings and not args.turns:
+        raise XpressError("--clean-openings keeps a conversation's first replies: give --turns 1 or more with it")
     if args.sequences < HELD_OUT + args.batch_size:
         raise XpressError(
             f"--sequences {args.sequences}: the first {HELD_OUT} are held out, so at least {HELD_OUT + args.batch_size} "

@@ -31,6 +31,7 @@ class DistillConfig:
     temperature: float = 0.8
     seed: int = 0
     turns: int = 0  # prompts end at one of a conversation's first `turns` replies; 0: at any reply
+    clean: bool = False  # with turns: a prompt holds its own conversation only, padded on the left (``PAD``)
 
 
 def requested(args) -> DistillConfig:
@@ -44,6 +45,7 @@ def requested(args) -> DistillConfig:
         sample_fraction=args.sample_fraction,
         seed=args.distill_seed,
         turns=args.turns,
+        clean=args.clean_openings,
     )
 
 
@@ -93,33 +95,43 @@ def occurrences(tokens: np.ndarray, pattern: list[int]) -> np.ndarray:
     return np.nonzero((windows == np.asarray(pattern)).all(axis=1))[0] + n
 
 
+def conversation_starts(tokens: np.ndarray, opening: list[int]) -> np.ndarray:
+    """Where each conversation of the corpus starts: its opening's first token."""
+    found = occurrences(tokens, opening) - len(opening) if opening else np.zeros(0, dtype=np.int64)
+    if found.size == 0:
+        raise XpressError("the chat template renders no opening to find conversations by: distill without --turns")
+    return found
+
+
 def early_replies(tokens: np.ndarray, ends: np.ndarray, opening: list[int], turns: int) -> np.ndarray:
     """The ``ends`` among their conversation's first ``turns`` replies. Why: a reply deep in a corpus dialogue
     follows the corpus's own assistant turns, while the app's and the bench's conversations start with a user turn
     and hold the target's own replies; the target answers a conversation's opening in another style (SmolLM2: "I'm
     sorry for any confusion, but as a chatbot..."), which those windows rarely show the drafter."""
-    starts = occurrences(tokens, opening) if opening else np.zeros(0, dtype=np.int64)
-    if starts.size == 0:
-        raise XpressError("the chat template renders no opening to find conversations by: distill without --turns")
-    conversation = np.searchsorted(starts, ends, side="right")  # 0: before the first opening
+    conversation = np.searchsorted(conversation_starts(tokens, opening), ends, side="right")  # 0: before the first
     first_of = np.searchsorted(conversation, conversation, side="left")  # ends are sorted: each one's first end
     rank = np.arange(ends.size) - first_of
     return ends[(rank < turns) & (conversation > 0)]
 
 
-def prompt_ends(tokens: np.ndarray, tokenizer, prompt_len: int, turns: int = 0) -> np.ndarray:
+def prompt_ends(tokens: np.ndarray, tokenizer, prompt_len: int, turns: int = 0, clean: bool = False) -> np.ndarray:
     """Where prompts end: right after a reply's opening marker when the tokenizer's chat template has one (the
     drafter then learns replies, what the app asks of it), else every position; ``turns`` > 0 keeps a
-    conversation's first ``turns`` replies (``early_replies``)."""
+    conversation's first ``turns`` replies (``early_replies``); ``clean`` only those whose whole conversation up to
+    there fits in ``prompt_len`` tokens."""
     first = prompt_len
     marker = reply_marker(tokenizer)
     if turns and (turns < 0 or not marker):
         raise XpressError(f"--turns counts a chat template's replies: 1 or more with one, else 0; got {turns}")
+    if clean and not turns:
+        raise XpressError("--clean-openings keeps a conversation's first replies: give --turns 1 or more with it")
     if marker:
         ends = occurrences(tokens, marker)
         if turns:
             ends = early_replies(tokens, ends, conversation_opening(tokenizer), turns)
         ends = ends[(ends >= first) & (ends < tokens.size)]
+        if clean:
+            ends = ends[ends - own_starts(tokens, tokenizer, ends) <= prompt_len]
         if ends.size:
             return ends
         if turns:  # every position would distil mid-turn text the option was asked to leave out
@@ -135,7 +147,9 @@ def continue_batch(target, prompts: torch.Tensor, new_tokens: int, temperature: 
     and every row keeps the same length (the drafter also learns to predict the end-of-turn token itself).
     """
     cache = new_cache(target)
-    logits = target(input_ids=prompts, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+    ids, mask = unpadded(prompts)
+    masked = {} if mask is None else {"attention_mask": mask}
+    logits = target(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1, **masked).logits[:, -1]
     out = [prompts]
     for _ in range(new_tokens):
         if temperature > 0:
@@ -144,7 +158,9 @@ def continue_batch(target, prompts: torch.Tensor, new_tokens: int, temperature: 
         else:
             token = logits.argmax(-1, keepdim=True)
         out.append(token)
-        logits = target(input_ids=token, cache=cache, use_cache=True).logits[:, -1]
+        if mask is not None:
+            masked["attention_mask"] = mask = torch.cat([mask, torch.ones_like(token)], dim=1)
+        logits = target(input_ids=token, cache=cache, use_cache=True, **masked).logits[:, -1]
     return torch.cat(out, dim=1)
 
 
@@ -169,9 +185,37 @@ def claim_folder(out_dir: Path, cfg: DistillConfig) -> None:
         (out_dir / MANIFEST).write_text(json.dumps(wanted, indent=1))
 
 
-def prompt_windows(tokens: np.ndarray, ends: np.ndarray, prompt_len: int, device) -> torch.Tensor:
-    """(len(ends), prompt_len) the ``prompt_len`` tokens before each end, on ``device``."""
-    return torch.from_numpy(np.stack([tokens[e - prompt_len : e] for e in ends])).to(device)
+# A position before a clean opening: no token. Rows holding it are read with an attention mask (``unpadded``).
+PAD = -1
+
+
+def own_starts(tokens: np.ndarray, tokenizer, ends: np.ndarray) -> np.ndarray:
+    """Where the conversation of each of ``ends`` starts."""
+    starts = conversation_starts(tokens, conversation_opening(tokenizer))
+    return starts[np.maximum(np.searchsorted(starts, ends, side="right") - 1, 0)]
+
+
+def prompt_windows(
+    tokens: np.ndarray, ends: np.ndarray, prompt_len: int, device, starts: np.ndarray | None = None
+) -> torch.Tensor:
+    """(len(ends), prompt_len) the ``prompt_len`` tokens before each end, on ``device``; with ``starts`` (where each
+    end's conversation starts) the tokens before a start are ``PAD``. Why clean: SmolLM2 answers a request after 40
+    tokens of another conversation otherwise from its first 1-15 tokens in 12 of 12 chats, where the app and the bench
+    ask with the conversation alone (with the pad masked out, 9 of 12 replies the same over 40 tokens, bf16)."""
+    windows = np.stack([tokens[e - prompt_len : e] for e in ends])
+    if starts is not None:
+        before = np.arange(prompt_len)[None, :] < (starts - (ends - prompt_len))[:, None]
+        windows = np.where(before, PAD, windows)
+    return torch.from_numpy(windows).to(device)
+
+
+def unpadded(seqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Rows as a model reads them: ``PAD`` replaced by token 0 under an attention mask that leaves it out (None where
+    no row holds one). Positions run on under the pad: a rotary model's attention depends on their differences only."""
+    pads = seqs == PAD
+    if not pads.any():
+        return seqs, None
+    return seqs.masked_fill(pads, 0), (~pads).long()
 
 
 @torch.no_grad()
@@ -183,11 +227,12 @@ def held_out_dialogue_rows(target, tokenizer, data: list[Path], rows: int, cfg: 
     if rows <= 0 or len(data) != 1 or not (data[0] / "val.bin").exists():
         return None
     tokens = load_tokens(data[0] / "val.bin").astype(np.int64)
-    ends = prompt_ends(tokens, tokenizer, cfg.prompt_len, cfg.turns)
+    ends = prompt_ends(tokens, tokenizer, cfg.prompt_len, cfg.turns, cfg.clean)
     picks = np.random.default_rng(7).choice(ends, size=min(rows, ends.size), replace=False)
-    return continue_batch(
-        target, prompt_windows(tokens, picks, cfg.prompt_len, target.device), cfg.new_tokens, 0.0, None
+    prompts = prompt_windows(
+        tokens, picks, cfg.prompt_len, target.device, own_starts(tokens, tokenizer, picks) if cfg.clean else None
     )
+    return continue_batch(target, prompts, cfg.new_tokens, 0.0, None)
 
 
 @torch.no_grad()
@@ -196,7 +241,7 @@ def write_distillation(target, tokenizer, data: list[Path], out_dir: Path, cfg: 
     out_dir.mkdir(parents=True, exist_ok=True)
     claim_folder(out_dir, cfg)
     tokens = corpus_tokens(data, tokenizer)
-    ends = prompt_ends(tokens, tokenizer, cfg.prompt_len, cfg.turns)
+    ends = prompt_ends(tokens, tokenizer, cfg.prompt_len, cfg.turns, cfg.clean)
     chunks = -(-cfg.sequences // cfg.batch_size)
     device = target.device
     for chunk in tqdm(range(chunks), desc="distill", mininterval=5):
@@ -204,7 +249,9 @@ def write_distillation(target, tokenizer, data: list[Path], out_dir: Path, cfg: 
         if path.exists():
             continue  # resume
         rng = np.random.default_rng([cfg.seed, chunk])
-        prompts = prompt_windows(tokens, rng.choice(ends, size=cfg.batch_size), cfg.prompt_len, device)
+        picks = rng.choice(ends, size=cfg.batch_size)
+        starts = own_starts(tokens, tokenizer, picks) if cfg.clean else None
+        prompts = prompt_windows(tokens, picks, cfg.prompt_len, device, starts)
         sample = chunk < chunks * cfg.sample_fraction
         generator = torch.Generator(device=device).manual_seed(cfg.seed * 100_003 + chunk)
         out = continue_batch(target, prompts, cfg.new_tokens, cfg.temperature if sample else 0.0, generator)

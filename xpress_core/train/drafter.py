@@ -25,7 +25,7 @@ from ..drafters.diffusion_model import XpressDrafter, add_noise
 from ..errors import XpressError
 from ..models import tapped_forward
 from ..models.ours import drafter_head
-from .distill import continue_batch
+from .distill import PAD, continue_batch, unpadded
 from .loop import TrainConfig, draw_indices, save_trained, split_held_out, train
 from .tokenizer import SPECIAL
 
@@ -73,6 +73,7 @@ def make_blocks(
     masked[..., 1][none] = True  # at least one masked position per block
     q = anchors * span
     ctx_ok = torch.arange(s)[None, None, :] < starts_t[..., None]  # (B, M, S): context strictly before the anchor
+    ctx_ok = ctx_ok & (seqs != PAD).cpu()[:, None, :]  # a clean opening's pad is no context
     ctx_ok = ctx_ok.repeat_interleave(span, dim=1)  # (B, Q, S)
     block_of = torch.arange(q) // span
     own = (block_of[:, None] == block_of[None, :]).expand(b, q, q)
@@ -140,9 +141,15 @@ class TargetReading:
 @torch.no_grad()
 def read_target(target, seqs: torch.Tensor, tapped_layers: list[int]) -> TargetReading:
     """One teacher-forced read of whole sequences: the drafter's context features and the target's distribution at
-    every position (position p predicts token p + 1), so every block drawn from the sequence gets soft labels."""
-    logits, features = tapped_forward(target, tapped_layers, input_ids=seqs)
-    return TargetReading(features, logits)
+    every position (position p predicts token p + 1), so every block drawn from the sequence gets soft labels. A
+    clean opening's pad (``distill.PAD``) is masked out of the read, and its features are zero (no block's context
+    holds it: ``make_blocks``)."""
+    ids, mask = unpadded(seqs)
+    if mask is None:
+        logits, features = tapped_forward(target, tapped_layers, input_ids=ids)
+        return TargetReading(features, logits)
+    logits, features = tapped_forward(target, tapped_layers, input_ids=ids, attention_mask=mask)
+    return TargetReading(features.masked_fill(mask[..., None] == 0, 0.0), logits)
 
 
 FEATURE_CHUNK = 256  # rows read per saved chunk of the feature cache: an interrupted read resumes by chunk
