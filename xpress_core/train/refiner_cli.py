@@ -24,6 +24,7 @@ def add_refiner_step(steps: argparse._SubParsersAction) -> None:
     step.add_argument("--sample-fraction", type=float, default=0.5)
     step.add_argument("--prompt-len", type=int, default=96)
     step.add_argument("--turns", type=int, default=0, help="prompts end at a conversation's first N replies (0: any)")
+    step.add_argument("--clean-openings", action="store_true", help="with --turns: each prompt its conversation alone")
     step.add_argument("--new-tokens", type=int, default=96)
     step.add_argument("--distill-batch", type=int, default=64, help="rows the target continues at once")
     step.add_argument("--workdir", type=Path, default=DEFAULT_WORK / "refiner")
