@@ -347,7 +347,15 @@ def test_clean_openings_hold_their_own_conversation_only_and_read_as_it_alone(zo
     from transformers import AutoTokenizer
 
     from xpress_core.errors import XpressError
-    from xpress_core.train.distill import PAD, continue_batch, own_starts, prompt_ends, prompt_windows
+    from xpress_core.train.distill import (
+        PAD,
+        continue_batch,
+        conversation_opening,
+        conversation_starts,
+        own_starts,
+        prompt_ends,
+        prompt_windows,
+    )
     from xpress_core.train.drafter import make_blocks, read_target
 
     tokenizer = AutoTokenizer.from_pretrained(zoo["tokenizer"])
@@ -363,7 +371,13 @@ def test_clean_openings_hold_their_own_conversation_only_and_read_as_it_alone(zo
     window = prompt_ends(np.asarray(a), tokenizer, 1, turns=1)[0] - 1  # the long conversation's reply does not fit
     ends = prompt_ends(ids, tokenizer, window, turns=1, clean=True)
     assert list(ends) == [len(a) + alone[0]]
-    prompts = prompt_windows(ids, ends, window, torch.device("cpu"), own_starts(ids, tokenizer, ends))
+    prompts = prompt_windows(
+        ids,
+        ends,
+        window,
+        torch.device("cpu"),
+        own_starts(conversation_starts(ids, conversation_opening(tokenizer)), ends),
+    )
     pads = window - alone[0]
     assert pads > 0 and (prompts[0, :pads] == PAD).all() and prompts[0, pads:].tolist() == b[: alone[0]]
     rows = continue_batch(target, prompts, 6, 0.0, None)

@@ -529,6 +529,7 @@ def run_drafter_step(args: argparse.Namespace) -> dict:
 
 def check_distillation_args(args: argparse.Namespace) -> None:
     """Before the target loads: enough rows to train on beside the held-out ones, and data the distillation reads."""
+    from .distill import check_clean
     from .loop import HELD_OUT
 
     check_cached_features(args)
@@ -536,8 +537,7 @@ def check_distillation_args(args: argparse.Namespace) -> None:
         raise XpressError(
             "--clean-openings rows hold masked pads, which `train ar-drafter` does not read: leave it out"
         )
-    if args.clean_openings and not args.turns:
-        raise XpressError("--clean-openings keeps a conversation's first replies: give --turns 1 or more with it")
+    check_clean(args.turns, args.clean_openings)  # before the target loads, as prompt_ends would after
     if args.sequences < HELD_OUT + args.batch_size:
         raise XpressError(
             f"--sequences {args.sequences}: the first {HELD_OUT} are held out, so at least {HELD_OUT + args.batch_size} "

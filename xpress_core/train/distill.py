@@ -103,15 +103,21 @@ def conversation_starts(tokens: np.ndarray, opening: list[int]) -> np.ndarray:
     return found
 
 
-def early_replies(tokens: np.ndarray, ends: np.ndarray, opening: list[int], turns: int) -> np.ndarray:
+def early_replies(ends: np.ndarray, starts: np.ndarray, turns: int) -> np.ndarray:
     """The ``ends`` among their conversation's first ``turns`` replies. Why: a reply deep in a corpus dialogue
     follows the corpus's own assistant turns, while the app's and the bench's conversations start with a user turn
     and hold the target's own replies; the target answers a conversation's opening in another style (SmolLM2: "I'm
     sorry for any confusion, but as a chatbot..."), which those windows rarely show the drafter."""
-    conversation = np.searchsorted(conversation_starts(tokens, opening), ends, side="right")  # 0: before the first
+    conversation = np.searchsorted(starts, ends, side="right")  # 0: before the first conversation's start
     first_of = np.searchsorted(conversation, conversation, side="left")  # ends are sorted: each one's first end
     rank = np.arange(ends.size) - first_of
     return ends[(rank < turns) & (conversation > 0)]
+
+
+def check_clean(turns: int, clean: bool) -> None:
+    """``--clean-openings`` finds conversations as ``--turns`` does: refused without it."""
+    if clean and not turns:
+        raise XpressError("--clean-openings keeps a conversation's first replies: give --turns 1 or more with it")
 
 
 def prompt_ends(tokens: np.ndarray, tokenizer, prompt_len: int, turns: int = 0, clean: bool = False) -> np.ndarray:
@@ -123,15 +129,15 @@ def prompt_ends(tokens: np.ndarray, tokenizer, prompt_len: int, turns: int = 0, 
     marker = reply_marker(tokenizer)
     if turns and (turns < 0 or not marker):
         raise XpressError(f"--turns counts a chat template's replies: 1 or more with one, else 0; got {turns}")
-    if clean and not turns:
-        raise XpressError("--clean-openings keeps a conversation's first replies: give --turns 1 or more with it")
+    check_clean(turns, clean)
     if marker:
         ends = occurrences(tokens, marker)
         if turns:
-            ends = early_replies(tokens, ends, conversation_opening(tokenizer), turns)
+            starts = conversation_starts(tokens, conversation_opening(tokenizer))
+            ends = early_replies(ends, starts, turns)
         ends = ends[(ends >= first) & (ends < tokens.size)]
         if clean:
-            ends = ends[ends - own_starts(tokens, tokenizer, ends) <= prompt_len]
+            ends = ends[ends - own_starts(starts, ends) <= prompt_len]
         if ends.size:
             return ends
         if turns:  # every position would distil mid-turn text the option was asked to leave out
@@ -189,9 +195,8 @@ def claim_folder(out_dir: Path, cfg: DistillConfig) -> None:
 PAD = -1
 
 
-def own_starts(tokens: np.ndarray, tokenizer, ends: np.ndarray) -> np.ndarray:
-    """Where the conversation of each of ``ends`` starts."""
-    starts = conversation_starts(tokens, conversation_opening(tokenizer))
+def own_starts(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Where the conversation of each of ``ends`` starts, of the corpus's ``starts`` (``conversation_starts``)."""
     return starts[np.maximum(np.searchsorted(starts, ends, side="right") - 1, 0)]
 
 
@@ -200,8 +205,8 @@ def prompt_windows(
 ) -> torch.Tensor:
     """(len(ends), prompt_len) the ``prompt_len`` tokens before each end, on ``device``; with ``starts`` (where each
     end's conversation starts) the tokens before a start are ``PAD``. Why clean: SmolLM2 answers a request after 40
-    tokens of another conversation otherwise from its first 1-15 tokens in 12 of 12 chats, where the app and the bench
-    ask with the conversation alone (with the pad masked out, 9 of 12 replies the same over 40 tokens, bf16)."""
+    tokens of another conversation otherwise within its first 0-15 tokens in 12 of 12 chats, where the app and the bench
+    ask with the conversation alone (with the pad masked out, 7 of 12 replies the same over 40 tokens, bf16)."""
     windows = np.stack([tokens[e - prompt_len : e] for e in ends])
     if starts is not None:
         before = np.arange(prompt_len)[None, :] < (starts - (ends - prompt_len))[:, None]
@@ -229,9 +234,8 @@ def held_out_dialogue_rows(target, tokenizer, data: list[Path], rows: int, cfg: 
     tokens = load_tokens(data[0] / "val.bin").astype(np.int64)
     ends = prompt_ends(tokens, tokenizer, cfg.prompt_len, cfg.turns, cfg.clean)
     picks = np.random.default_rng(7).choice(ends, size=min(rows, ends.size), replace=False)
-    prompts = prompt_windows(
-        tokens, picks, cfg.prompt_len, target.device, own_starts(tokens, tokenizer, picks) if cfg.clean else None
-    )
+    starts = own_starts(conversation_starts(tokens, conversation_opening(tokenizer)), picks) if cfg.clean else None
+    prompts = prompt_windows(tokens, picks, cfg.prompt_len, target.device, starts)
     return continue_batch(target, prompts, cfg.new_tokens, 0.0, None)
 
 
@@ -244,14 +248,16 @@ def write_distillation(target, tokenizer, data: list[Path], out_dir: Path, cfg: 
     ends = prompt_ends(tokens, tokenizer, cfg.prompt_len, cfg.turns, cfg.clean)
     chunks = -(-cfg.sequences // cfg.batch_size)
     device = target.device
+    starts = conversation_starts(tokens, conversation_opening(tokenizer)) if cfg.clean else None  # one corpus scan
     for chunk in tqdm(range(chunks), desc="distill", mininterval=5):
         path = out_dir / f"chunk_{chunk:05d}.pt"
         if path.exists():
             continue  # resume
         rng = np.random.default_rng([cfg.seed, chunk])
         picks = rng.choice(ends, size=cfg.batch_size)
-        starts = own_starts(tokens, tokenizer, picks) if cfg.clean else None
-        prompts = prompt_windows(tokens, picks, cfg.prompt_len, device, starts)
+        prompts = prompt_windows(
+            tokens, picks, cfg.prompt_len, device, None if starts is None else own_starts(starts, picks)
+        )
         sample = chunk < chunks * cfg.sample_fraction
         generator = torch.Generator(device=device).manual_seed(cfg.seed * 100_003 + chunk)
         out = continue_batch(target, prompts, cfg.new_tokens, cfg.temperature if sample else 0.0, generator)

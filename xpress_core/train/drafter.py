@@ -145,11 +145,8 @@ def read_target(target, seqs: torch.Tensor, tapped_layers: list[int]) -> TargetR
     clean opening's pad (``distill.PAD``) is masked out of the read, and its features are zero (no block's context
     holds it: ``make_blocks``)."""
     ids, mask = unpadded(seqs)
-    if mask is None:
-        logits, features = tapped_forward(target, tapped_layers, input_ids=ids)
-        return TargetReading(features, logits)
     logits, features = tapped_forward(target, tapped_layers, input_ids=ids, attention_mask=mask)
-    return TargetReading(features.masked_fill(mask[..., None] == 0, 0.0), logits)
+    return TargetReading(features if mask is None else features.masked_fill(mask[..., None] == 0, 0.0), logits)
 
 
 FEATURE_CHUNK = 256  # rows read per saved chunk of the feature cache: an interrupted read resumes by chunk
